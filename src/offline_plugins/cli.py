@@ -1,0 +1,156 @@
+"""``offline-plugins``: list and describe installed algorithms, make data, train, evaluate.
+
+The CLI only parses and calls. A bad input (a :class:`~offline_plugins.errors.UserError`)
+is printed as one line on stderr and exits 2; no traceback unless
+``OFFLINE_PLUGINS_DEBUG=1``. Heavy imports happen inside the command that needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import textwrap
+from typing import Optional, Sequence
+
+from offline_plugins import __version__
+from offline_plugins.errors import UserError
+
+__all__ = ["main", "build_parser"]
+
+# Modules that add sub-commands: each defines ``add_parsers(subparsers)`` and must be
+# cheap to import (torch and friends are imported inside the command functions).
+_COMMAND_MODULES: tuple[str, ...] = (
+)
+
+
+def _registry(args):
+    from offline_plugins.plugins import load_registry
+
+    disable = [n.strip() for n in (args.disable or "").split(",") if n.strip()]
+    return load_registry(disable)
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(obj, indent=2, default=str))
+
+
+def cmd_list(args) -> int:
+    registry = _registry(args)
+    algos = sorted(registry.algorithms.values(), key=lambda s: (s.family, s.name))
+    if args.json:
+        out = []
+        for s in algos:
+            d = s.to_dict()
+            d.pop("config")
+            out.append(d)
+        payload = {
+            "algorithms": out,
+            "datasets": [d.to_dict() for d in sorted(registry.datasets.values(), key=lambda d: d.id)],
+            "broken": [b.to_dict() for b in registry.broken],
+        }
+        _print_json(payload if args.all else out)
+        return 0
+    if not algos:
+        print("no algorithms installed")
+    else:
+        width = max(len(s.name) for s in algos)
+        fam_w = max(len(s.family) for s in algos)
+        data_w = max(len(s.data) for s in algos)
+        print(f"{'NAME':<{width}}  {'FAMILY':<{fam_w}}  {'DATA':<{data_w}}  PROVIDER  SUMMARY")
+        for s in algos:
+            print(f"{s.name:<{width}}  {s.family:<{fam_w}}  {s.data:<{data_w}}  {s.provider} {s.version}  {s.summary}")
+    if registry.broken:
+        print("\nplugins that failed to load (the others work):")
+        for b in registry.broken:
+            print(f"  {b.plugin} ({b.provider} {b.version}) [{b.stage}]: {b.error}")
+    return 0
+
+
+def cmd_info(args) -> int:
+    registry = _registry(args)
+    spec = registry.algorithm(args.name)
+    info = spec.to_dict()
+    if args.json:
+        _print_json(info)
+        return 0
+    print(f"{spec.name}: {spec.summary}")
+    print(f"  family:   {spec.family}")
+    print(f"  data:     {spec.data}" + (f" ({', '.join(spec.action_spaces)} actions)" if spec.action_spaces else ""))
+    print(f"  loss:     {info['loss']}")
+    print(f"  paper:    {spec.paper}")
+    print(f"  provider: {spec.provider} {spec.version} (plugin {spec.plugin!r})")
+    print("  config (override with --set key=value):")
+    fields = info["config"]
+    if fields:
+        w = max(len(f["name"]) for f in fields)
+        dw = max(len(json.dumps(f["default"], default=str)) for f in fields)
+        for f in fields:
+            default = json.dumps(f["default"], default=str)
+            print(f"    {f['name']:<{w}}  {default:<{dw}}  {f['help']}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="offline-plugins",
+        description="Offline RL and preference optimisation plugins for TorchRL and Lightning.",
+        epilog=textwrap.dedent(
+            """\
+            Set OFFLINE_PLUGINS_DISABLE=name1,name2 (or --disable) to switch plugins off,
+            OFFLINE_PLUGINS_DEBUG=1 to see tracebacks."""
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"offline-plugins {__version__}")
+    parser.add_argument(
+        "--disable", metavar="NAMES", default="", help="comma-separated plugin names to switch off"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("list", help="list installed algorithms (ours and third-party)")
+    p.add_argument("--json", action="store_true", help="print JSON, one object per algorithm")
+    p.add_argument(
+        "--all", action="store_true", help="with --json: also datasets and plugins that failed to load"
+    )
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("info", help="describe one algorithm: config fields, defaults, paper, provider")
+    p.add_argument("name", help="algorithm name, as shown by 'offline-plugins list'")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_info)
+
+    for module_name in _COMMAND_MODULES:
+        importlib.import_module(module_name).add_parsers(sub)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(f"offline-plugins: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("offline-plugins: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:
+        if os.environ.get("OFFLINE_PLUGINS_DEBUG"):
+            raise
+        print(
+            f"offline-plugins: internal error: {type(exc).__name__}: {exc} "
+            "(set OFFLINE_PLUGINS_DEBUG=1 for the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

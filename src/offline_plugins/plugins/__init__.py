@@ -1,0 +1,37 @@
+"""The plugin host: hook specifications, records, discovery.
+
+>>> from offline_plugins.plugins import hookimpl, AlgorithmSpec, load_registry
+"""
+
+from offline_plugins.plugins.hookspecs import hookimpl, hookspec
+from offline_plugins.plugins.manager import (
+    DISABLE_ENV,
+    ENTRY_POINT_GROUP,
+    load_registry,
+    make_plugin_manager,
+)
+from offline_plugins.plugins.registry import (
+    AlgorithmSpec,
+    BrokenPlugin,
+    DatasetSpec,
+    DuplicateNameError,
+    PluginError,
+    Registry,
+    UnknownNameError,
+)
+
+__all__ = [
+    "hookimpl",
+    "hookspec",
+    "AlgorithmSpec",
+    "DatasetSpec",
+    "BrokenPlugin",
+    "Registry",
+    "PluginError",
+    "DuplicateNameError",
+    "UnknownNameError",
+    "load_registry",
+    "make_plugin_manager",
+    "ENTRY_POINT_GROUP",
+    "DISABLE_ENV",
+]

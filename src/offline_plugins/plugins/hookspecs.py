@@ -1,0 +1,34 @@
+"""Hook specifications every offline-plugins plugin may implement.
+
+A plugin is a module (or object) with functions marked ``@hookimpl``. It receives a
+registrar and adds records to it, rather than returning loose lists, so the host can
+say which plugin provided which record.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+PROJECT_NAME = "offline_plugins"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@hookspec
+def offline_plugins_register_algorithms(registry):
+    """Add :class:`~offline_plugins.plugins.registry.AlgorithmSpec` records.
+
+    Args:
+        registry: a registrar; call ``registry.add(spec)`` once per algorithm.
+            The provider (distribution and version) is filled in by the host.
+    """
+
+
+@hookspec
+def offline_plugins_register_datasets(registry):
+    """Add :class:`~offline_plugins.plugins.registry.DatasetSpec` records.
+
+    Args:
+        registry: a registrar; call ``registry.add(spec)`` once per dataset recipe.
+    """

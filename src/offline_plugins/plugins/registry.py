@@ -1,0 +1,336 @@
+"""Records of what plugins provide, and the registry that holds them.
+
+Records are frozen dataclasses that name their heavy parts (the loss class, the
+build function) by import path, so listing algorithms imports no torch.
+
+>>> from dataclasses import dataclass
+>>> from offline_plugins.config import config_field
+>>> @dataclass
+... class AWRConfig:
+...     beta: float = config_field(1.0, "advantage temperature")
+>>> spec = AlgorithmSpec(
+...     name="awr", summary="Advantage-weighted regression", family="offline-rl",
+...     data="transitions", loss="my_pkg.losses:AWRLoss", build="my_pkg.glue:build",
+...     config=AWRConfig, paper="Peng et al. 2019, arXiv:1910.00177")
+>>> registry = Registry()
+>>> registry.scoped(provider="my-pkg", version="1.0", plugin="my_pkg").add(spec)
+>>> registry.algorithm("awr").provider
+'my-pkg'
+>>> registry.algorithm("awq")
+Traceback (most recent call last):
+...
+offline_plugins.plugins.registry.UnknownNameError: unknown algorithm 'awq'; did you mean 'awr'?
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Union
+
+from offline_plugins.errors import UserError
+
+__all__ = [
+    "FAMILIES",
+    "DATA_KINDS",
+    "AlgorithmSpec",
+    "DatasetSpec",
+    "Registry",
+    "ScopedRegistrar",
+    "BrokenPlugin",
+    "DuplicateNameError",
+    "UnknownNameError",
+    "PluginError",
+    "resolve",
+]
+
+Family = Literal["offline-rl", "sequence-model", "preference", "online-llm"]
+DataKind = Literal["transitions", "trajectories", "preference-pairs", "unpaired-feedback", "text-rollouts"]
+FAMILIES: tuple[str, ...] = ("offline-rl", "sequence-model", "preference", "online-llm")
+DATA_KINDS: tuple[str, ...] = (
+    "transitions",
+    "trajectories",
+    "preference-pairs",
+    "unpaired-feedback",
+    "text-rollouts",
+)
+ACTION_SPACES: tuple[str, ...] = ("continuous", "discrete", "tokens")
+
+
+class PluginError(UserError):
+    """Base class of the errors the plugin host raises."""
+
+
+class DuplicateNameError(PluginError):
+    """Two plugins registered the same name."""
+
+
+class UnknownNameError(PluginError, KeyError):
+    """A name no installed plugin registered."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return self.args[0] if self.args else ""
+
+
+def resolve(ref: Union[str, Callable, type]) -> Any:
+    """Import ``"package.module:Qualified.name"``; anything else is returned as is."""
+    if not isinstance(ref, str):
+        return ref
+    module_name, sep, qualname = ref.partition(":")
+    if not sep or not module_name or not qualname:
+        raise ValueError(f"import path {ref!r} must look like 'package.module:Name'")
+    obj: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _check_choice(owner: str, what: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{owner}: {what} {value!r} is not one of {', '.join(choices)}")
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """An algorithm a plugin provides.
+
+    Attributes:
+        name: the unique, lower-case name users type (``offline-plugins train NAME``).
+        summary: one line.
+        family: ``offline-rl``, ``sequence-model``, ``preference`` or ``online-llm``.
+        data: the data kind it reads: ``transitions``, ``trajectories``,
+            ``preference-pairs``, ``unpaired-feedback`` or ``text-rollouts``.
+        loss: the TorchRL ``LossModule`` class, or its import path ``"pkg.mod:Class"``.
+        build: ``build(config, data) -> parts``, or its import path.
+        config: a dataclass whose fields (made with
+            :func:`offline_plugins.config.config_field`) hold the reference defaults.
+        paper: citation of the method.
+        action_spaces: the action spaces it supports (``continuous``, ``discrete``,
+            ``tokens``); empty means any.
+        provider: distribution that registered it (filled in by the host).
+        version: that distribution's version (filled in by the host).
+        plugin: the plugin name (what ``OFFLINE_PLUGINS_DISABLE`` takes).
+    """
+
+    name: str
+    summary: str
+    family: Family
+    data: DataKind
+    loss: Union[str, type]
+    build: Union[str, Callable]
+    config: type
+    paper: str = ""
+    action_spaces: tuple[str, ...] = ()
+    provider: str = ""
+    version: str = ""
+    plugin: str = ""
+
+    def __post_init__(self) -> None:
+        owner = f"AlgorithmSpec {self.name!r}"
+        if not self.name or self.name != self.name.strip().lower() or " " in self.name:
+            raise ValueError(f"{owner}: name must be a non-empty lower-case word, e.g. 'iql'")
+        _check_choice(owner, "family", self.family, FAMILIES)
+        _check_choice(owner, "data", self.data, DATA_KINDS)
+        for a in self.action_spaces:
+            _check_choice(owner, "action space", a, ACTION_SPACES)
+        if not dataclasses.is_dataclass(self.config):
+            raise ValueError(f"{owner}: config must be a dataclass type, got {self.config!r}")
+
+    def load_loss_class(self) -> type:
+        """The loss class (imports it on first use)."""
+        return resolve(self.loss)
+
+    def load_build(self) -> Callable:
+        """The build function (imports it on first use)."""
+        return resolve(self.build)
+
+    def default_config(self) -> Any:
+        return self.config()
+
+    @property
+    def loss_path(self) -> str:
+        if isinstance(self.loss, str):
+            return self.loss
+        return f"{self.loss.__module__}:{self.loss.__qualname__}"
+
+    def to_dict(self) -> dict[str, Any]:
+        from offline_plugins.config import describe_config
+
+        return {
+            "name": self.name,
+            "summary": self.summary,
+            "family": self.family,
+            "data": self.data,
+            "action_spaces": list(self.action_spaces),
+            "loss": self.loss_path,
+            "paper": self.paper,
+            "provider": self.provider,
+            "version": self.version,
+            "plugin": self.plugin,
+            "config": describe_config(self.config),
+        }
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A dataset recipe a plugin provides: how to make a Minari dataset locally.
+
+    Attributes:
+        id: the Minari dataset id it makes, e.g. ``"pendulum/medium-v0"``.
+        summary: one line.
+        env_id: the Gymnasium id of its environment.
+        make: ``make(spec, *, seed, progress, **kwargs) -> minari.MinariDataset``, or
+            its import path.
+        tier: ``random``, ``medium``, ``medium-replay``, ``expert``, ``medium-expert``
+            or another label.
+        action_space: ``continuous`` or ``discrete``.
+        requires: extras it needs (``("mujoco",)``), shown when missing.
+        options: recipe parameters (episode counts, policy file), passed to ``make``.
+        provider, version, plugin: filled in by the host.
+    """
+
+    id: str
+    summary: str
+    env_id: str
+    make: Union[str, Callable]
+    tier: str = ""
+    action_space: str = "continuous"
+    requires: tuple[str, ...] = ()
+    options: tuple[tuple[str, Any], ...] = ()
+    provider: str = ""
+    version: str = ""
+    plugin: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.id or " " in self.id:
+            raise ValueError(f"DatasetSpec: id must be a Minari id like 'pendulum/medium-v0', got {self.id!r}")
+        _check_choice(f"DatasetSpec {self.id!r}", "action space", self.action_space, ACTION_SPACES)
+
+    @property
+    def name(self) -> str:
+        return self.id
+
+    def load_make(self) -> Callable:
+        return resolve(self.make)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "summary": self.summary,
+            "env_id": self.env_id,
+            "tier": self.tier,
+            "action_space": self.action_space,
+            "requires": list(self.requires),
+            "options": dict(self.options),
+            "provider": self.provider,
+            "version": self.version,
+            "plugin": self.plugin,
+        }
+
+
+@dataclass(frozen=True)
+class BrokenPlugin:
+    """A plugin that failed to import or to register; the others still load."""
+
+    plugin: str
+    provider: str
+    version: str
+    stage: str  # "import", "register" or "duplicate"
+    error: str
+
+    def to_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class Registry:
+    """Algorithms and dataset recipes by name, with the plugins that failed to load."""
+
+    algorithms: dict[str, AlgorithmSpec] = field(default_factory=dict)
+    datasets: dict[str, DatasetSpec] = field(default_factory=dict)
+    broken: list[BrokenPlugin] = field(default_factory=list)
+    plugins: dict[str, tuple[str, str]] = field(default_factory=dict)  # plugin -> (provider, version)
+
+    def scoped(self, provider: str, version: str, plugin: str) -> "ScopedRegistrar":
+        """A registrar that stamps every record it adds with this provider."""
+        return ScopedRegistrar(self, provider, version, plugin)
+
+    def _add(self, spec: Union[AlgorithmSpec, DatasetSpec]) -> None:
+        if isinstance(spec, AlgorithmSpec):
+            table, kind = self.algorithms, "algorithm"
+        elif isinstance(spec, DatasetSpec):
+            table, kind = self.datasets, "dataset"
+        else:
+            raise TypeError(
+                f"registry.add expects an AlgorithmSpec or DatasetSpec, got {type(spec).__name__}"
+            )
+        old = table.get(spec.name)
+        if old is not None:
+            raise DuplicateNameError(
+                f"{kind} name {spec.name!r} is registered twice: by {_who(old)} and by {_who(spec)}; "
+                f"uninstall one, or switch one plugin off with OFFLINE_PLUGINS_DISABLE={spec.plugin or old.plugin}"
+            )
+        table[spec.name] = spec
+
+    def algorithm(self, name: str) -> AlgorithmSpec:
+        """The spec called ``name``; an unknown name raises with close matches."""
+        return self._lookup(self.algorithms, name, "algorithm")
+
+    def dataset(self, name: str) -> DatasetSpec:
+        return self._lookup(self.datasets, name, "dataset")
+
+    def _lookup(self, table: dict, name: str, kind: str):
+        if name in table:
+            return table[name]
+        key = name.strip().lower()
+        if key in table:
+            return table[key]
+        close = difflib.get_close_matches(key, list(table), n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        broken = [b for b in self.broken if key in b.plugin.lower() or key in b.error.lower()]
+        if broken:
+            b = broken[0]
+            hint += f" (plugin {b.plugin!r} from {b.provider} failed to load: {b.error})"
+        if not hint:
+            hint = f"; installed: {', '.join(sorted(table)) or 'none'}"
+        raise UnknownNameError(f"unknown {kind} {name!r}{hint}")
+
+
+def _who(spec: Union[AlgorithmSpec, DatasetSpec]) -> str:
+    who = spec.provider or "an unnamed provider"
+    if spec.version:
+        who += f" {spec.version}"
+    if spec.plugin:
+        who += f" (plugin {spec.plugin!r})"
+    return who
+
+
+@dataclass
+class ScopedRegistrar:
+    """What a hook receives: ``registry.add(spec)`` stamps the provider and checks names."""
+
+    registry: Registry
+    provider: str
+    version: str
+    plugin: str
+    added: list = field(default_factory=list)
+
+    def add(self, spec: Union[AlgorithmSpec, DatasetSpec]) -> None:
+        spec = dataclasses.replace(
+            spec,
+            provider=spec.provider or self.provider,
+            version=spec.version or self.version,
+            plugin=self.plugin,
+        )
+        self.registry._add(spec)
+        self.added.append(spec)
+
+    def rollback(self) -> None:
+        """Remove what this registrar added (its plugin failed part-way)."""
+        for spec in self.added:
+            table = self.registry.algorithms if isinstance(spec, AlgorithmSpec) else self.registry.datasets
+            if table.get(spec.name) is spec:
+                del table[spec.name]
+        self.added.clear()
