@@ -1,0 +1,45 @@
+"""Shared test set-up: one thread, a private Minari store, no user plugin block list."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Tests must not depend on the user's block list or Minari store.
+os.environ.pop("OFFLINE_PLUGINS_DISABLE", None)
+
+try:
+    import torch
+
+    torch.set_num_threads(1)
+except ImportError:  # pragma: no cover
+    pass
+
+
+@pytest.fixture(scope="session")
+def minari_store(tmp_path_factory):
+    """A Minari datasets folder private to this test session (MINARI_DATASETS_PATH)."""
+    path = tmp_path_factory.mktemp("minari")
+    old = os.environ.get("MINARI_DATASETS_PATH")
+    os.environ["MINARI_DATASETS_PATH"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("MINARI_DATASETS_PATH", None)
+    else:
+        os.environ["MINARI_DATASETS_PATH"] = old
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:  # pragma: no cover
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
