@@ -177,6 +177,7 @@ def load_registry(
     host = host or make_plugin_manager(disable)
     registry = Registry()
     registry.broken.extend(host.broken)
+    registry.disabled = set(host.blocked)
     hook_names = ("offline_plugins_register_algorithms", "offline_plugins_register_datasets")
     for name in list(host.order):
         plugin = host.pm.get_plugin(name)

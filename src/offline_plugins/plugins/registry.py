@@ -252,6 +252,7 @@ class Registry:
     datasets: dict[str, DatasetSpec] = field(default_factory=dict)
     broken: list[BrokenPlugin] = field(default_factory=list)
     plugins: dict[str, tuple[str, str]] = field(default_factory=dict)  # plugin -> (provider, version)
+    disabled: set[str] = field(default_factory=set)  # plugin names switched off by the user
 
     def scoped(self, provider: str, version: str, plugin: str) -> "ScopedRegistrar":
         """A registrar that stamps every record it adds with this provider."""
@@ -295,6 +296,8 @@ class Registry:
             hint += f" (plugin {b.plugin!r} from {b.provider} failed to load: {b.error})"
         if not hint:
             hint = f"; installed: {', '.join(sorted(table)) or 'none'}"
+        if self.disabled:
+            hint += f" (plugins switched off by OFFLINE_PLUGINS_DISABLE or --disable: {', '.join(sorted(self.disabled))})"
         raise UnknownNameError(f"unknown {kind} {name!r}{hint}")
 
 

@@ -1,0 +1,1 @@
+"""Advantage-weighted regression as an offline-plugins plugin (an example package)."""

@@ -1,0 +1,82 @@
+"""Registers ``awr`` with offline-plugins. No torch import here: listing stays fast."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from offline_plugins.config import config_field
+from offline_plugins.plugins import AlgorithmSpec, hookimpl
+
+
+@dataclass
+class AWRConfig:
+    """Reference defaults of advantage-weighted regression (Peng et al. 2019)."""
+
+    beta: float = config_field(1.0, "advantage temperature of exp(A / beta)")
+    max_weight: float = config_field(20.0, "clip of the advantage weight")
+    actor_lr: float = config_field(3e-4, "learning rate of the policy")
+    value_lr: float = config_field(3e-4, "learning rate of the value network")
+    hidden: tuple = config_field((256, 256), "hidden layer widths of both networks")
+    batch_size: int = config_field(256, "transitions per gradient step")
+
+
+def build(config: AWRConfig, data):
+    """Networks, loss and optimisers for a dataset with continuous actions."""
+    import torch
+    from tensordict.nn import NormalParamExtractor, TensorDictModule, TensorDictSequential
+    from torchrl.modules import MLP, IndependentNormal, ProbabilisticActor
+
+    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
+    from offline_plugins_awr.loss import AWRLoss
+
+    obs_dim = data.observation_spec.shape[-1]
+    act_dim = data.action_spec.shape[-1]
+    low, high = data.action_spec.space.low, data.action_spec.space.high
+    net = torch.nn.Sequential(
+        MLP(in_features=obs_dim, out_features=2 * act_dim, num_cells=list(config.hidden)),
+        NormalParamExtractor(),
+    )
+    body = TensorDictModule(net, in_keys=["observation"], out_keys=["loc", "scale"])
+    actor = ProbabilisticActor(body, in_keys=["loc", "scale"], distribution_class=IndependentNormal)
+    value = TensorDictModule(
+        MLP(in_features=obs_dim, out_features=1, num_cells=list(config.hidden)),
+        in_keys=["observation"],
+        out_keys=["state_value"],
+    )
+    loss = AWRLoss(actor, value, beta=config.beta, max_weight=config.max_weight)
+
+    class _Clamp(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("low", low.clone())
+            self.register_buffer("high", high.clone())
+
+        def forward(self, loc):
+            return torch.maximum(torch.minimum(loc, self.high), self.low)
+
+    policy = TensorDictSequential(body, TensorDictModule(_Clamp(), in_keys=["loc"], out_keys=["action"]))
+    return AlgorithmParts(
+        loss=loss,
+        policy=policy,
+        optimizers=[
+            OptimizerGroup("actor", list(actor.parameters()), config.actor_lr, ("loss_actor",)),
+            OptimizerGroup("value", list(value.parameters()), config.value_lr, ("loss_value",)),
+        ],
+    )
+
+
+@hookimpl
+def offline_plugins_register_algorithms(registry):
+    registry.add(
+        AlgorithmSpec(
+            name="awr",
+            summary="Advantage-weighted regression: behaviour cloning weighted by exp(A / beta)",
+            family="offline-rl",
+            data="transitions",
+            loss="offline_plugins_awr.loss:AWRLoss",
+            build="offline_plugins_awr.plugin:build",
+            config=AWRConfig,
+            paper="Peng, Kumar, Zhang, Levine 2019, arXiv:1910.00177",
+            action_spaces=("continuous",),
+        )
+    )

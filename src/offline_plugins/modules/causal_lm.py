@@ -1,0 +1,169 @@
+"""Causal language models as TensorDict modules: per-token log-probs and scalar rewards.
+
+:class:`CausalLMLogProbs` wraps any causal LM (a transformers ``*ForCausalLM``, or any
+module mapping token ids to logits) and writes the log-probability of every token
+given the tokens before it, in one forward over all rows of the batch: a
+preference batch ``[B, 2]`` runs as ``B*2`` rows.
+
+Why not TorchRL's ``TransformersWrapper``: in log-prob mode it re-tokenises text or
+takes ragged token lists, keeps the full-vocabulary log-softmax, and returns ragged
+``LogProbs``; a preference step already holds padded ``[B, 2, T]`` tokens and only needs
+the gathered log-prob of each token. Reading those tokens directly and gathering
+``logit - logsumexp(logits)`` avoids both the re-tokenisation and a ``[N, T, V]``
+log-softmax copy. We still use ``TransformersWrapper`` where TorchRL's own losses need
+it (GRPO); see :mod:`offline_plugins.envs.text`.
+
+Token layout (TorchRL's LLM keys): ``("tokens", "full")`` holds prompt + response,
+right-padded; ``("masks", "all_attention_mask")`` marks real tokens and
+``("masks", "all_assistant_mask")`` marks response tokens. ``("log_probs", "full")``
+has the same shape; entry ``t`` is ``log p(token_t | tokens_<t)``, 0 at ``t = 0`` and
+on padding.
+
+>>> import torch
+>>> from tensordict import TensorDict
+>>> lm = torch.nn.Embedding(7, 7)  # any module mapping ids [N, T] to logits [N, T, V]
+>>> actor = CausalLMLogProbs(lm)
+>>> td = TensorDict({"tokens": {"full": torch.randint(0, 7, (3, 2, 5))},
+...                  "masks": {"all_attention_mask": torch.ones(3, 2, 5, dtype=torch.bool)}}, [3, 2])
+>>> actor(td)["log_probs", "full"].shape
+torch.Size([3, 2, 5])
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from tensordict import NestedKey, TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+
+__all__ = ["CausalLMLogProbs", "CausalLMReward", "token_log_probs", "sequence_log_probs"]
+
+
+def _logits_of(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    try:
+        out = model(input_ids=input_ids, attention_mask=attention_mask)
+    except TypeError:  # plain torch modules take the ids positionally
+        out = model(input_ids)
+    return out if isinstance(out, torch.Tensor) else out.logits
+
+
+def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """``log p(tokens[:, t] | tokens[:, :t])`` from ``logits [N, T, V]``; 0 at ``t = 0`` and on padding.
+
+    Computed in fp32 as ``logit - logsumexp`` so a bf16 model's log-probs are not
+    rounded to bf16 (the seeds' 1e-2 precision trap).
+    """
+    logits = logits[:, :-1].float()
+    target = tokens[:, 1:].unsqueeze(-1)
+    lp = logits.gather(-1, target).squeeze(-1) - logits.logsumexp(-1)
+    lp = torch.nn.functional.pad(lp, (1, 0))
+    return torch.where(attention_mask.bool(), lp, lp.new_zeros(()))
+
+
+def sequence_log_probs(log_probs: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sum, count)`` of per-token log-probs over the response tokens (last dim)."""
+    mask = response_mask.to(log_probs.dtype)
+    return (log_probs * mask).sum(-1), mask.sum(-1)
+
+
+class CausalLMLogProbs(TensorDictModuleBase):
+    """Per-token log-probs of a causal LM, for any number of leading batch dims.
+
+    Args:
+        model: a transformers causal LM, or any module mapping ``input_ids [N, T]`` to
+            logits ``[N, T, V]`` (or to an output with ``.logits``).
+
+    Keyword Args:
+        tokens_key: token ids, prompt + response, right-padded. Defaults to ``("tokens", "full")``.
+        attention_mask_key: real (non-pad) tokens. Defaults to ``("masks", "all_attention_mask")``.
+        log_probs_key: where the log-probs go. Defaults to ``("log_probs", "full")``.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        tokens_key: NestedKey = ("tokens", "full"),
+        attention_mask_key: NestedKey = ("masks", "all_attention_mask"),
+        log_probs_key: NestedKey = ("log_probs", "full"),
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.tokens_key = tokens_key
+        self.attention_mask_key = attention_mask_key
+        self.log_probs_key = log_probs_key
+        self.in_keys = [tokens_key, attention_mask_key]
+        self.out_keys = [log_probs_key]
+
+    @property
+    def vocab_size(self) -> Optional[int]:
+        config = getattr(self.model, "config", None)
+        if config is not None and getattr(config, "vocab_size", None) is not None:
+            return int(config.vocab_size)
+        return getattr(self.model, "num_embeddings", None)
+
+    def log_probs(self, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Log-probs for ``tokens [..., T]``; all leading dims run as one batch of rows."""
+        lead = tokens.shape[:-1]
+        ids = tokens.reshape(-1, tokens.shape[-1])
+        mask = attention_mask.reshape(ids.shape)
+        logits = _logits_of(self.model, ids, mask.long())
+        return token_log_probs(logits, ids, mask).reshape(*lead, ids.shape[-1])
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        tokens = tensordict.get(self.tokens_key)
+        mask = tensordict.get(self.attention_mask_key)
+        tensordict.set(self.log_probs_key, self.log_probs(tokens, mask))
+        return tensordict
+
+
+class CausalLMReward(TensorDictModuleBase):
+    """A scalar reward per sequence: a causal LM's last hidden state at the last real token, then a linear head.
+
+    The reward model of RLHF (Ouyang et al. 2022, arXiv:2203.02155) built on the same
+    backbone as the policy. Rows are right-padded; the last real token is found from
+    the attention mask.
+
+    Args:
+        model: a transformers causal LM (its ``config.hidden_size`` sizes the head; it must
+            accept ``output_hidden_states=True``).
+
+    Keyword Args:
+        tokens_key, attention_mask_key: as :class:`CausalLMLogProbs`.
+        reward_key: where the reward goes, shape ``[...]``. Defaults to ``"reward"``.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        tokens_key: NestedKey = ("tokens", "full"),
+        attention_mask_key: NestedKey = ("masks", "all_attention_mask"),
+        reward_key: NestedKey = "reward",
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.head = torch.nn.Linear(model.config.hidden_size, 1)
+        torch.nn.init.zeros_(self.head.bias)
+        self.tokens_key = tokens_key
+        self.attention_mask_key = attention_mask_key
+        self.reward_key = reward_key
+        self.in_keys = [tokens_key, attention_mask_key]
+        self.out_keys = [reward_key]
+
+    def rewards(self, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        lead = tokens.shape[:-1]
+        ids = tokens.reshape(-1, tokens.shape[-1])
+        mask = attention_mask.reshape(ids.shape).long()
+        hidden = self.model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
+        last = (mask.sum(-1) - 1).clamp_min(0)
+        h = hidden[torch.arange(ids.shape[0], device=ids.device), last]
+        return self.head(h.float()).squeeze(-1).reshape(lead)
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        tensordict.set(
+            self.reward_key, self.rewards(tensordict.get(self.tokens_key), tensordict.get(self.attention_mask_key))
+        )
+        return tensordict
+
