@@ -23,6 +23,8 @@ __all__ = ["main", "build_parser"]
 # Modules that add sub-commands: each defines ``add_parsers(subparsers)`` and must be
 # cheap to import (torch and friends are imported inside the command functions).
 _COMMAND_MODULES: tuple[str, ...] = (
+    "offline_plugins.data.commands",
+    "offline_plugins.lightning.commands",
 )
 
 

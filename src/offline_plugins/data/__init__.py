@@ -1,1 +1,31 @@
-"""data"""
+"""Offline datasets: Minari recipes made locally, and any Minari dataset as TorchRL replay buffers.
+
+``load_offline_data`` and ``OfflineData`` are imported on first use, so importing
+this package (and listing recipes) loads no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["load_offline_data", "OfflineData", "DataStatistics", "DatasetError", "make_dataset"]
+
+_LAZY = {
+    "load_offline_data": "offline_plugins.data.offline",
+    "OfflineData": "offline_plugins.data.offline",
+    "DataStatistics": "offline_plugins.data.offline",
+    "DatasetError": "offline_plugins.data.errors",
+    "make_dataset": "offline_plugins.data.store",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'offline_plugins.data' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_LAZY))

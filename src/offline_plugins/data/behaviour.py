@@ -46,14 +46,14 @@ def policy_stem(env_id: str) -> str:
 
 def make_actor_net(kind: str, obs_dim: int, act_dim: int, hidden: Sequence[int]) -> nn.Sequential:
     """The actor MLP: ``sac`` gives (loc, scale) of a tanh-Gaussian; ``dqn`` gives Q-values."""
-    from tensordict.nn import NormalParamExtractor
-
     layers: list[nn.Module] = []
     width = obs_dim
     for h in hidden:
         layers += [nn.Linear(width, h), nn.ReLU()]
         width = h
     if kind == "sac":
+        from tensordict.nn import NormalParamExtractor
+
         layers += [nn.Linear(width, 2 * act_dim), NormalParamExtractor()]
     elif kind == "dqn":
         layers.append(nn.Linear(width, act_dim))
@@ -86,16 +86,19 @@ class BehaviourPolicy:
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        """One action for one observation (float tensor for ``sac``, int64 scalar for ``dqn``)."""
+        """Actions for observations ``[..., obs_dim]`` (float for ``sac``, int64 indices for ``dqn``)."""
         obs = obs.to(torch.float32)
         if self.kind == "sac":
             loc, scale = self.net(obs)
             eps = torch.randn(loc.shape, generator=generator)
             return torch.tanh(loc + self.noise * scale * eps) * self._half + self._mid
         q = self.net(obs)
-        if self.noise > 0 and torch.rand((), generator=generator) < self.noise:
-            return torch.randint(q.shape[-1], (), generator=generator)
-        return q.argmax(-1)
+        action = q.argmax(-1)
+        if self.noise > 0:
+            explore = torch.rand(action.shape, generator=generator) < self.noise
+            random = torch.randint(q.shape[-1], action.shape, generator=generator)
+            action = torch.where(explore, random, action)
+        return action
 
 
 class RandomPolicy:
@@ -109,10 +112,12 @@ class RandomPolicy:
         self.n_actions = n_actions
 
     def act(self, obs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Actions for a batch of observations ``[..., obs_dim]`` (or one observation)."""
+        batch = obs.shape[:-1]
         if self.kind == "sac":
-            u = torch.rand(self.low.shape, generator=generator)
+            u = torch.rand(batch + self.low.shape, generator=generator)
             return self.low + u * (self.high - self.low)
-        return torch.randint(self.n_actions, (), generator=generator)
+        return torch.randint(self.n_actions, batch, generator=generator)
 
 
 class PolicyFile:

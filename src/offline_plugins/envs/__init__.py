@@ -1,1 +1,27 @@
-"""envs"""
+"""Text environments (prompt = state, response = action) and built-in verifiable tasks.
+
+Importing this package imports neither torch nor gymnasium; :class:`TextEnv` lives in
+:mod:`offline_plugins.envs.text`, the tasks in :mod:`offline_plugins.envs.tasks`.
+"""
+
+from __future__ import annotations
+
+__all__ = ["GYM_IDS", "register_gymnasium"]
+
+#: Gymnasium ids this package registers, with their entry points
+GYM_IDS: dict[str, str] = {
+    "offline_plugins/TextArithmetic-v0": "offline_plugins.envs.gym_text:TextTaskGymEnv",
+}
+
+
+def register_gymnasium() -> None:
+    """Register :data:`GYM_IDS` with Gymnasium (idempotent).
+
+    Also usable as a ``gymnasium.envs`` entry point, so ``gym.make`` finds the ids
+    without importing this package first.
+    """
+    import gymnasium
+
+    for env_id, entry_point in GYM_IDS.items():
+        if env_id not in gymnasium.registry:
+            gymnasium.register(id=env_id, entry_point=entry_point)

@@ -31,6 +31,7 @@ torch.Size([3, 2, 5])
 
 from __future__ import annotations
 
+import inspect
 from typing import Optional
 
 import torch
@@ -40,11 +41,16 @@ from tensordict.nn import TensorDictModuleBase
 __all__ = ["CausalLMLogProbs", "CausalLMReward", "token_log_probs", "sequence_log_probs"]
 
 
-def _logits_of(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def _takes_attention_mask(model: torch.nn.Module) -> bool:
     try:
-        out = model(input_ids=input_ids, attention_mask=attention_mask)
-    except TypeError:  # plain torch modules take the ids positionally
-        out = model(input_ids)
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return "attention_mask" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def _logits_of(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, with_mask: bool):
+    out = model(input_ids=input_ids, attention_mask=attention_mask) if with_mask else model(input_ids)
     return out if isinstance(out, torch.Tensor) else out.logits
 
 
@@ -90,6 +96,7 @@ class CausalLMLogProbs(TensorDictModuleBase):
     ) -> None:
         super().__init__()
         self.model = model
+        self._with_mask = _takes_attention_mask(model)
         self.tokens_key = tokens_key
         self.attention_mask_key = attention_mask_key
         self.log_probs_key = log_probs_key
@@ -108,7 +115,7 @@ class CausalLMLogProbs(TensorDictModuleBase):
         lead = tokens.shape[:-1]
         ids = tokens.reshape(-1, tokens.shape[-1])
         mask = attention_mask.reshape(ids.shape)
-        logits = _logits_of(self.model, ids, mask.long())
+        logits = _logits_of(self.model, ids, mask.long(), self._with_mask)
         return token_log_probs(logits, ids, mask).reshape(*lead, ids.shape[-1])
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:

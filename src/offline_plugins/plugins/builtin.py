@@ -8,4 +8,16 @@ level, so that listing algorithms stays fast.
 from __future__ import annotations
 
 BUILTIN_PLUGINS: dict[str, str] = {
+    "offline_plugins.algorithms.bc": "offline_plugins.algorithms.bc",
+    "offline_plugins.algorithms.iql": "offline_plugins.algorithms.iql",
+    "offline_plugins.algorithms.td3_bc": "offline_plugins.algorithms.td3_bc",
+    "offline_plugins.algorithms.cql": "offline_plugins.algorithms.cql",
+    "offline_plugins.algorithms.bcq": "offline_plugins.algorithms.bcq",
+    "offline_plugins.algorithms.awac": "offline_plugins.algorithms.awac",
+    "offline_plugins.algorithms.sequence.dt": "offline_plugins.algorithms.sequence.dt",
+    "offline_plugins.algorithms.sequence.odt": "offline_plugins.algorithms.sequence.odt",
+    "offline_plugins.algorithms.sequence.tt": "offline_plugins.algorithms.sequence.tt",
+    "offline_plugins.algorithms.sequence.diffuser": "offline_plugins.algorithms.sequence.diffuser",
+    "offline_plugins.algorithms.preference": "offline_plugins.algorithms.preference",
+    "datasets": "offline_plugins.data.recipes",
 }

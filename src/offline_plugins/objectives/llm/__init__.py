@@ -1,1 +1,31 @@
-"""objectives/llm"""
+"""Preference optimisation and reward modelling as TorchRL loss modules.
+
+Paired losses read a ``[B, 2]`` batch (index 0 chosen, 1 rejected); :class:`KTOLoss`
+reads ``[B]`` rows with a boolean ``label``. The formulas, as plain functions of
+log-probabilities, are in :mod:`offline_plugins.objectives.llm.functional`.
+"""
+
+from offline_plugins.objectives.llm.common import PreferenceInputError, PreferenceLossBase
+from offline_plugins.objectives.llm.preference import (
+    DPOLoss,
+    IPOLoss,
+    KTOLoss,
+    ORPOLoss,
+    RobustDPOLoss,
+    RPOLoss,
+    SimPOLoss,
+)
+from offline_plugins.objectives.llm.reward import BradleyTerryLoss
+
+__all__ = [
+    "BradleyTerryLoss",
+    "DPOLoss",
+    "IPOLoss",
+    "KTOLoss",
+    "ORPOLoss",
+    "PreferenceInputError",
+    "PreferenceLossBase",
+    "RPOLoss",
+    "RobustDPOLoss",
+    "SimPOLoss",
+]

@@ -34,6 +34,7 @@ __all__ = [
     "orpo_log_odds_ratio",
     "orpo_loss",
     "simpo_loss",
+    "group_relative_advantage",
 ]
 
 _LOG_HALF = -math.log(2.0)
@@ -217,3 +218,26 @@ def simpo_loss(
     0.6931
     """
     return -F.logsigmoid(beta * (chosen_mean_logps - rejected_mean_logps) - gamma)
+
+
+def group_relative_advantage(rewards: torch.Tensor, groups: torch.Tensor, *, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO's advantage: each reward standardised within its group (same prompt).
+
+    Shao et al. 2024 (DeepSeekMath, arXiv:2402.03300): ``(r - mean_g) / std_g`` with the
+    population std, as in the seeds' example 5.6.2(a). A group whose rewards are all
+    equal has std 0 and no learning signal: its advantages are 0 (std below ``eps``
+    counts as 0).
+
+    >>> group_relative_advantage(torch.tensor([1., 0., 1., 0.]), torch.tensor([0, 0, 0, 0]))
+    tensor([ 1., -1.,  1., -1.])
+    """
+    rewards = rewards.reshape(-1).to(torch.float32)
+    groups = groups.reshape(-1)
+    _, inverse = torch.unique(groups, return_inverse=True)
+    n = torch.zeros(int(inverse.max()) + 1, dtype=rewards.dtype, device=rewards.device)
+    n = n.index_add(0, inverse, torch.ones_like(rewards))
+    mean = torch.zeros_like(n).index_add(0, inverse, rewards) / n
+    centred = rewards - mean[inverse]
+    var = torch.zeros_like(n).index_add(0, inverse, centred**2) / n
+    std = var.sqrt()[inverse]
+    return torch.where(std > eps, centred / std.clamp_min(eps), torch.zeros_like(centred))

@@ -409,7 +409,7 @@ class KTOLoss(PreferenceLossBase):
         logps, counts = self.sequence_log_probs(both)
         logps, kl_logps = logps[:batch], logps[batch:]
         ref = self._get(tensordict, "ref_log_prob", "reference log-probs per response (summed, fp32)").float()
-        kl_ref = get_kl_ref(self, kl_td)
+        kl_ref = _kl_reference_log_probs(self, kl_td)
         self._check_shape(ref, "ref_log_prob", logps.shape)
         self._check_shape(kl_ref, "ref_log_prob", kl_logps.shape)
         z_ref = self.kl_reference_point(kl_logps, kl_ref)
@@ -437,7 +437,7 @@ class KTOLoss(PreferenceLossBase):
         return out
 
 
-def get_kl_ref(loss: KTOLoss, kl_td: TensorDictBase) -> torch.Tensor:
+def _kl_reference_log_probs(loss: KTOLoss, kl_td: TensorDictBase) -> torch.Tensor:
     ref = kl_td.get(loss.tensor_keys.ref_log_prob, None)
     if ref is None:
         raise PreferenceInputError(

@@ -1,0 +1,145 @@
+"""Lightning's overhead: the training shell against a plain PyTorch loop over the same parts.
+
+Both sides train the same ``AlgorithmParts`` on the same batches (the shell's
+``ReplayBufferStream``), with the same grouped Adam, per-step reseeding, gradient
+clipping and target updates; the shell adds Lightning's loop, hooks, the
+non-finite guard, CSV logging every ``--log-every`` steps and (with
+``--progress``) the progress bar. Trials alternate shell / plain and the median
+steps/s of each is reported, since the machine may be shared.
+
+    python bench/lightning_overhead_bench.py --algorithms iql td3-bc --steps 600 --trials 3
+
+Prints a Markdown table for docs/benchmarks.md ("Training shell").
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import tempfile
+import time
+import warnings
+
+import torch
+
+
+def _plain_loop(parts, data, *, steps: int, warmup: int, batch_size: int, seed: int) -> float:
+    """Steps per second of a hand-written loop doing the shell's work, after ``warmup`` steps."""
+    from offline_plugins.lightning.data import LOSS_STREAM, ReplayBufferStream, step_seed
+    from offline_plugins.lightning.module import make_grouped_adam
+
+    stream = ReplayBufferStream(data.replay_buffer(batch_size, seed=seed), seed=seed)
+    opt = make_grouped_adam(parts.optimizers)
+    groups = parts.optimizers
+    target_every = max(g.every for g in groups)
+    keys_all = parts.loss_keys()
+    first_bad = None
+    started = None
+    for step, batch in enumerate(stream):
+        if step == warmup:
+            started = time.process_time()
+        if step == steps:
+            break
+        torch.default_generator.manual_seed(step_seed(seed, 0, step, LOSS_STREAM))
+        out = parts.loss(batch)
+        active = [g for g in groups if step % g.every == 0]
+        keys = []
+        for g in active:
+            keys.extend(k for k in g.loss_keys if k not in keys)
+        total = sum(out.get(k) for k in keys)
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        for g in active:
+            if g.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(g.params, g.max_grad_norm, foreach=True)
+        opt.step()
+        if parts.target_updater is not None and step % target_every == 0:
+            parts.target_updater.step()
+        losses = torch.stack([out.get(k).detach().reshape(()) for k in keys_all])
+        bad = ~torch.isfinite(losses)
+        first_bad = bad if first_bad is None else first_bad | bad
+    assert first_bad is not None and not bool(first_bad.any())
+    return (steps - warmup) / (time.process_time() - started)
+
+
+def _lightning(parts, data, *, steps: int, warmup: int, batch_size: int, seed: int, log_every: int, progress: bool) -> float:
+    """Steps per second of the Lightning shell (no evaluation, no checkpoints), after ``warmup`` steps."""
+    from lightning.pytorch import Callback, Trainer
+    from lightning.pytorch.loggers import CSVLogger
+
+    from offline_plugins.lightning.callbacks import NonFiniteGuard, StepProgressBar, TargetNetworkUpdate
+    from offline_plugins.lightning.data import OfflineDataModule
+    from offline_plugins.lightning.module import OfflineAlgorithmModule
+
+    class Clock(Callback):
+        started = ended = 0.0
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if trainer.global_step == warmup:
+                self.started = time.process_time()
+
+        def on_train_end(self, trainer, pl_module):
+            self.ended = time.process_time()
+
+    clock = Clock()
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = Trainer(
+            accelerator="cpu",
+            devices=1,
+            max_steps=steps,
+            max_epochs=-1,
+            logger=CSVLogger(tmp, name="", version=""),
+            callbacks=[*([StepProgressBar(refresh_rate=50)] if progress else []), NonFiniteGuard(100), TargetNetworkUpdate(), clock],
+            log_every_n_steps=log_every,
+            enable_progress_bar=progress,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
+        )
+        module = OfflineAlgorithmModule(parts, seed=seed)
+        trainer.fit(module, datamodule=OfflineDataModule(data, batch_size=batch_size, seed=seed))
+    return (steps - warmup) / (clock.ended - clock.started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--algorithms", nargs="+", default=["iql", "td3-bc"])
+    parser.add_argument("--dataset", default="pendulum/medium-replay-v0")
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--progress", action="store_true", help="include the progress bar in the shell's cost")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from offline_plugins.lightning.run import _build_parts, plan_run
+
+    rows = []
+    for name in args.algorithms:
+        plan = plan_run(name, args.dataset, overrides=args.overrides, progress=False)
+        shell, plain = [], []
+        for trial in range(args.trials):
+            kw = dict(steps=args.steps, warmup=args.warmup, batch_size=plan.batch_size, seed=trial)
+            shell.append(_lightning(_build_parts(plan, trial), plan.data, log_every=args.log_every, progress=args.progress, **kw))
+            plain.append(_plain_loop(_build_parts(plan, trial), plan.data, **kw))
+        s, p = statistics.median(shell), statistics.median(plain)
+        rows.append((name, plan.batch_size, p, s, 100.0 * (p / s - 1.0)))
+        print(f"{name}: plain {[round(x, 1) for x in plain]} shell {[round(x, 1) for x in shell]}", flush=True)
+
+    print(f"\n{platform.processor() or platform.machine()}, torch {torch.__version__}, {args.threads} thread(s), "
+          f"{args.steps} steps ({args.warmup} warm-up), median of {args.trials} alternating trials, "
+          f"dataset {args.dataset}, progress bar {'on' if args.progress else 'off'}\n")
+    print("| algorithm | batch | plain loop (steps/s) | Lightning shell (steps/s) | overhead |")
+    print("|---|---|---|---|---|")
+    for name, batch, p, s, over in rows:
+        print(f"| {name} | {batch} | {p:.1f} | {s:.1f} | {over:+.1f}% |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,295 @@
+"""Offline-RL training speed: our losses against TorchRL's reference loop and d3rlpy.
+
+Gradient steps per second, side by side in one run, on the same synthetic data
+(Hopper shapes by default: 11-d observation, 3-d action, 100k transitions), batch 256,
+2x256 networks, one CPU thread. For each algorithm:
+
+* ``torchrl``: TorchRL's loss (``IQLLoss``, ``TD3BCLoss``, ``CQLLoss``) on networks built as
+  TorchRL's ``sota-implementations`` build them, one Adam per network, ``SoftUpdate``;
+* ``ours``: ``build(config, data)`` of our registered algorithm, stepped as a trainer steps
+  ``AlgorithmParts`` (sum the ``loss_*`` terms, one backward, step each due group,
+  ``SoftUpdate``);
+* ``d3rlpy`` (with ``--d3rlpy-python``, a separate venv with d3rlpy 2.x): the same
+  algorithm's ``update`` on a ``TransitionMiniBatch`` of the same shapes.
+
+The contenders take turns in ``--rounds`` chunks and the median chunk speed is reported,
+so a load spike on a shared machine hits all of them alike.
+
+Run: ``python bench/offline_bench.py [--steps 300] [--rounds 5] [--algos iql,td3-bc,cql]
+[--d3rlpy-python /path/to/venv/bin/python] [--compile]``. Prints a markdown table and a
+JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+BATCH = 256
+HIDDEN = (256, 256)
+N_DATA = 100_000
+
+
+def _dataset(obs_dim: int, act_dim: int, device):
+    import torch
+    from tensordict import TensorDict
+    from torchrl.data import Bounded, Unbounded
+    from types import SimpleNamespace
+
+    g = torch.Generator().manual_seed(0)
+    done = torch.rand(N_DATA, 1, generator=g) < 0.001
+    td = TensorDict(
+        {
+            "observation": torch.randn(N_DATA, obs_dim, generator=g),
+            "action": torch.rand(N_DATA, act_dim, generator=g) * 2 - 1,
+            "next": {
+                "observation": torch.randn(N_DATA, obs_dim, generator=g),
+                "reward": torch.randn(N_DATA, 1, generator=g),
+                "done": done,
+                "terminated": done.clone(),
+                "truncated": torch.zeros_like(done),
+            },
+        },
+        [N_DATA],
+    ).to(device)
+    spec = Bounded(-torch.ones(act_dim), torch.ones(act_dim), (act_dim,), device=device)
+    data = SimpleNamespace(observation_spec=Unbounded((obs_dim,)), action_spec=spec, action_space="continuous")
+    return data, td
+
+
+def _sampler(td, device):
+    import torch
+
+    n = td.shape[0]
+
+    def sample():
+        # indices drawn on the device: no host round trip per step
+        return td[torch.randint(n, (BATCH,), device=device)]
+
+    return sample
+
+
+def _reference(name: str, data):
+    """TorchRL's loss on networks built the way TorchRL's sota-implementations build them."""
+    import torch
+    from torch import nn
+    from torchrl.modules import MLP, NormalParamExtractor, ProbabilisticActor, TanhModule, TanhNormal, ValueOperator
+    from tensordict.nn import TensorDictModule, TensorDictSequential
+    from torchrl.objectives import CQLLoss, IQLLoss, SoftUpdate, TD3BCLoss
+
+    obs_dim, act_dim = data.observation_spec.shape[-1], data.action_spec.shape[-1]
+    spec = data.action_spec
+
+    def gaussian_actor():
+        net = nn.Sequential(MLP(in_features=obs_dim, num_cells=list(HIDDEN), out_features=2 * act_dim, activation_class=nn.ReLU),
+                            NormalParamExtractor(scale_lb=1e-4))
+        module = TensorDictModule(net, in_keys=["observation"], out_keys=["loc", "scale"])
+        return ProbabilisticActor(module, in_keys=["loc", "scale"], spec=spec, distribution_class=TanhNormal,
+                                  distribution_kwargs={"low": spec.space.low, "high": spec.space.high,
+                                                       "tanh_loc": False})
+
+    def qvalue():
+        return ValueOperator(MLP(in_features=obs_dim + act_dim, num_cells=list(HIDDEN), out_features=1,
+                                 activation_class=nn.ReLU), in_keys=["observation", "action"])
+
+    if name == "iql":
+        value = ValueOperator(MLP(in_features=obs_dim, num_cells=list(HIDDEN), out_features=1, activation_class=nn.ReLU),
+                              in_keys=["observation"], out_keys=["state_value"])
+        actor = gaussian_actor()
+        loss = IQLLoss(actor, qvalue(), value, loss_function="l2", temperature=3.0, expectile=0.7)
+        groups = [(loss.actor_network_params, ("loss_actor",), 1), (loss.qvalue_network_params, ("loss_qvalue",), 1),
+                  (loss.value_network_params, ("loss_value",), 1)]
+    elif name == "td3-bc":
+        actor = TensorDictSequential(
+            TensorDictModule(MLP(in_features=obs_dim, num_cells=list(HIDDEN), out_features=act_dim,
+                                 activation_class=nn.ReLU),
+                             in_keys=["observation"], out_keys=["param"]),
+            TanhModule(in_keys=["param"], out_keys=["action"], spec=spec),
+        )
+        loss = TD3BCLoss(actor, qvalue(), action_spec=spec, loss_function="l2", alpha=2.5)
+        groups = [(loss.actor_network_params, ("loss_actor",), 2), (loss.qvalue_network_params, ("loss_qvalue",), 1)]
+    elif name == "cql":
+        loss = CQLLoss(gaussian_actor(), qvalue(), loss_function="l2", min_q_weight=5.0, num_random=10,
+                       action_spec=spec)
+        groups = [(loss.actor_network_params, ("loss_actor",), 1),
+                  (loss.qvalue_network_params, ("loss_qvalue", "loss_cql"), 1),
+                  ([loss.log_alpha], ("loss_alpha",), 1)]
+    else:
+        raise ValueError(name)
+    loss.make_value_estimator(gamma=0.99)
+    opts = []
+    for params, keys, every in groups:
+        plist = list(params.parameters()) if hasattr(params, "parameters") else list(params)
+        opts.append((torch.optim.Adam(plist, lr=3e-4), keys, every))
+    return loss, opts, SoftUpdate(loss, tau=0.005)
+
+
+def _ours(name: str, data, compile_: bool):
+    from offline_plugins.plugins.manager import load_registry
+
+    spec = load_registry().algorithm(name)
+    config = spec.default_config()
+    parts = spec.load_build()(config, data)
+    opts = [(g.make_optimizer(), g.loss_keys, g.every) for g in parts.optimizers]
+    loss = parts.loss
+    if compile_:
+        import torch
+
+        loss = torch.compile(loss)
+    return loss, opts, parts.target_updater
+
+
+class _Runner:
+    """Steps one contender in chunks, so contenders can take turns under the same machine load."""
+
+    def __init__(self, loss, opts, updater, sample, warmup: int = 20) -> None:
+        self.loss, self.opts, self.updater, self.sample = loss, opts, updater, sample
+        self.step = 0
+        self.run(warmup)
+
+    def _one(self) -> None:
+        step, opts = self.step, self.opts
+        out = self.loss(self.sample())
+        keys = {k for _, ks, every in opts if step % every == 0 for k in ks}
+        total = sum(out[k] for k in keys)
+        for opt, _, _ in opts:
+            opt.zero_grad(set_to_none=True)
+        total.backward()
+        for opt, _, every in opts:
+            if step % every == 0:
+                opt.step()
+        if self.updater is not None:
+            self.updater.step()
+        self.step += 1
+
+    def run(self, steps: int) -> float:
+        import torch
+
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            self._one()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return steps / (time.perf_counter() - t0)
+
+
+_D3RLPY = r"""
+import json, sys, time, numpy as np, torch
+torch.set_num_threads(1)
+import d3rlpy
+name, obs_dim, act_dim = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rng = np.random.default_rng(0)
+n = 100_000
+term = (rng.random(n) < 0.001).astype(np.float32)
+ds = d3rlpy.dataset.MDPDataset(rng.standard_normal((n, obs_dim)).astype(np.float32),
+    (rng.random((n, act_dim)) * 2 - 1).astype(np.float32), rng.standard_normal(n).astype(np.float32), term,
+    action_space=d3rlpy.constants.ActionSpace.CONTINUOUS)
+enc = d3rlpy.models.VectorEncoderFactory([256, 256])
+kw = dict(batch_size=256, actor_encoder_factory=enc, critic_encoder_factory=enc)
+if name == "iql":
+    algo = d3rlpy.algos.IQLConfig(value_encoder_factory=enc, expectile=0.7, weight_temp=3.0, **kw).create(device="cpu:0")
+elif name == "td3-bc":
+    algo = d3rlpy.algos.TD3PlusBCConfig(alpha=2.5, **kw).create(device="cpu:0")
+else:
+    algo = d3rlpy.algos.CQLConfig(conservative_weight=5.0, n_action_samples=10, **kw).create(device="cpu:0")
+algo.build_with_dataset(ds)
+for _ in range(20):
+    algo.update(ds.sample_transition_batch(256))
+print(json.dumps({"ready": d3rlpy.__version__}), flush=True)
+for line in sys.stdin:
+    steps = int(line)
+    batches = [ds.sample_transition_batch(256) for _ in range(steps)]
+    t0 = time.perf_counter()
+    for b in batches:
+        algo.update(b)
+    print(json.dumps({"steps_per_s": steps / (time.perf_counter() - t0)}), flush=True)
+"""
+
+
+class _D3rlpyRunner:
+    """d3rlpy's ``update`` in its own venv, driven chunk by chunk over a pipe."""
+
+    def __init__(self, python: str, name: str, obs_dim: int, act_dim: int) -> None:
+        self.proc = subprocess.Popen([python, "-c", _D3RLPY, name, str(obs_dim), str(act_dim)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.version = self._read("ready")
+
+    def _read(self, key: str):
+        # d3rlpy and gym print their own lines to stdout; ours are JSON objects holding `key`
+        for line in self.proc.stdout:
+            line = line.strip()
+            if line.startswith("{"):
+                msg = json.loads(line)
+                if key in msg:
+                    return msg[key]
+        err = self.proc.stderr.read().strip().splitlines()
+        raise RuntimeError(err[-1] if err else "d3rlpy process exited")
+
+    def run(self, steps: int) -> float:
+        self.proc.stdin.write(f"{steps}\n")
+        self.proc.stdin.flush()
+        return self._read("steps_per_s")
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300, help="timed gradient steps per contender")
+    parser.add_argument("--rounds", type=int, default=5, help="turns the timed steps are split into")
+    parser.add_argument("--algos", default="iql,td3-bc,cql")
+    parser.add_argument("--obs-dim", type=int, default=11)
+    parser.add_argument("--act-dim", type=int, default=3)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--compile", action="store_true", help="torch.compile our loss (opt-in)")
+    parser.add_argument("--d3rlpy-python", default=None, help="python of a venv with d3rlpy 2.x")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    device = torch.device(args.device)
+    data, td = _dataset(args.obs_dim, args.act_dim, device)
+    sample = _sampler(td, device)
+    rows = []
+    for name in args.algos.split(","):
+        with torch.device(device):
+            runners = {"torchrl": _Runner(*_reference(name, data), sample), "ours": _Runner(*_ours(name, data, args.compile), sample)}
+        d3_err = "not run"
+        if args.d3rlpy_python:
+            try:
+                runners["d3rlpy"] = _D3rlpyRunner(args.d3rlpy_python, name, args.obs_dim, args.act_dim)
+                d3_err = None
+            except Exception as exc:  # a broken d3rlpy venv should not stop the rest
+                d3_err = str(exc)
+        # contenders take turns chunk by chunk; the median chunk speed is robust to load spikes
+        speeds = {k: [] for k in runners}
+        chunk = max(1, args.steps // args.rounds)
+        for _ in range(args.rounds):
+            for key, runner in runners.items():
+                speeds[key].append(runner.run(chunk))
+        if "d3rlpy" in runners:
+            runners["d3rlpy"].close()
+        med = {k: statistics.median(v) for k, v in speeds.items()}
+        d3 = med.get("d3rlpy")
+        rows.append({"algo": name, "ours": med["ours"], "torchrl": med["torchrl"], "d3rlpy": d3,
+                     "ours/torchrl": med["ours"] / med["torchrl"], "ours/d3rlpy": med["ours"] / d3 if d3 else None,
+                     "d3rlpy_error": d3_err, "chunks": speeds})
+    print("| algorithm | ours (steps/s) | TorchRL loop | d3rlpy | ours / TorchRL | ours / d3rlpy |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        d3 = f"{r['d3rlpy']:.1f}" if r["d3rlpy"] else "-"
+        rd = f"{r['ours/d3rlpy']:.2f}x" if r["ours/d3rlpy"] else "-"
+        print(f"| {r['algo']} | {r['ours']:.1f} | {r['torchrl']:.1f} | {d3} | {r['ours/torchrl']:.2f}x | {rd} |")
+    print(json.dumps({"device": str(device), "compile": args.compile, "steps": args.steps, "rows": rows}))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""Helpers the offline-RL glue modules share inside their ``build`` functions.
+
+Imported lazily (from inside ``build``), so it may import torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from offline_plugins.objectives.common import ActionSpaceError, check_range
+
+__all__ = ["check_data", "check_common", "obs_dim", "action_dim", "num_actions", "params", "soft_updater"]
+
+
+def check_data(data: Any, algorithm: str, action_space: str) -> None:
+    """Raise :class:`ActionSpaceError` unless ``data`` has the specs and ``action_space`` the algorithm needs."""
+    for attr in ("observation_spec", "action_spec", "action_space"):
+        if not hasattr(data, attr):
+            raise ActionSpaceError(
+                f"{algorithm}: the data object has no {attr!r}; build(config, data) expects an OfflineData "
+                "(or any object with observation_spec, action_spec and action_space)"
+            )
+    if data.action_space != action_space:
+        twin = {"continuous": "discrete", "discrete": "continuous"}.get(action_space, "")
+        other = algorithm[: -len("-discrete")] if algorithm.endswith("-discrete") else f"{algorithm}-discrete"
+        fix = f"use '{other}'" if twin == data.action_space else "use a dataset with that action space"
+        raise ActionSpaceError(
+            f"{algorithm}: the dataset has {data.action_space!r} actions but {algorithm} needs {action_space!r} "
+            f"actions; {fix}"
+        )
+
+
+def check_common(config: Any, algorithm: str) -> None:
+    """Validate the fields every offline-RL config has (those it has)."""
+    for name in ("gamma", "tau"):
+        if hasattr(config, name):
+            check_range(algorithm, name, getattr(config, name), 0.0, 1.0, high_inclusive=True)
+    for name in dir(config):
+        if name == "lr" or name.endswith("_lr"):
+            check_range(algorithm, name, getattr(config, name), 0.0, None)
+    if hasattr(config, "batch_size"):
+        check_range(algorithm, "batch_size", config.batch_size, 1, None, low_inclusive=True)
+    if hasattr(config, "hidden"):
+        widths = tuple(config.hidden)
+        if not widths or any(int(w) < 1 for w in widths):
+            from offline_plugins.config import ConfigError
+
+            raise ConfigError(f"{algorithm}: hidden={widths!r} must be positive layer widths, e.g. [256, 256]")
+
+
+def obs_dim(data: Any) -> int:
+    shape = tuple(data.observation_spec.shape)
+    if len(shape) != 1:
+        raise ActionSpaceError(
+            f"observation_spec has shape {shape}; the MLP networks need flat observations of shape [obs_dim] "
+            "(flatten them in the data layer)"
+        )
+    return int(shape[0])
+
+
+def action_dim(data: Any) -> int:
+    return int(data.action_spec.shape[-1])
+
+
+def num_actions(data: Any) -> int:
+    spec = data.action_spec
+    n = getattr(spec, "n", None)
+    if n is None:
+        n = getattr(getattr(spec, "space", None), "n", None)
+    if n is None:
+        raise ActionSpaceError(
+            f"a discrete action_spec must be torchrl.data.Categorical(n), got {type(spec).__name__}"
+        )
+    return int(n)
+
+
+def params(*modules) -> list:
+    """The trainable parameters of ``modules`` (TensorDictParams or nn.Modules), deduplicated."""
+    seen, out = set(), []
+    for module in modules:
+        for p in module.parameters():
+            if id(p) not in seen and p.requires_grad:
+                seen.add(id(p))
+                out.append(p)
+    return out
+
+
+def soft_updater(loss, tau: float):
+    """TorchRL's Polyak ``SoftUpdate`` bound to ``loss``: ``target <- (1 - tau) target + tau online``."""
+    from torchrl.objectives import SoftUpdate
+
+    return SoftUpdate(loss, tau=tau)

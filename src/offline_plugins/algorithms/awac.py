@@ -1,0 +1,78 @@
+"""AWAC: our loss, a tanh-Gaussian actor and twin critics.
+
+Nair, Gupta, Dalal & Levine 2020, "AWAC: Accelerating Online Reinforcement Learning
+with Offline Datasets", arXiv:2006.09359. Defaults: the paper's learning rate and
+temperature, the suite-wide batch of 256 and 2x256 networks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from offline_plugins.config import config_field
+from offline_plugins.plugins.hookspecs import hookimpl
+from offline_plugins.plugins.registry import AlgorithmSpec
+
+PAPER = "Nair, Gupta, Dalal & Levine 2020, AWAC: Accelerating Online Reinforcement Learning with Offline Datasets, " \
+    "arXiv:2006.09359"
+
+
+@dataclass
+class AWACConfig:
+    actor_lr: float = config_field(3e-4, "Adam learning rate of the policy")
+    critic_lr: float = config_field(3e-4, "Adam learning rate of the twin critics")
+    batch_size: int = config_field(256, "transitions per gradient step")
+    gamma: float = config_field(0.99, "discount factor")
+    tau: float = config_field(0.005, "Polyak rate of the target critics")
+    hidden: tuple = config_field((256, 256), "hidden layer widths of the actor and critics")
+    beta: float = config_field(1.0, "temperature of the advantage weights exp(A / beta)")
+    max_weight: float = config_field(100.0, "clip of the advantage weights")
+    normalize_observations: bool = config_field(False, "standardise observations with dataset statistics (data layer)")
+
+
+def build(config: AWACConfig, data: Any):
+    """Tanh-Gaussian actor, twin critics with Polyak targets."""
+    from offline_plugins.algorithms import _glue
+    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
+    from offline_plugins.modules import networks
+    from offline_plugins.modules.policies import DeterministicPolicy
+    from offline_plugins.objectives.awac import AWACLoss
+
+    _glue.check_data(data, "awac", "continuous")
+    _glue.check_common(config, "awac")
+    n_obs, hidden = _glue.obs_dim(data), tuple(config.hidden)
+    actor = networks.make_tanh_gaussian_actor(n_obs, data.action_spec, hidden)
+    loss = AWACLoss(
+        actor,
+        networks.make_qvalue(n_obs, _glue.action_dim(data), hidden),
+        beta=config.beta,
+        max_weight=config.max_weight,
+    )
+    loss.make_value_estimator(gamma=config.gamma)
+    return AlgorithmParts(
+        loss=loss,
+        policy=DeterministicPolicy(actor),
+        optimizers=[
+            OptimizerGroup("critic", _glue.params(loss.qvalue_network_params), config.critic_lr, ("loss_qvalue",)),
+            OptimizerGroup("actor", _glue.params(loss.actor_network_params), config.actor_lr, ("loss_actor",)),
+        ],
+        target_updater=_glue.soft_updater(loss, config.tau),
+    )
+
+
+@hookimpl
+def offline_plugins_register_algorithms(registry):
+    registry.add(
+        AlgorithmSpec(
+            name="awac",
+            summary="Advantage-Weighted Actor-Critic: Bellman critics, policy by exp(A / beta)-weighted likelihood",
+            family="offline-rl",
+            data="transitions",
+            loss="offline_plugins.objectives.awac:AWACLoss",
+            build="offline_plugins.algorithms.awac:build",
+            config=AWACConfig,
+            paper=PAPER,
+            action_spaces=("continuous",),
+        )
+    )

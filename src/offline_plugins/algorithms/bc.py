@@ -1,0 +1,91 @@
+"""Behaviour cloning, continuous and discrete: TorchRL's ``BCLoss`` on an MLP policy.
+
+The baseline every offline-RL paper reports; as in Fujimoto & Gu 2021 (the BC
+column of TD3+BC), a deterministic tanh actor regressed onto the data's actions
+with an L2 loss; for discrete actions, a categorical policy trained by maximum
+likelihood (cross-entropy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from offline_plugins.config import config_field
+from offline_plugins.plugins.hookspecs import hookimpl
+from offline_plugins.plugins.registry import AlgorithmSpec
+
+PAPER = "Pomerleau 1991, Efficient Training of Artificial Neural Networks for Autonomous Navigation; " \
+    "as the baseline of Fujimoto & Gu 2021, arXiv:2106.06860"
+
+
+@dataclass
+class BCConfig:
+    lr: float = config_field(3e-4, "Adam learning rate of the policy")
+    batch_size: int = config_field(256, "transitions per gradient step")
+    hidden: tuple = config_field((256, 256), "hidden layer widths of the policy")
+    normalize_observations: bool = config_field(True, "standardise observations with dataset statistics (data layer)")
+
+
+def _build(config: BCConfig, data: Any, action_space: str, name: str):
+    from offline_plugins.algorithms import _glue
+    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
+    from offline_plugins.modules import networks
+    from offline_plugins.modules.policies import DeterministicPolicy
+    from offline_plugins.objectives.bc import BCLoss
+
+    _glue.check_data(data, name, action_space)
+    _glue.check_common(config, name)
+    n_obs, hidden = _glue.obs_dim(data), tuple(config.hidden)
+    if action_space == "continuous":
+        actor = networks.make_deterministic_actor(n_obs, data.action_spec, hidden)
+        loss = BCLoss(actor, loss_function="l2")
+    else:
+        actor = networks.make_categorical_actor(n_obs, _glue.num_actions(data), hidden)
+        loss = BCLoss(actor)
+    return AlgorithmParts(
+        loss=loss,
+        policy=DeterministicPolicy(actor),
+        optimizers=[OptimizerGroup("actor", _glue.params(loss.actor_network_params), config.lr, ("loss_bc",))],
+        target_updater=None,
+    )
+
+
+def build(config: BCConfig, data: Any):
+    """Deterministic tanh actor, L2 regression onto the data's actions."""
+    return _build(config, data, "continuous", "bc")
+
+
+def build_discrete(config: BCConfig, data: Any):
+    """Categorical policy, cross-entropy against the data's action indices."""
+    return _build(config, data, "discrete", "bc-discrete")
+
+
+@hookimpl
+def offline_plugins_register_algorithms(registry):
+    registry.add(
+        AlgorithmSpec(
+            name="bc",
+            summary="Behaviour cloning: regress the policy onto the dataset's actions",
+            family="offline-rl",
+            data="transitions",
+            loss="offline_plugins.objectives.bc:BCLoss",
+            build="offline_plugins.algorithms.bc:build",
+            config=BCConfig,
+            paper=PAPER,
+            action_spaces=("continuous",),
+        )
+    )
+    registry.add(
+        AlgorithmSpec(
+            name="bc-discrete",
+            summary="Behaviour cloning for discrete actions (cross-entropy)",
+            family="offline-rl",
+            data="transitions",
+            loss="offline_plugins.objectives.bc:BCLoss",
+            build="offline_plugins.algorithms.bc:build_discrete",
+            config=BCConfig,
+            paper=PAPER,
+            action_spaces=("discrete",),
+        )
+    )

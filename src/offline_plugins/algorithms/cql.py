@@ -1,0 +1,155 @@
+"""CQL, continuous (fixed weight or Lagrangian) and discrete, on TorchRL's CQL losses.
+
+Kumar, Zhou, Tucker & Levine 2020, "Conservative Q-Learning for Offline
+Reinforcement Learning", arXiv:2006.04779. Continuous CQL is CQL(H) on SAC with the
+paper's Gym settings; ``cql-lagrange`` learns the weight to hold the gap at a
+threshold; ``cql-discrete`` is CQL(H) on a DQN backbone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from offline_plugins.config import config_field
+from offline_plugins.plugins.hookspecs import hookimpl
+from offline_plugins.plugins.registry import AlgorithmSpec
+
+PAPER = "Kumar, Zhou, Tucker & Levine 2020, Conservative Q-Learning for Offline Reinforcement Learning, arXiv:2006.04779"
+
+
+@dataclass
+class CQLConfig:
+    actor_lr: float = config_field(1e-4, "Adam learning rate of the policy")
+    critic_lr: float = config_field(3e-4, "Adam learning rate of the twin critics")
+    alpha_lr: float = config_field(3e-4, "Adam learning rate of the SAC entropy temperature and of alpha'")
+    batch_size: int = config_field(256, "transitions per gradient step")
+    gamma: float = config_field(0.99, "discount factor")
+    tau: float = config_field(0.005, "Polyak rate of the target critics")
+    hidden: tuple = config_field((256, 256), "hidden layer widths of the actor and critics")
+    min_q_weight: float = config_field(5.0, "weight of the conservative term logsumexp Q - Q(data)")
+    with_lagrange: bool = config_field(False, "learn alpha' to hold the conservative gap at lagrange_thresh")
+    lagrange_thresh: float = config_field(5.0, "target gap tau of the Lagrangian (with_lagrange only)")
+    num_random: int = config_field(10, "sampled actions per state (uniform, current and next policy) for logsumexp")
+    temperature: float = config_field(1.0, "temperature of the logsumexp")
+    normalize_observations: bool = config_field(False, "standardise observations with dataset statistics (data layer)")
+
+
+@dataclass
+class CQLLagrangeConfig(CQLConfig):
+    with_lagrange: bool = config_field(True, "learn alpha' to hold the conservative gap at lagrange_thresh")
+
+
+@dataclass
+class DiscreteCQLConfig:
+    lr: float = config_field(3e-4, "Adam learning rate of the Q network")
+    batch_size: int = config_field(256, "transitions per gradient step")
+    gamma: float = config_field(0.99, "discount factor")
+    tau: float = config_field(0.005, "Polyak rate of the target Q network")
+    hidden: tuple = config_field((256, 256), "hidden layer widths of the Q network")
+    alpha: float = config_field(1.0, "weight of the conservative term logsumexp Q - Q(data)")
+    normalize_observations: bool = config_field(False, "standardise observations with dataset statistics (data layer)")
+
+
+def build(config: CQLConfig, data: Any):
+    """CQL(H) on SAC: tanh-Gaussian actor, twin Q, entropy temperature, optional alpha'."""
+    from offline_plugins.algorithms import _glue
+    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
+    from offline_plugins.modules import networks
+    from offline_plugins.modules.policies import DeterministicPolicy
+    from offline_plugins.objectives.cql import CQLLoss
+
+    name = "cql-lagrange" if config.with_lagrange else "cql"
+    _glue.check_data(data, name, "continuous")
+    _glue.check_common(config, name)
+    n_obs, hidden = _glue.obs_dim(data), tuple(config.hidden)
+    actor = networks.make_tanh_gaussian_actor(n_obs, data.action_spec, hidden)
+    qvalue = networks.make_qvalue(n_obs, _glue.action_dim(data), hidden)
+    loss = CQLLoss(
+        actor,
+        qvalue,
+        min_q_weight=config.min_q_weight,
+        with_lagrange=config.with_lagrange,
+        lagrange_thresh=config.lagrange_thresh,
+        num_random=config.num_random,
+        temperature=config.temperature,
+        action_spec=data.action_spec,
+    )
+    loss.make_value_estimator(gamma=config.gamma)
+    groups = [
+        OptimizerGroup("critic", _glue.params(loss.qvalue_network_params), config.critic_lr, ("loss_qvalue", "loss_cql")),
+        OptimizerGroup("actor", _glue.params(loss.actor_network_params), config.actor_lr, ("loss_actor",)),
+        OptimizerGroup("alpha", [loss.log_alpha], config.alpha_lr, ("loss_alpha",)),
+    ]
+    if config.with_lagrange:
+        groups.append(OptimizerGroup("alpha_prime", [loss.log_alpha_prime], config.alpha_lr, ("loss_alpha_prime",)))
+    return AlgorithmParts(
+        loss=loss,
+        policy=DeterministicPolicy(actor),
+        optimizers=groups,
+        target_updater=_glue.soft_updater(loss, config.tau),
+    )
+
+
+def build_discrete(config: DiscreteCQLConfig, data: Any):
+    """Discrete CQL(H): one Q network (greedy policy), Polyak-averaged target."""
+    from torchrl.modules import QValueActor
+
+    from offline_plugins.algorithms import _glue
+    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
+    from offline_plugins.modules import networks
+    from offline_plugins.modules.policies import DeterministicPolicy
+    from offline_plugins.objectives.cql import DiscreteCQLLoss
+
+    _glue.check_data(data, "cql-discrete", "discrete")
+    _glue.check_common(config, "cql-discrete")
+    n_obs, n = _glue.obs_dim(data), _glue.num_actions(data)
+    qnet = QValueActor(networks.mlp(n_obs, n, tuple(config.hidden)), in_keys=["observation"], action_space="categorical")
+    loss = DiscreteCQLLoss(qnet, alpha=config.alpha)
+    loss.make_value_estimator(gamma=config.gamma)
+    return AlgorithmParts(
+        loss=loss,
+        policy=DeterministicPolicy(qnet),
+        optimizers=[
+            OptimizerGroup("critic", _glue.params(loss.value_network_params), config.lr, ("loss_qvalue", "loss_cql")),
+        ],
+        target_updater=_glue.soft_updater(loss, config.tau),
+    )
+
+
+@hookimpl
+def offline_plugins_register_algorithms(registry):
+    common = dict(family="offline-rl", data="transitions", paper=PAPER)
+    registry.add(
+        AlgorithmSpec(
+            name="cql",
+            summary="Conservative Q-Learning: SAC plus a penalty on logsumexp Q over data Q (fixed weight)",
+            loss="offline_plugins.objectives.cql:CQLLoss",
+            build="offline_plugins.algorithms.cql:build",
+            config=CQLConfig,
+            action_spaces=("continuous",),
+            **common,
+        )
+    )
+    registry.add(
+        AlgorithmSpec(
+            name="cql-lagrange",
+            summary="Conservative Q-Learning with the Lagrangian weight holding the gap at a threshold",
+            loss="offline_plugins.objectives.cql:CQLLoss",
+            build="offline_plugins.algorithms.cql:build",
+            config=CQLLagrangeConfig,
+            action_spaces=("continuous",),
+            **common,
+        )
+    )
+    registry.add(
+        AlgorithmSpec(
+            name="cql-discrete",
+            summary="Conservative Q-Learning on a DQN backbone for discrete actions",
+            loss="offline_plugins.objectives.cql:DiscreteCQLLoss",
+            build="offline_plugins.algorithms.cql:build_discrete",
+            config=DiscreteCQLConfig,
+            action_spaces=("discrete",),
+            **common,
+        )
+    )

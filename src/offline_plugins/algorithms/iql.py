@@ -1,0 +1,110 @@
+"""IQL, continuous and discrete: TorchRL's IQL losses, our networks and optimiser groups.
+
+Kostrikov, Nair & Levine 2022, "Offline Reinforcement Learning with Implicit
+Q-Learning", arXiv:2110.06169. Defaults are the paper's MuJoCo settings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from offline_plugins.config import config_field
+from offline_plugins.plugins.hookspecs import hookimpl
+from offline_plugins.plugins.registry import AlgorithmSpec
+
+PAPER = "Kostrikov, Nair & Levine 2022, Offline Reinforcement Learning with Implicit Q-Learning, arXiv:2110.06169"
+
+
+@dataclass
+class IQLConfig:
+    actor_lr: float = config_field(3e-4, "Adam learning rate of the policy")
+    critic_lr: float = config_field(3e-4, "Adam learning rate of the twin Q networks")
+    value_lr: float = config_field(3e-4, "Adam learning rate of V")
+    batch_size: int = config_field(256, "transitions per gradient step")
+    gamma: float = config_field(0.99, "discount factor")
+    tau: float = config_field(0.005, "Polyak rate of the target Q networks")
+    hidden: tuple = config_field((256, 256), "hidden layer widths of every network")
+    expectile: float = config_field(0.7, "expectile tau of the V regression, in (0, 1)")
+    temperature: float = config_field(3.0, "inverse temperature beta of the advantage weights exp(beta A), clipped at 100")
+    num_qvalue_nets: int = config_field(2, "critics in the ensemble (the minimum is used)")
+    normalize_observations: bool = config_field(True, "standardise observations with dataset statistics (data layer)")
+    diagnostics: bool = config_field(True, "log Q-on-data, value and advantage statistics (one extra no-grad pass)")
+
+
+def _build(config: IQLConfig, data: Any, action_space: str, name: str):
+    from offline_plugins.algorithms import _glue
+    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
+    from offline_plugins.modules import networks
+    from offline_plugins.modules.policies import DeterministicPolicy
+    from offline_plugins.objectives.iql import DiscreteIQLLoss, IQLLoss
+
+    _glue.check_data(data, name, action_space)
+    _glue.check_common(config, name)
+    n_obs, hidden = _glue.obs_dim(data), tuple(config.hidden)
+    kwargs = dict(
+        expectile=config.expectile,
+        temperature=config.temperature,
+        num_qvalue_nets=config.num_qvalue_nets,
+        diagnostics=config.diagnostics,
+    )
+    if action_space == "continuous":
+        actor = networks.make_tanh_gaussian_actor(n_obs, data.action_spec, hidden)
+        qvalue = networks.make_qvalue(n_obs, _glue.action_dim(data), hidden)
+        loss = IQLLoss(actor, qvalue, networks.make_value(n_obs, hidden), **kwargs)
+    else:
+        n = _glue.num_actions(data)
+        actor = networks.make_categorical_actor(n_obs, n, hidden)
+        qvalue = networks.make_discrete_qvalue(n_obs, n, hidden)
+        loss = DiscreteIQLLoss(actor, qvalue, networks.make_value(n_obs, hidden), **kwargs)
+    loss.make_value_estimator(gamma=config.gamma)
+    return AlgorithmParts(
+        loss=loss,
+        policy=DeterministicPolicy(actor),
+        optimizers=[
+            OptimizerGroup("value", _glue.params(loss.value_network_params), config.value_lr, ("loss_value",)),
+            OptimizerGroup("critic", _glue.params(loss.qvalue_network_params), config.critic_lr, ("loss_qvalue",)),
+            OptimizerGroup("actor", _glue.params(loss.actor_network_params), config.actor_lr, ("loss_actor",)),
+        ],
+        target_updater=_glue.soft_updater(loss, config.tau),
+    )
+
+
+def build(config: IQLConfig, data: Any):
+    """IQL on continuous actions: tanh-Gaussian actor, twin Q, V."""
+    return _build(config, data, "continuous", "iql")
+
+
+def build_discrete(config: IQLConfig, data: Any):
+    """IQL on discrete actions: categorical actor, twin ``Q(s, .)``, V."""
+    return _build(config, data, "discrete", "iql-discrete")
+
+
+@hookimpl
+def offline_plugins_register_algorithms(registry):
+    registry.add(
+        AlgorithmSpec(
+            name="iql",
+            summary="Implicit Q-Learning: expectile V, advantage-weighted policy, no out-of-data actions",
+            family="offline-rl",
+            data="transitions",
+            loss="offline_plugins.objectives.iql:IQLLoss",
+            build="offline_plugins.algorithms.iql:build",
+            config=IQLConfig,
+            paper=PAPER,
+            action_spaces=("continuous",),
+        )
+    )
+    registry.add(
+        AlgorithmSpec(
+            name="iql-discrete",
+            summary="Implicit Q-Learning for discrete actions",
+            family="offline-rl",
+            data="transitions",
+            loss="offline_plugins.objectives.iql:DiscreteIQLLoss",
+            build="offline_plugins.algorithms.iql:build_discrete",
+            config=IQLConfig,
+            paper=PAPER,
+            action_spaces=("discrete",),
+        )
+    )

@@ -1,0 +1,227 @@
+"""Preference optimisation and reward modelling as plugins: DPO, IPO, KTO, ORPO, SimPO, RPO, robust DPO, reward model.
+
+Each ``build(config, data)`` takes a :class:`~offline_plugins.data.preference.PreferenceData`
+(tokenised pairs or unpaired rows, the SFT reference model with its log-probs
+cached, the tokenizer) and returns the loss around a fresh copy of the reference
+(the policy starts at the reference, as in the papers), one optimiser group and
+the log-prob actor as the policy. No reference forward runs during training.
+
+Learning rates are set for the built-in tiny model from a pilot on 2-digit addition
+(SFT reference at 68% exact match): at 5e-4 every loss lowered held-out exact match;
+at 1e-5 DPO, IPO, KTO and SimPO gained 3-4 points in 200 steps of 16 pairs, and ORPO
+and RPO (which keep an NLL term) gained 10-14 points at 3e-5 in 600 steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from offline_plugins.config import config_field
+from offline_plugins.plugins.hookspecs import hookimpl
+from offline_plugins.plugins.registry import AlgorithmSpec
+
+__all__ = [
+    "DPOConfig",
+    "RobustDPOConfig",
+    "RPOConfig",
+    "IPOConfig",
+    "KTOConfig",
+    "ORPOConfig",
+    "SimPOConfig",
+    "RewardModelConfig",
+]
+
+_LOSSES = "offline_plugins.objectives.llm"
+
+
+@dataclass
+class DPOConfig:
+    lr: float = config_field(1e-5, "Adam learning rate of the policy")
+    batch_size: int = config_field(16, "preference pairs per gradient step")
+    max_grad_norm: float = config_field(1.0, "clip the policy's gradient norm to this")
+    beta: float = config_field(0.1, "inverse temperature of the implicit reward beta * log(pi / pi_ref)")
+    label_smoothing: float = config_field(0.0, "assumed label-flip rate (conservative DPO); 0 is DPO")
+
+
+@dataclass
+class RobustDPOConfig:
+    lr: float = config_field(1e-5, "Adam learning rate of the policy")
+    batch_size: int = config_field(16, "preference pairs per gradient step")
+    max_grad_norm: float = config_field(1.0, "clip the policy's gradient norm to this")
+    beta: float = config_field(0.1, "inverse temperature of the implicit reward")
+    label_smoothing: float = config_field(0.1, "label-flip rate the loss is unbiased under, in [0, 0.5)")
+
+
+@dataclass
+class RPOConfig:
+    lr: float = config_field(3e-5, "Adam learning rate of the policy")
+    batch_size: int = config_field(16, "preference pairs per gradient step")
+    max_grad_norm: float = config_field(1.0, "clip the policy's gradient norm to this")
+    beta: float = config_field(0.1, "inverse temperature of the implicit reward")
+    alpha: float = config_field(1.0, "weight of the length-normalised NLL term on the chosen response")
+
+
+@dataclass
+class IPOConfig:
+    lr: float = config_field(1e-5, "Adam learning rate of the policy")
+    batch_size: int = config_field(16, "preference pairs per gradient step")
+    max_grad_norm: float = config_field(1.0, "clip the policy's gradient norm to this")
+    tau: float = config_field(0.1, "regularisation; the target log-ratio gap is 1 / (2 tau)")
+    length_normalize: bool = config_field(True, "average log-probs over response tokens (false: sums)")
+
+
+@dataclass
+class KTOConfig:
+    lr: float = config_field(1e-5, "Adam learning rate of the policy")
+    batch_size: int = config_field(16, "unpaired rows per gradient step")
+    max_grad_norm: float = config_field(1.0, "clip the policy's gradient norm to this")
+    beta: float = config_field(0.1, "implicit-reward scale")
+    desirable_weight: float = config_field(1.0, "weight of desirable (label true) rows")
+    undesirable_weight: float = config_field(1.0, "weight of undesirable (label false) rows")
+
+
+@dataclass
+class ORPOConfig:
+    lr: float = config_field(3e-5, "Adam learning rate of the policy")
+    batch_size: int = config_field(16, "preference pairs per gradient step")
+    max_grad_norm: float = config_field(1.0, "clip the policy's gradient norm to this")
+    lam: float = config_field(0.1, "weight lambda of the log odds-ratio term")
+
+
+@dataclass
+class SimPOConfig:
+    lr: float = config_field(1e-5, "Adam learning rate of the policy")
+    batch_size: int = config_field(16, "preference pairs per gradient step")
+    max_grad_norm: float = config_field(1.0, "clip the policy's gradient norm to this")
+    beta: float = config_field(2.0, "scale of the length-averaged log-prob reward")
+    gamma: float = config_field(1.0, "absolute target reward margin")
+
+
+@dataclass
+class RewardModelConfig:
+    lr: float = config_field(1e-3, "Adam learning rate of the reward model")
+    batch_size: int = config_field(16, "preference pairs per gradient step")
+    max_grad_norm: float = config_field(1.0, "clip the reward model's gradient norm to this")
+    margin: float = config_field(0.0, "the chosen reward must win by this margin")
+    center_coeff: float = config_field(0.0, "weight of the reward-centring term mean((r_w + r_l)^2); 0 disables")
+
+
+def _policy_parts(config: Any, data: Any, name: str, loss_cls_name: str, kwargs: dict, loss_keys: tuple):
+    import copy
+
+    import offline_plugins.objectives.llm as llm
+    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
+    from offline_plugins.data.preference import check_preference_data
+    from offline_plugins.modules.causal_lm import CausalLMLogProbs
+
+    kind = "unpaired-feedback" if loss_cls_name == "KTOLoss" else "preference-pairs"
+    check_preference_data(data, name, kind, needs_reference=True)
+    policy_model = copy.deepcopy(data.reference)
+    policy_model.train()
+    for p in policy_model.parameters():
+        p.requires_grad_(True)
+    actor = CausalLMLogProbs(policy_model)
+    loss = getattr(llm, loss_cls_name)(actor, **kwargs)
+    group = OptimizerGroup("policy", list(policy_model.parameters()), config.lr, loss_keys,
+                           max_grad_norm=config.max_grad_norm)
+    return AlgorithmParts(loss=loss, policy=actor, optimizers=[group],
+                          extra={"model": policy_model, "tokenizer": data.tokenizer})
+
+
+def build_dpo(config: DPOConfig, data: Any):
+    """DPO (cDPO with ``label_smoothing > 0``) on preference pairs."""
+    return _policy_parts(config, data, "dpo", "DPOLoss",
+                         {"beta": config.beta, "label_smoothing": config.label_smoothing}, ("loss_dpo",))
+
+
+def build_robust_dpo(config: RobustDPOConfig, data: Any):
+    return _policy_parts(config, data, "robust-dpo", "RobustDPOLoss",
+                         {"beta": config.beta, "label_smoothing": config.label_smoothing}, ("loss_dpo",))
+
+
+def build_rpo(config: RPOConfig, data: Any):
+    return _policy_parts(config, data, "rpo", "RPOLoss", {"beta": config.beta, "alpha": config.alpha},
+                         ("loss_dpo", "loss_nll"))
+
+
+def build_ipo(config: IPOConfig, data: Any):
+    return _policy_parts(config, data, "ipo", "IPOLoss",
+                         {"tau": config.tau, "length_normalize": config.length_normalize}, ("loss_ipo",))
+
+
+def build_kto(config: KTOConfig, data: Any):
+    return _policy_parts(config, data, "kto", "KTOLoss",
+                         {"beta": config.beta, "desirable_weight": config.desirable_weight,
+                          "undesirable_weight": config.undesirable_weight}, ("loss_kto",))
+
+
+def build_orpo(config: ORPOConfig, data: Any):
+    return _policy_parts(config, data, "orpo", "ORPOLoss", {"lam": config.lam}, ("loss_nll", "loss_odds_ratio"))
+
+
+def build_simpo(config: SimPOConfig, data: Any):
+    return _policy_parts(config, data, "simpo", "SimPOLoss", {"beta": config.beta, "gamma": config.gamma},
+                         ("loss_simpo",))
+
+
+def build_reward_model(config: RewardModelConfig, data: Any):
+    """A Bradley-Terry reward model: the reference backbone plus a scalar head."""
+    import copy
+
+    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
+    from offline_plugins.data.preference import check_preference_data
+    from offline_plugins.modules.causal_lm import CausalLMReward
+    from offline_plugins.objectives.llm import BradleyTerryLoss
+
+    check_preference_data(data, "reward-model", "preference-pairs", needs_reference=False)
+    backbone = copy.deepcopy(data.reference)
+    for p in backbone.parameters():
+        p.requires_grad_(True)
+    reward = CausalLMReward(backbone)
+    loss = BradleyTerryLoss(reward, margin=config.margin, center_coeff=config.center_coeff)
+    keys = ("loss_reward", "loss_center") if config.center_coeff > 0 else ("loss_reward",)
+    group = OptimizerGroup("reward", list(reward.parameters()), config.lr, keys, max_grad_norm=config.max_grad_norm)
+    return AlgorithmParts(loss=loss, policy=reward, optimizers=[group],
+                          extra={"model": backbone, "tokenizer": data.tokenizer})
+
+
+_SPECS = (
+    ("dpo", "Direct Preference Optimization (cDPO with label_smoothing)", "preference-pairs", "DPOLoss",
+     "build_dpo", DPOConfig, "Rafailov et al. 2023, Direct Preference Optimization, arXiv:2305.18290"),
+    ("robust-dpo", "DPO unbiased under label-flip noise", "preference-pairs", "RobustDPOLoss",
+     "build_robust_dpo", RobustDPOConfig, "Chowdhury et al. 2024, Provably Robust DPO, arXiv:2403.00409"),
+    ("rpo", "DPO plus an NLL term on the chosen response", "preference-pairs", "RPOLoss", "build_rpo",
+     RPOConfig, "Pang et al. 2024, Iterative Reasoning Preference Optimization, arXiv:2404.19733"),
+    ("ipo", "Identity Preference Optimisation: squared loss to a bounded margin", "preference-pairs", "IPOLoss",
+     "build_ipo", IPOConfig, "Azar et al. 2023, A General Theoretical Paradigm to Understand Learning from "
+     "Human Preferences, arXiv:2310.12036"),
+    ("kto", "Kahneman-Tversky Optimisation on unpaired good/bad labels", "unpaired-feedback", "KTOLoss",
+     "build_kto", KTOConfig, "Ethayarajh et al. 2024, KTO: Model Alignment as Prospect Theoretic "
+     "Optimization, arXiv:2402.01306"),
+    ("orpo", "Odds Ratio Preference Optimisation: SFT and preference in one loss, no reference", "preference-pairs",
+     "ORPOLoss", "build_orpo", ORPOConfig, "Hong et al. 2024, ORPO, arXiv:2403.07691"),
+    ("simpo", "Simple Preference Optimisation: length-averaged reward and a margin, no reference",
+     "preference-pairs", "SimPOLoss", "build_simpo", SimPOConfig, "Meng et al. 2024, SimPO, arXiv:2405.14734"),
+    ("reward-model", "Bradley-Terry reward model (RLHF step 2)", "preference-pairs", "BradleyTerryLoss",
+     "build_reward_model", RewardModelConfig, "Ouyang et al. 2022, Training language models to follow "
+     "instructions with human feedback, arXiv:2203.02155"),
+)
+
+
+@hookimpl
+def offline_plugins_register_algorithms(registry):
+    for name, summary, data, loss, build, config, paper in _SPECS:
+        registry.add(
+            AlgorithmSpec(
+                name=name,
+                summary=summary,
+                family="preference",
+                data=data,
+                loss=f"{_LOSSES}:{loss}",
+                build=f"offline_plugins.algorithms.preference:{build}",
+                config=config,
+                paper=paper,
+                action_spaces=("tokens",),
+            )
+        )

@@ -1,0 +1,89 @@
+"""TD3+BC: TorchRL's ``TD3BCLoss``, a deterministic actor, twin critics, delayed actor steps.
+
+Fujimoto & Gu 2021, "A Minimalist Approach to Offline Reinforcement Learning",
+arXiv:2106.06860. Defaults are the paper's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from offline_plugins.config import config_field
+from offline_plugins.plugins.hookspecs import hookimpl
+from offline_plugins.plugins.registry import AlgorithmSpec
+
+PAPER = "Fujimoto & Gu 2021, A Minimalist Approach to Offline Reinforcement Learning, arXiv:2106.06860"
+
+
+@dataclass
+class TD3BCConfig:
+    actor_lr: float = config_field(3e-4, "Adam learning rate of the actor")
+    critic_lr: float = config_field(3e-4, "Adam learning rate of the twin critics")
+    batch_size: int = config_field(256, "transitions per gradient step")
+    gamma: float = config_field(0.99, "discount factor")
+    tau: float = config_field(0.005, "Polyak rate of the target actor and critics")
+    hidden: tuple = config_field((256, 256), "hidden layer widths of the actor and critics")
+    alpha: float = config_field(2.5, "alpha in lambda = alpha / mean|Q(s, mu(s))|, the weight of the Q term")
+    policy_noise: float = config_field(0.2, "std of the target policy smoothing noise, as a fraction of max action")
+    noise_clip: float = config_field(0.5, "clip of that noise, as a fraction of max action")
+    policy_freq: int = config_field(2, "critic steps per actor step (delayed policy updates)")
+    normalize_observations: bool = config_field(True, "standardise observations with dataset statistics (data layer)")
+
+
+def build(config: TD3BCConfig, data: Any):
+    """Deterministic tanh actor, twin Q, actor stepped every ``policy_freq`` steps."""
+    from offline_plugins.algorithms import _glue
+    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
+    from offline_plugins.modules import networks
+    from offline_plugins.modules.policies import DeterministicPolicy
+    from offline_plugins.objectives.common import check_range
+    from offline_plugins.objectives.td3_bc import TD3BCLoss
+
+    _glue.check_data(data, "td3-bc", "continuous")
+    _glue.check_common(config, "td3-bc")
+    check_range("td3-bc", "policy_freq", config.policy_freq, 1, None, low_inclusive=True)
+    n_obs, hidden = _glue.obs_dim(data), tuple(config.hidden)
+    actor = networks.make_deterministic_actor(n_obs, data.action_spec, hidden)
+    qvalue = networks.make_qvalue(n_obs, _glue.action_dim(data), hidden)
+    # the paper scales both noise terms by the action bound
+    max_action = float(data.action_spec.space.high.abs().max())
+    loss = TD3BCLoss(
+        actor,
+        qvalue,
+        action_spec=data.action_spec,
+        alpha=config.alpha,
+        policy_noise=config.policy_noise * max_action,
+        noise_clip=config.noise_clip * max_action,
+    )
+    loss.make_value_estimator(gamma=config.gamma)
+    return AlgorithmParts(
+        loss=loss,
+        policy=DeterministicPolicy(actor),
+        optimizers=[
+            OptimizerGroup("critic", _glue.params(loss.qvalue_network_params), config.critic_lr, ("loss_qvalue",)),
+            OptimizerGroup(
+                "actor", _glue.params(loss.actor_network_params), config.actor_lr, ("loss_actor",),
+                every=int(config.policy_freq),
+            ),
+        ],
+        target_updater=_glue.soft_updater(loss, config.tau),
+        extra={"target_update_every": int(config.policy_freq)},
+    )
+
+
+@hookimpl
+def offline_plugins_register_algorithms(registry):
+    registry.add(
+        AlgorithmSpec(
+            name="td3-bc",
+            summary="TD3 with a behaviour-cloning term in the actor loss, lambda = alpha / mean|Q|",
+            family="offline-rl",
+            data="transitions",
+            loss="offline_plugins.objectives.td3_bc:TD3BCLoss",
+            build="offline_plugins.algorithms.td3_bc:build",
+            config=TD3BCConfig,
+            paper=PAPER,
+            action_spaces=("continuous",),
+        )
+    )

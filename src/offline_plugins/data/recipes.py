@@ -1,0 +1,78 @@
+"""Built-in dataset recipes: D4RL's five tiers for each env with a shipped behaviour policy.
+
+Ids are ``offline-plugins/<env>/<tier>-v0``. The ``offline-plugins/`` namespace keeps
+them apart from Minari's remote ids (``mujoco/hopper/medium-v0`` is Farama's, made
+with other policies); :func:`offline_plugins.data.load_offline_data` also accepts the
+short form ``pendulum/medium-v0``.
+
+An env's recipes are registered only when its policy file is installed, so every
+listed recipe can be made. This module imports no torch (``offline-plugins list``
+stays fast).
+
+>>> from offline_plugins.plugins.registry import Registry
+>>> registry = Registry()
+>>> offline_plugins_register_datasets(registry.scoped("offline-plugins", "0", "datasets"))
+>>> registry.dataset("offline-plugins/pendulum/medium-v0").env_id
+'Pendulum-v1'
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from offline_plugins.plugins.hookspecs import hookimpl
+from offline_plugins.plugins.registry import DatasetSpec
+
+__all__ = ["NAMESPACE", "ENVS", "TIER_SUMMARIES", "recipe_id", "offline_plugins_register_datasets"]
+
+NAMESPACE = "offline-plugins"
+
+# short name -> (Gymnasium id, action space, steps per tier, extras needed)
+ENVS: dict[str, tuple[str, str, int, tuple[str, ...]]] = {
+    "pendulum": ("Pendulum-v1", "continuous", 50_000, ()),
+    "cartpole": ("CartPole-v1", "discrete", 50_000, ()),
+    "hopper": ("Hopper-v5", "continuous", 100_000, ("mujoco",)),
+    "halfcheetah": ("HalfCheetah-v5", "continuous", 100_000, ("mujoco",)),
+    "walker2d": ("Walker2d-v5", "continuous", 100_000, ("mujoco",)),
+}
+
+TIER_SUMMARIES: dict[str, str] = {
+    "random": "uniform random actions",
+    "medium": "a policy stopped at about a third of the way from random to expert return",
+    "medium-replay": "the training buffer up to the medium policy",
+    "expert": "the best policy of the training run",
+    "medium-expert": "half medium, half expert episodes",
+}
+
+
+def recipe_id(env: str, tier: str, version: int = 0) -> str:
+    """``recipe_id("hopper", "medium")`` -> ``"offline-plugins/hopper/medium-v0"``."""
+    return f"{NAMESPACE}/{env}/{tier}-v{version}"
+
+
+def _policy_installed(env_id: str) -> bool:
+    folder = Path(str(resources.files("offline_plugins.data") / "policies"))
+    stem = env_id.lower()
+    return (folder / f"{stem}.pt").is_file() and (folder / f"{stem}.json").is_file()
+
+
+@hookimpl
+def offline_plugins_register_datasets(registry):
+    """Register the five tiers of every env whose behaviour policy is installed."""
+    for short, (env_id, action_space, steps, requires) in ENVS.items():
+        if not _policy_installed(env_id):
+            continue
+        for tier, summary in TIER_SUMMARIES.items():
+            registry.add(
+                DatasetSpec(
+                    id=recipe_id(short, tier),
+                    summary=f"{env_id}, {tier}: {summary}.",
+                    env_id=env_id,
+                    make="offline_plugins.data.build:make_recipe_dataset",
+                    tier=tier,
+                    action_space=action_space,
+                    requires=requires,
+                    options=(("steps", steps),),
+                )
+            )

@@ -1,0 +1,273 @@
+"""Data from a verifiable text task: SFT rows, model samples, preference pairs, accuracy.
+
+The offline preference pipeline on a built-in task, with no network:
+
+1. :func:`sft_rows` gives (prompt, completion) rows with the exact answers;
+   :func:`supervised_finetune` trains a model on them: that model is the reference.
+2. :func:`sample_responses` samples answers from a model; :func:`preference_rows`
+   pairs a correct answer (chosen) with an incorrect one (rejected) per prompt, and
+   :func:`unpaired_rows` labels each sample by exact match (KTO's data).
+3. :func:`exact_match_accuracy` scores greedy answers on held-out prompts.
+
+>>> from offline_plugins.envs.tasks import ArithmeticTask
+>>> sft_rows(ArithmeticTask(), 2, seed=0)
+[{'prompt': '73+46=', 'completion': '119'}, {'prompt': '37+94=', 'completion': '131'}]
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from typing import Any, Optional, Sequence
+
+import torch
+
+__all__ = [
+    "sft_rows",
+    "generate",
+    "sample_responses",
+    "preference_rows",
+    "unpaired_rows",
+    "exact_match_accuracy",
+    "supervised_finetune",
+    "task_preference_data",
+]
+
+
+def sft_rows(task: Any, n: int, *, split: str = "train", seed: int = 0) -> list[dict]:
+    """``n`` rows ``{"prompt", "completion"}`` with the task's exact answers."""
+    return [{"prompt": p.prompt, "completion": p.answer} for p in task.problems(n, split=split, seed=seed)]
+
+
+@torch.no_grad()
+def generate(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    *,
+    num_samples: int = 1,
+    max_new_tokens: int = 8,
+    temperature: float = 1.0,
+    greedy: bool = False,
+    seed: Optional[int] = None,
+) -> list[list[str]]:
+    """``num_samples`` decoded responses per prompt (the prompts are left-padded for one batch)."""
+    from offline_plugins.data.preference import prompt_token_ids
+
+    encoded = [prompt_token_ids(tokenizer, p) for p in prompts]
+    width = max(len(e) for e in encoded)
+    pad = tokenizer.pad_token_id
+    ids = torch.full((len(encoded), width), pad, dtype=torch.long)
+    attn = torch.zeros(len(encoded), width, dtype=torch.long)
+    for i, e in enumerate(encoded):
+        ids[i, width - len(e) :] = torch.tensor(e)
+        attn[i, width - len(e) :] = 1
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.random.fork_rng(devices=[]) if seed is not None else _null():
+            if seed is not None:
+                torch.manual_seed(seed)
+            out = model.generate(
+                input_ids=ids.to(device),
+                attention_mask=attn.to(device),
+                max_new_tokens=max_new_tokens,
+                do_sample=not greedy,
+                temperature=None if greedy else temperature,
+                top_p=None,
+                top_k=None,
+                num_return_sequences=num_samples,
+                pad_token_id=pad,
+                eos_token_id=tokenizer.eos_token_id,
+            )
+    finally:
+        model.train(was_training)
+    texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+    return [texts[i * num_samples : (i + 1) * num_samples] for i in range(len(prompts))]
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def sample_responses(model, tokenizer, prompts, *, num_samples=4, max_new_tokens=8, temperature=1.0, seed=0):
+    """Sampled responses per prompt (temperature sampling); see :func:`generate`."""
+    return generate(model, tokenizer, prompts, num_samples=num_samples, max_new_tokens=max_new_tokens,
+                    temperature=temperature, seed=seed)
+
+
+def preference_rows(
+    task: Any,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    n_prompts: int,
+    *,
+    split: str = "train",
+    num_samples: int = 4,
+    temperature: float = 1.0,
+    seed: int = 0,
+    batch_size: int = 64,
+) -> list[dict]:
+    """``(prompt, chosen, rejected)`` rows: a correct answer against an incorrect one.
+
+    Both come from the model's samples when it produced both (the rejected is its most
+    frequent wrong answer); otherwise the chosen is the exact answer and the rejected a
+    corrupted answer (so every prompt yields a pair).
+    """
+    rng = random.Random(seed)
+    problems = task.problems(n_prompts, split=split, seed=seed)
+    rows = []
+    for start in range(0, len(problems), batch_size):
+        chunk = problems[start : start + batch_size]
+        samples = sample_responses(model, tokenizer, [p.prompt for p in chunk], num_samples=num_samples,
+                                   temperature=temperature, seed=seed + start)
+        for p, outs in zip(chunk, samples):
+            right = [o.strip() for o in outs if task.reward(p.prompt, o) == 1.0]
+            wrong = [o.strip() for o in outs if task.reward(p.prompt, o) == 0.0 and o.strip()]
+            chosen = right[0] if right else p.answer
+            # the model's most frequent mistake: its likeliest wrong answer, the one worth pushing down
+            rejected = Counter(wrong).most_common(1)[0][0] if wrong else task.corrupt(p.answer, rng)
+            rows.append({"prompt": p.prompt, "chosen": chosen, "rejected": rejected})
+    return rows
+
+
+def unpaired_rows(
+    task: Any, model: torch.nn.Module, tokenizer: Any, n_prompts: int, *, split: str = "train",
+    num_samples: int = 2, seed: int = 0,
+) -> list[dict]:
+    """``(prompt, completion, label)`` rows: each pair of :func:`preference_rows` split in two."""
+    out = []
+    for r in preference_rows(task, model, tokenizer, n_prompts, split=split, num_samples=num_samples, seed=seed):
+        out.append({"prompt": r["prompt"], "completion": r["chosen"], "label": True})
+        out.append({"prompt": r["prompt"], "completion": r["rejected"], "label": False})
+    return out
+
+
+def exact_match_accuracy(
+    task: Any, model: torch.nn.Module, tokenizer: Any, *, n: int = 200, split: str = "test", seed: int = 1,
+    batch_size: int = 100, max_new_tokens: int = 8,
+) -> float:
+    """Share of ``n`` held-out prompts whose greedy answer is exactly right."""
+    problems = task.problems(n, split=split, seed=seed)
+    correct = 0
+    for start in range(0, n, batch_size):
+        chunk = problems[start : start + batch_size]
+        outs = generate(model, tokenizer, [p.prompt for p in chunk], greedy=True, max_new_tokens=max_new_tokens)
+        correct += sum(task.reward(p.prompt, o[0]) for p, o in zip(chunk, outs))
+    return correct / max(n, 1)
+
+
+def supervised_finetune(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    rows: Sequence[dict],
+    *,
+    steps: int = 200,
+    batch_size: int = 32,
+    lr: float = 3e-3,
+    max_length: int = 32,
+    seed: int = 0,
+) -> list[float]:
+    """Train ``model`` in place by token-mean NLL on the completions; returns the loss curve.
+
+    The SFT step of RLHF (seeds, 5.6.3): its result is the reference model.
+    """
+    from offline_plugins.data.preference import tokenize_completions
+    from offline_plugins.modules.causal_lm import CausalLMLogProbs
+
+    td, _ = tokenize_completions(rows, tokenizer, max_length=max_length)
+    actor = CausalLMLogProbs(model)
+    device = next(model.parameters()).device
+    td = td.to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    g = torch.Generator().manual_seed(seed)
+    losses = []
+    model.train()
+    for _ in range(steps):
+        idx = torch.randint(0, td.batch_size[0], (batch_size,), generator=g).to(device)
+        batch = td[idx]
+        lp = actor.log_probs(batch["tokens", "full"], batch["masks", "all_attention_mask"])
+        mask = batch["masks", "all_assistant_mask"]
+        loss = -(lp * mask).sum() / mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    model.eval()
+    return [float(x) for x in torch.stack(losses).cpu()]
+
+
+def task_preference_data(
+    task: Any,
+    *,
+    model: Any = "tiny",
+    kind: str = "preference-pairs",
+    sft_rows_count: int = 8000,
+    sft_steps: int = 2000,
+    sft_batch_size: int = 64,
+    sft_lr: float = 3e-3,
+    n_train: int = 1024,
+    n_test: int = 200,
+    num_samples: int = 4,
+    max_length: int = 24,
+    seed: int = 0,
+    cache_dir: Optional[Any] = None,
+):
+    """The whole offline preference set-up on a verifiable task, network-free.
+
+    SFT on the task's exact answers makes the reference (``model="tiny"`` starts from
+    the built-in tiny LM; a path or hub id starts from that model); preference pairs
+    (or, with ``kind="unpaired-feedback"``, their halves labelled by exact match) are
+    sampled from the reference on train prompts, and held-out pairs on test prompts;
+    reference log-probs are computed once. With ``cache_dir`` the SFT reference is
+    saved there (``save_pretrained``) and reused, and the reference log-probs are cached.
+
+    Returns a :class:`~offline_plugins.data.preference.PreferenceData`.
+    """
+    from pathlib import Path
+
+    from offline_plugins.data.preference import (
+        PreferenceData,
+        add_reference_log_probs,
+        tokenize_pairs,
+        tokenize_unpaired,
+    )
+    from offline_plugins.modules.tiny_lm import load_causal_lm
+
+    if kind not in ("preference-pairs", "unpaired-feedback"):
+        raise ValueError(f"kind must be 'preference-pairs' or 'unpaired-feedback', got {kind!r}")
+    tag = f"sft-{task.name}-{Path(str(model)).name}-s{seed}-n{sft_steps}-b{sft_batch_size}"
+    ref_dir = Path(cache_dir) / tag if cache_dir is not None else None
+    if ref_dir is not None and (ref_dir / "config.json").is_file():
+        reference, tokenizer = load_causal_lm(ref_dir, seed=seed)
+    else:
+        reference, tokenizer = load_causal_lm(model, seed=seed)
+        supervised_finetune(reference, tokenizer, sft_rows(task, sft_rows_count, seed=seed), steps=sft_steps,
+                            batch_size=sft_batch_size, lr=sft_lr, max_length=max_length, seed=seed)
+        if ref_dir is not None:
+            reference.save_pretrained(ref_dir)
+            tokenizer.save_pretrained(ref_dir)
+    reference.eval()
+    for p in reference.parameters():
+        p.requires_grad_(False)
+    train_rows = preference_rows(task, reference, tokenizer, n_train, num_samples=num_samples, seed=seed)
+    test_rows = preference_rows(task, reference, tokenizer, n_test, split="test", num_samples=num_samples,
+                                seed=seed + 1)
+    if kind == "preference-pairs":
+        train, report = tokenize_pairs(train_rows, tokenizer, max_length=max_length, source=task.name)
+        test, _ = tokenize_pairs(test_rows, tokenizer, max_length=max_length, source=f"{task.name}/test")
+    else:
+        split = lambda rows: [  # noqa: E731
+            {"prompt": r["prompt"], "completion": r[k], "label": k == "chosen"} for r in rows for k in ("chosen", "rejected")
+        ]
+        train, report = tokenize_unpaired(split(train_rows), tokenizer, max_length=max_length, source=task.name)
+        test, _ = tokenize_unpaired(split(test_rows), tokenizer, max_length=max_length, source=f"{task.name}/test")
+    ref_cache = Path(cache_dir) / "reference_log_probs" if cache_dir is not None else None
+    add_reference_log_probs(train, reference, cache_dir=ref_cache, dataset_id=task.name)
+    add_reference_log_probs(test, reference, cache_dir=ref_cache, dataset_id=f"{task.name}-test")
+    return PreferenceData(kind, train, reference, tokenizer, test=test, report=report, dataset_id=task.name)

@@ -1,0 +1,239 @@
+"""What happens around training, as Lightning callbacks any algorithm reuses.
+
+- :class:`TargetNetworkUpdate` steps the algorithm's TorchRL ``SoftUpdate`` /
+  ``HardUpdate`` after the optimiser step.
+- :class:`NonFiniteGuard` stops the run at the first NaN/inf loss term, naming the
+  step and the term, without a host sync on every step.
+- :class:`PolicyEvaluation` rolls the deterministic policy out in the dataset's
+  environment every ``every`` steps and at the end.
+- :class:`StepProgressBar` is Lightning's tqdm bar counting gradient steps.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional
+
+import torch
+from lightning.pytorch import Callback
+from lightning.pytorch.callbacks import TQDMProgressBar
+
+from offline_plugins.errors import UserError
+
+__all__ = [
+    "NonFiniteLossError",
+    "TargetNetworkUpdate",
+    "NonFiniteGuard",
+    "PolicyEvaluation",
+    "StepProgressBar",
+    "FinalCheckpoint",
+]
+
+
+class NonFiniteLossError(UserError):
+    """A loss term became NaN or infinite; the message names the step and the term."""
+
+
+class TargetNetworkUpdate(Callback):
+    """Step ``pl_module.target_updater`` after every ``every``-th gradient step.
+
+    ``every`` defaults to the algorithm's ``extra["target_update_every"]``, else to the
+    slowest optimiser group's period (TD3+BC moves its targets with the delayed actor).
+    The updater's own progress (``HardUpdate``'s counter) is saved by the module.
+    """
+
+    def __init__(self, every: Optional[int] = None) -> None:
+        self.every = every
+
+    def _period(self, pl_module) -> int:
+        if self.every is not None:
+            return int(self.every)
+        extra = getattr(pl_module, "extra", {}) or {}
+        if "target_update_every" in extra:
+            return int(extra["target_update_every"])
+        return max(g.every for g in pl_module.optimizer_groups)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        updater = getattr(pl_module, "target_updater", None)
+        if updater is None:
+            return
+        # global_step already counts this step; the step just taken is global_step - 1
+        if (trainer.global_step - 1) % self._period(pl_module) == 0:
+            updater.step()
+
+
+class NonFiniteGuard(Callback):
+    """Stop at the first non-finite loss term, naming the step and the term.
+
+    Each step's loss terms are folded into a device tensor that remembers, per
+    term, the first step it went bad; that tensor is read (one sync) every
+    ``check_every`` steps and at the end, so the hot path never waits on the device.
+
+    Raises:
+        NonFiniteLossError: on every rank, once any rank saw a bad term.
+    """
+
+    def __init__(self, check_every: int = 100) -> None:
+        self.check_every = max(1, int(check_every))
+        self._first: Optional[torch.Tensor] = None
+        self._value: Optional[torch.Tensor] = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        losses = outputs.get("losses") if isinstance(outputs, dict) else None
+        if losses is None:
+            return
+        step = trainer.global_step  # 1-based number of the step just taken
+        bad = ~torch.isfinite(losses)
+        if self._first is None or self._first.device != losses.device:
+            self._first = torch.zeros(losses.shape, dtype=torch.long, device=losses.device)
+            self._value = torch.zeros_like(losses)
+        new = bad & (self._first == 0)
+        self._first = torch.where(new, torch.full_like(self._first, step), self._first)
+        self._value = torch.where(new, losses, self._value)
+        if step % self.check_every == 0:
+            self.check(trainer, pl_module)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.check(trainer, pl_module)
+
+    def check(self, trainer, pl_module) -> None:
+        """Raise if a term went non-finite since the run started (syncs once)."""
+        if self._first is None:
+            return
+        found_here = bool((self._first > 0).any())
+        found = trainer.strategy.reduce_boolean_decision(found_here, all=False)
+        if not found:
+            return
+        keys = list(getattr(pl_module, "loss_keys", ()))
+        if found_here:
+            first = self._first.cpu()
+            steps = torch.where(first > 0, first, torch.full_like(first, 2**62))
+            i = int(steps.argmin())
+            value = float(self._value.cpu()[i])
+            term = keys[i] if i < len(keys) else f"term {i}"
+            where = f" on rank {trainer.global_rank}" if trainer.world_size > 1 else ""
+            msg = (
+                f"non-finite loss at step {int(first[i])}{where}: {term} = {value}; "
+                "lower the learning rate (--set ...lr=), clip gradients, or check the data for NaN/inf"
+            )
+        else:
+            msg = "non-finite loss on another rank; see that rank's message"
+        raise NonFiniteLossError(msg)
+
+
+class PolicyEvaluation(Callback):
+    """Evaluate the deterministic policy in the dataset's environment.
+
+    Runs every ``every`` gradient steps (0: only at the end) and when training ends,
+    on global rank 0; logs ``eval/return_mean``, ``eval/return_std`` and
+    ``eval/normalized_score`` against the step. The evaluation history is saved in
+    checkpoints, so a resumed run's learning curve continues.
+
+    Args:
+        make_env: builds one Gymnasium environment.
+
+    Keyword Args:
+        every: evaluate every this many gradient steps (0: only at the end).
+        episodes: episodes per evaluation.
+        seed: first environment reset seed.
+        normalize: the training data's observation normalisation.
+        score: per-episode normalised score from returns (None: not reported).
+    """
+
+    def __init__(
+        self,
+        make_env: Callable[[], Any],
+        *,
+        every: int = 0,
+        episodes: int = 10,
+        seed: int = 0,
+        normalize: Optional[Callable] = None,
+        score: Optional[Callable] = None,
+    ) -> None:
+        self.make_env = make_env
+        self.every = int(every)
+        self.episodes = int(episodes)
+        self.seed = int(seed)
+        self.normalize = normalize
+        self.score = score
+        self.history: list[dict] = []
+        self.last = None
+
+    @property
+    def state_key(self) -> str:
+        return "PolicyEvaluation"
+
+    def evaluate(self, trainer, pl_module) -> Optional[dict]:
+        """Roll the policy out now; returns the logged record on rank 0, None elsewhere."""
+        from offline_plugins.eval.rollout import evaluate_policy
+
+        step = int(trainer.global_step)
+        if self.history and self.history[-1]["step"] == step:
+            return self.history[-1]
+        if trainer.global_rank != 0:
+            return None
+        result = evaluate_policy(
+            pl_module.policy,
+            self.make_env,
+            episodes=self.episodes,
+            seed=self.seed,
+            normalize=self.normalize,
+            device=pl_module.device,
+            score=self.score,
+        )
+        self.last = result
+        record = {"step": step, **{k: v for k, v in result.to_dict().items() if k != "returns"}}
+        self.history.append(record)
+        metrics = {"eval/return_mean": result.return_mean, "eval/return_std": result.return_std}
+        if result.normalized_score is not None:
+            metrics["eval/normalized_score"] = result.normalized_score
+        # Lightning writes the 0-based index of the last step in the "step" column
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step - 1)
+        return record
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.every and trainer.global_step % self.every == 0:
+            self.evaluate(trainer, pl_module)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.evaluate(trainer, pl_module)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": list(self.history)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = list(state_dict.get("history", []))
+
+
+class FinalCheckpoint(Callback):
+    """Save a checkpoint to ``path`` when training ends (``ModelCheckpoint`` saves every N steps only)."""
+
+    def __init__(self, path) -> None:
+        self.path = str(path)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        trainer.save_checkpoint(self.path, weights_only=False)
+
+
+class StepProgressBar(TQDMProgressBar):
+    """Lightning's tqdm bar, titled ``train``, counting gradient steps up to ``max_steps``."""
+
+    def on_train_epoch_start(self, trainer, *args) -> None:
+        super().on_train_epoch_start(trainer, *args)
+        bar = self.train_progress_bar
+        bar.set_description("train")
+        if trainer.max_steps and trainer.max_steps > 0:
+            # a resumed run shows the steps already done rather than starting at 0
+            bar.total = trainer.max_steps
+            bar.initial = bar.n = trainer.global_step
+            if not bar.disable:
+                bar.refresh()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        n = trainer.global_step
+        bar = self.train_progress_bar
+        if bar is not None and not bar.disable and self._should_update(n, bar.total):
+            bar.n = n
+            bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
+            bar.refresh()

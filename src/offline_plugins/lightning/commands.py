@@ -1,0 +1,174 @@
+"""The ``train`` and ``eval`` sub-commands; cheap to import (torch and Lightning load inside them).
+
+``train`` checks the algorithm, the dataset, their compatibility and the config
+before it creates the output folder, so a bad input writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+__all__ = ["add_parsers", "cmd_train", "cmd_eval"]
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return value
+
+
+def _devices(text: str):
+    if text == "auto":
+        return "auto"
+    return _positive(text)
+
+
+def add_parsers(subparsers) -> None:
+    """Add ``train`` and ``eval`` to the ``offline-plugins`` sub-command parsers."""
+    p = subparsers.add_parser(
+        "train",
+        help="train an algorithm on a dataset, evaluate it, save checkpoints and a summary",
+        description=(
+            "Train ALGO on the Minari dataset ID (a built-in recipe is made on the fly if missing), "
+            "evaluating the deterministic policy in the dataset's environment. Writes summary.json, "
+            "metrics.csv, learning_curve.png and checkpoints/last.ckpt to --out."
+        ),
+    )
+    p.add_argument("algorithm", metavar="ALGO", help="algorithm name, as shown by 'offline-plugins list'")
+    p.add_argument("--dataset", required=True, metavar="ID", help="dataset id, e.g. pendulum/medium-replay-v0")
+    p.add_argument("--steps", type=_positive, default=10_000, help="gradient steps (default 10000)")
+    p.add_argument("--seed", type=int, default=0, help="seed of initialisation, batches and evaluation (default 0)")
+    p.add_argument(
+        "--eval-every", type=_non_negative, default=None, metavar="K",
+        help="evaluate every K steps (default steps/5; 0: only at the end)",
+    )
+    p.add_argument("--eval-episodes", type=_positive, default=10, metavar="E", help="episodes per evaluation (default 10)")
+    p.add_argument(
+        "--devices", type=_devices, default=1, metavar="D",
+        help="devices to train on; more than one trains with DDP (default 1)",
+    )
+    p.add_argument("--accelerator", default="auto", help="cpu, gpu, ... (default auto)")
+    p.add_argument("--num-nodes", type=_positive, default=1, help="nodes for multi-node DDP (default 1)")
+    p.add_argument("--config", metavar="FILE.yaml", help="YAML file of config overrides")
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override one config field (repeatable; see 'offline-plugins info ALGO')",
+    )
+    p.add_argument("--out", metavar="DIR", help="output folder (default runs/ALGO-DATASET-sSEED)")
+    p.add_argument(
+        "--resume", nargs="?", const=True, default=None, metavar="CKPT",
+        help="continue a run: from DIR/checkpoints/last.ckpt, or from CKPT",
+    )
+    p.add_argument("--checkpoint-every", type=_positive, default=None, metavar="N", help="save last.ckpt every N steps")
+    p.add_argument("--log-every", type=_positive, default=50, metavar="N", help="log training metrics every N steps")
+    p.add_argument(
+        "--threads", type=_positive, default=None, metavar="N",
+        help="torch CPU threads per process (default: torch's choice; 1 is fastest for small networks on a busy machine)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=cmd_train)
+
+    p = subparsers.add_parser(
+        "eval",
+        help="re-evaluate a training checkpoint in its dataset's environment",
+        description="Rebuild the policy saved in CKPT and roll it out; prints return and normalised score.",
+    )
+    p.add_argument("checkpoint", metavar="CKPT", help="a checkpoint written by 'train' (DIR/checkpoints/last.ckpt)")
+    p.add_argument("--episodes", type=_positive, default=None, metavar="E", help="episodes (default: as in training)")
+    p.add_argument("--seed", type=int, default=None, help="first reset seed (default: the run's seed)")
+    p.add_argument("--device", default="cpu", help="device for the policy (default cpu)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_eval)
+
+
+def _registry(args):
+    from offline_plugins.plugins import load_registry
+
+    disable = [n.strip() for n in (getattr(args, "disable", "") or "").split(",") if n.strip()]
+    return load_registry(disable)
+
+
+def _fmt(x) -> str:
+    return "n/a" if x is None else f"{x:.1f}"
+
+
+def cmd_train(args) -> int:
+    """``offline-plugins train``: check everything, then train and print the final evaluation."""
+    from offline_plugins.lightning.run import plan_run, train
+
+    registry = _registry(args)
+    plan = plan_run(
+        args.algorithm,
+        args.dataset,
+        config=args.config,
+        overrides=args.overrides,
+        registry=registry,
+        progress=not args.no_progress,
+    )
+    summary = train(
+        plan.spec,
+        plan.data,
+        plan=plan,
+        steps=args.steps,
+        seed=args.seed,
+        eval_every=args.eval_every,
+        eval_episodes=args.eval_episodes,
+        devices=args.devices,
+        accelerator=args.accelerator,
+        num_nodes=args.num_nodes,
+        out_dir=args.out,
+        resume=args.resume,
+        checkpoint_every=args.checkpoint_every,
+        log_every=args.log_every,
+        progress=not args.no_progress,
+        threads=args.threads,
+        registry=registry,
+    )
+    if not summary:  # a DDP rank other than 0
+        return 0
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+        return 0
+    sys.stderr.flush()
+    print(
+        f"{summary['algorithm']} on {summary['dataset']}, {summary['steps']} steps, seed {summary['seed']}: "
+        f"normalised score {_fmt(summary['normalized_score'])} "
+        f"(return {_fmt(summary['return_mean'])} +- {_fmt(summary['return_std'])} over {summary['eval_episodes']} "
+        f"episodes) in {summary['wall_s']:.0f} s; wrote {summary['out_dir']}"
+    )
+    return 0
+
+
+def cmd_eval(args) -> int:
+    """``offline-plugins eval``: roll out a checkpoint's policy."""
+    from offline_plugins.lightning.run import evaluate_checkpoint
+
+    result = evaluate_checkpoint(
+        args.checkpoint, episodes=args.episodes, seed=args.seed, device=args.device, registry=_registry(args)
+    )
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+        return 0
+    print(
+        f"{result['algorithm']} on {result['dataset']} (step {result['step']}): normalised score "
+        f"{_fmt(result['normalized_score'])} (return {_fmt(result['return_mean'])} +- {_fmt(result['return_std'])} "
+        f"over {result['episodes']} episodes)"
+    )
+    return 0

@@ -1,0 +1,570 @@
+"""The offline pipeline as two functions: :func:`train` and :func:`evaluate_checkpoint`.
+
+``train`` resolves the algorithm and dataset, applies config overrides, loads the
+data and builds the algorithm -- every step that can fail on a bad input -- before
+it creates the output folder; then it trains with Lightning's ``Trainer`` and writes
+``summary.json``, ``metrics.csv``, ``learning_curve.png`` and
+``checkpoints/last.ckpt``. The CLI's ``train`` and ``eval`` commands call these.
+
+Algorithm configs may carry these fields, which ``train`` reads (all optional):
+``batch_size`` (default 256), ``slice_len`` (trajectory windows), and
+``normalize_observations``, ``reward_scale``, ``reward_shift``, ``discrete_actions``,
+``drop_nonfinite``, which are passed to ``load_offline_data``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence, Union
+
+from offline_plugins.errors import UserError
+
+__all__ = ["RunPlan", "plan_run", "train", "evaluate_checkpoint", "load_checkpoint", "plot_learning_curve", "RunError"]
+
+_DATA_KEYS = ("normalize_observations", "reward_scale", "reward_shift", "discrete_actions", "drop_nonfinite")
+_TRAINABLE_KINDS = ("transitions", "trajectories")
+
+
+class RunError(UserError):
+    """A run that cannot start as asked (output folder in use, bad step counts, bad checkpoint)."""
+
+
+@dataclasses.dataclass
+class RunPlan:
+    """An algorithm, its config and the data it trains on, all checked.
+
+    Attributes:
+        spec: the algorithm's registry record.
+        config: the algorithm config with overrides applied.
+        data: the loaded ``OfflineData``.
+        dataset_id: the dataset's id.
+        data_kwargs: what was passed to ``load_offline_data`` (saved to reload it).
+        batch_size: transitions per step.
+        sampler: ``"random"`` or ``"slice"``.
+        slice_len: window length for ``"slice"``.
+    """
+
+    spec: Any
+    config: Any
+    data: Any
+    dataset_id: str
+    data_kwargs: dict
+    batch_size: int
+    sampler: str = "random"
+    slice_len: Optional[int] = None
+
+
+def _as_overrides(config: Union[None, str, os.PathLike, Mapping], overrides) -> dict[str, Any]:
+    from offline_plugins.config import load_config_file, parse_set_args
+
+    merged: dict[str, Any] = {}
+    if config is not None:
+        merged.update(load_config_file(config) if isinstance(config, (str, os.PathLike)) else dict(config))
+    if overrides:
+        merged.update(parse_set_args(list(overrides)) if not isinstance(overrides, Mapping) else dict(overrides))
+    return merged
+
+
+def _dataset_action_space(dataset: str, registry) -> tuple[str, Optional[str]]:
+    """``(resolved id, action space or None)`` for a dataset id, raising on unknown ids."""
+    try:
+        from offline_plugins.data.store import resolve_dataset_id
+    except ImportError:  # the data layer without its store helpers: trust the registry
+        spec = registry.dataset(dataset)
+        return spec.id, spec.action_space
+    resolved, recipe = resolve_dataset_id(dataset, registry)
+    return resolved, getattr(recipe, "action_space", None)
+
+
+def _check_compatible(spec, dataset_id: str, action_space: Optional[str]) -> None:
+    if spec.data not in _TRAINABLE_KINDS:
+        raise UserError(
+            f"algorithm {spec.name!r} reads {spec.data} data, but dataset {dataset_id!r} is a Minari dataset of "
+            f"transitions; 'train' runs algorithms that read {' or '.join(_TRAINABLE_KINDS)}"
+        )
+    if action_space and spec.action_spaces and action_space not in spec.action_spaces:
+        raise UserError(
+            f"algorithm {spec.name!r} needs {' or '.join(spec.action_spaces)} actions, but dataset {dataset_id!r} "
+            f"has {action_space} actions; pick an algorithm for {action_space} actions ('offline-plugins list') "
+            "or another dataset"
+        )
+
+
+def plan_run(
+    algorithm,
+    dataset,
+    *,
+    config: Union[None, str, os.PathLike, Mapping] = None,
+    overrides: Union[None, Sequence[str], Mapping[str, Any]] = None,
+    registry=None,
+    device: str = "cpu",
+    progress: bool = True,
+) -> RunPlan:
+    """Resolve, check and load everything a run needs; raises a ``UserError`` on bad input.
+
+    Args:
+        algorithm: an algorithm name or an ``AlgorithmSpec``.
+        dataset: a dataset id, or an ``OfflineData``-like object (used as is).
+
+    Keyword Args:
+        config: a YAML/JSON file of config overrides, or a mapping.
+        overrides: ``["key=value", ...]`` (``--set``) or a mapping, applied after ``config``.
+        registry: the plugin registry (default: discover installed plugins).
+        device: where the data layer puts the dataset.
+        progress: show a progress bar when a dataset is made.
+    """
+    from offline_plugins.config import apply_overrides
+    from offline_plugins.plugins.registry import AlgorithmSpec
+
+    if registry is None and (isinstance(algorithm, str) or isinstance(dataset, str)):
+        from offline_plugins.plugins import load_registry
+
+        registry = load_registry()
+    spec = algorithm if isinstance(algorithm, AlgorithmSpec) else registry.algorithm(algorithm)
+    if isinstance(dataset, str):
+        dataset_id, action_space = _dataset_action_space(dataset, registry)
+    else:
+        dataset_id, action_space = getattr(dataset, "dataset_id", "custom"), getattr(dataset, "action_space", None)
+    _check_compatible(spec, dataset_id, action_space)
+    cfg = apply_overrides(spec.default_config(), _as_overrides(config, overrides))
+
+    data_kwargs = {k: getattr(cfg, k) for k in _DATA_KEYS if hasattr(cfg, k)}
+    if isinstance(dataset, str):
+        from offline_plugins.data import load_offline_data
+
+        data = load_offline_data(dataset_id, device=device, progress=progress, registry=registry, **data_kwargs)
+    else:
+        data = dataset
+    _check_compatible(spec, dataset_id, getattr(data, "action_space", None))
+    batch_size = int(getattr(cfg, "batch_size", 256))
+    if batch_size < 1:
+        raise UserError(f"batch_size must be at least 1, got {batch_size}; fix it with --set batch_size=256")
+    sampler, slice_len = "random", None
+    if spec.data == "trajectories":
+        sampler = "slice"
+        slice_len = int(getattr(cfg, "slice_len", getattr(cfg, "context_len", 20)))
+    return RunPlan(spec, cfg, data, dataset_id, data_kwargs, batch_size, sampler, slice_len)
+
+
+def _build_parts(plan: RunPlan, seed: int):
+    import torch
+
+    torch.manual_seed(seed)
+    return plan.spec.load_build()(plan.config, plan.data)
+
+
+def _default_out_dir(algorithm: str, dataset_id: str, seed: int) -> Path:
+    return Path("runs") / f"{algorithm}-{dataset_id.replace('/', '_')}-s{seed}"
+
+
+def _is_launched_rank() -> bool:
+    # Lightning's DDP launcher re-runs the command in child processes with LOCAL_RANK set
+    return int(os.environ.get("LOCAL_RANK", "0") or 0) > 0 or int(os.environ.get("NODE_RANK", "0") or 0) > 0
+
+
+def _needs_unused_parameters(parts) -> bool:
+    grouped = {id(p) for g in parts.optimizers for p in g.params}
+    trainable = [p for p in parts.loss.parameters() if p.requires_grad]
+    return any(g.every > 1 for g in parts.optimizers) or any(id(p) not in grouped for p in trainable)
+
+
+def _strategy(devices, num_nodes: int, parts, strategy):
+    if strategy is not None:
+        return strategy
+    single = (isinstance(devices, int) and devices == 1) or devices in ("1", [0])
+    if single and num_nodes == 1:
+        return "auto"
+    from lightning.pytorch.strategies import DDPStrategy
+
+    # groups that sit steps out (TD3+BC's delayed actor) leave parameters without
+    # gradients on those steps, which DDP must be told about
+    return DDPStrategy(find_unused_parameters=_needs_unused_parameters(parts))
+
+
+def train(
+    algorithm,
+    dataset,
+    *,
+    steps: int = 10_000,
+    seed: int = 0,
+    eval_every: Optional[int] = None,
+    eval_episodes: int = 10,
+    devices: Union[int, str] = 1,
+    accelerator: str = "auto",
+    num_nodes: int = 1,
+    strategy=None,
+    config: Union[None, str, os.PathLike, Mapping] = None,
+    overrides: Union[None, Sequence[str], Mapping[str, Any]] = None,
+    out_dir: Union[None, str, os.PathLike] = None,
+    resume: Union[None, bool, str, os.PathLike] = None,
+    checkpoint_every: Optional[int] = None,
+    log_every: int = 50,
+    progress: bool = True,
+    threads: Optional[int] = None,
+    registry=None,
+    callbacks: Sequence[Any] = (),
+    plan: Optional[RunPlan] = None,
+) -> dict[str, Any]:
+    """Train ``algorithm`` on ``dataset``, evaluate it, and write the run to ``out_dir``.
+
+    Args:
+        algorithm: an algorithm name (``offline-plugins list``) or an ``AlgorithmSpec``.
+        dataset: a dataset id (made on the fly from its recipe if missing) or an
+            ``OfflineData``-like object.
+
+    Keyword Args:
+        steps: gradient steps in total (a resumed run trains up to this many).
+        seed: seeds network initialisation, batches, loss noise and evaluation resets.
+        eval_every: evaluate every this many steps (default ``steps // 5``; 0: only at the end).
+        eval_episodes: episodes per evaluation.
+        devices, accelerator, num_nodes, strategy: as Lightning's ``Trainer``; more
+            than one device trains with DDP.
+        config: YAML/JSON file (or mapping) of config overrides.
+        overrides: ``["key=value", ...]`` applied after ``config``.
+        out_dir: output folder (default ``runs/<algorithm>-<dataset>-s<seed>``); it must not
+            hold another run unless resuming.
+        resume: ``True`` for ``out_dir/checkpoints/last.ckpt``, or a checkpoint path.
+        checkpoint_every: save ``last.ckpt`` every this many steps (default: at each evaluation).
+        log_every: log training metrics every this many steps.
+        progress: show the progress bar.
+        threads: CPU threads per process for torch (None: torch's default). Small
+            networks on a busy machine train several times faster with 1.
+        registry: plugin registry (default: discover installed plugins).
+        callbacks: extra Lightning callbacks.
+        plan: an already checked :class:`RunPlan` (skips :func:`plan_run`).
+
+    Returns:
+        The summary written to ``summary.json``: ``algorithm``, ``dataset``, ``steps``,
+        ``seed``, ``return_mean``, ``return_std``, ``normalized_score``,
+        ``normalized_score_std``, ``eval_episodes``, ``wall_s``, ``train_s``,
+        ``steps_per_s``, ``world_size``, ``losses``, ``eval_history``, ``config``,
+        ``checkpoint``, ``metrics_csv``, ``learning_curve``, ``out_dir``.
+    """
+    started = time.perf_counter()
+    if steps < 1:
+        raise RunError(f"--steps must be at least 1, got {steps}")
+    if eval_episodes < 1:
+        raise RunError(f"--eval-episodes must be at least 1, got {eval_episodes}")
+    if eval_every is not None and eval_every < 0:
+        raise RunError(f"--eval-every must be 0 (only at the end) or positive, got {eval_every}")
+    if plan is None:
+        plan = plan_run(algorithm, dataset, config=config, overrides=overrides, registry=registry, progress=progress)
+    out = Path(out_dir) if out_dir is not None else _default_out_dir(plan.spec.name, plan.dataset_id, seed)
+    ckpt_path = _resume_path(resume, out)
+    if ckpt_path is None and not _is_launched_rank():
+        _check_fresh(out)
+
+    import torch
+    from lightning.pytorch import Trainer, seed_everything
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger
+
+    from offline_plugins.config import config_to_dict
+    from offline_plugins.lightning.callbacks import (
+        FinalCheckpoint,
+        NonFiniteGuard,
+        PolicyEvaluation,
+        StepProgressBar,
+        TargetNetworkUpdate,
+    )
+    from offline_plugins.lightning.data import OfflineDataModule
+    from offline_plugins.lightning.module import OfflineAlgorithmModule
+
+    if threads is not None:
+        torch.set_num_threads(int(threads))
+    seed_everything(seed, workers=False, verbose=False)
+    parts = _build_parts(plan, seed)
+    if eval_every is None:
+        eval_every = max(1, steps // 5)
+    run_settings = {
+        "batch_size": plan.batch_size,
+        "sampler": plan.sampler,
+        "slice_len": plan.slice_len,
+        "data_kwargs": plan.data_kwargs,
+        "eval_episodes": eval_episodes,
+        "env_id": getattr(plan.data, "env_id", None),
+    }
+    module = OfflineAlgorithmModule(
+        parts,
+        algorithm=plan.spec.name,
+        dataset=plan.dataset_id,
+        config=config_to_dict(plan.config),
+        seed=seed,
+        data_state=plan.data.state_dict() if hasattr(plan.data, "state_dict") else {},
+        run=run_settings,
+    )
+    datamodule = OfflineDataModule(
+        plan.data, batch_size=plan.batch_size, seed=seed, sampler=plan.sampler, slice_len=plan.slice_len
+    )
+    evaluation = PolicyEvaluation(
+        plan.data.make_env,
+        every=eval_every,
+        episodes=eval_episodes,
+        seed=seed,
+        normalize=getattr(plan.data, "normalize", None),
+        score=getattr(plan.data, "normalized_score", None),
+    )
+    every_ckpt = checkpoint_every or eval_every or steps
+    checkpoint = ModelCheckpoint(
+        dirpath=out / "checkpoints", save_last=True, save_top_k=0, every_n_train_steps=every_ckpt, enable_version_counter=False
+    )
+    guard = NonFiniteGuard(check_every=math.gcd(eval_every, 100) if eval_every else 100)
+    out.mkdir(parents=True, exist_ok=True)
+    earlier_metrics = None
+    if ckpt_path is not None and (out / "metrics.csv").is_file() and not _is_launched_rank():
+        # CSVLogger deletes an existing metrics.csv; keep the earlier rows and merge them back
+        earlier_metrics = out / "metrics.before-resume.csv"
+        (out / "metrics.csv").replace(earlier_metrics)
+    trainer = Trainer(
+        accelerator=accelerator,
+        devices=devices,
+        num_nodes=num_nodes,
+        strategy=_strategy(devices, num_nodes, parts, strategy),
+        max_steps=steps,
+        max_epochs=-1,
+        logger=CSVLogger(save_dir=str(out), name="", version=""),
+        callbacks=[
+            *([StepProgressBar(refresh_rate=max(1, min(50, steps // 100)))] if progress else []),
+            guard,
+            TargetNetworkUpdate(),
+            evaluation,
+            FinalCheckpoint(out / "checkpoints" / "last.ckpt"),
+            checkpoint,
+            *callbacks,
+        ],
+        log_every_n_steps=log_every,
+        enable_progress_bar=progress,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        use_distributed_sampler=False,
+        default_root_dir=str(out),
+    )
+    fit_started = time.perf_counter()
+    with warnings.catch_warnings():
+        # saving the post-step state is what resuming needs; the LeafSpec note is Lightning's own
+        warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
+        warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+        # CSVLogger appends to an existing metrics.csv, whatever this warning says
+        warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
+        trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=False)
+    train_s = time.perf_counter() - fit_started
+    if not trainer.is_global_zero:
+        return {}
+    if earlier_metrics is not None:
+        _merge_metrics(earlier_metrics, out / "metrics.csv", before_step=_start_step(ckpt_path))
+    last = evaluation.history[-1] if evaluation.history else {}
+    summary = {
+        "algorithm": plan.spec.name,
+        "dataset": plan.dataset_id,
+        "env_id": getattr(plan.data, "env_id", None),
+        "steps": int(trainer.global_step),
+        "seed": seed,
+        "return_mean": last.get("return_mean"),
+        "return_std": last.get("return_std"),
+        "normalized_score": last.get("normalized_score"),
+        "normalized_score_std": last.get("normalized_score_std"),
+        "eval_episodes": eval_episodes,
+        "wall_s": round(time.perf_counter() - started, 3),
+        "train_s": round(train_s, 3),
+        "steps_per_s": round((trainer.global_step - _start_step(ckpt_path)) / max(train_s, 1e-9), 2),
+        "world_size": trainer.world_size,
+        "resumed_from": str(ckpt_path) if ckpt_path else None,
+        "losses": {k: _to_float(v) for k, v in trainer.logged_metrics.items() if k.startswith("train/")},
+        "eval_history": evaluation.history,
+        "config": config_to_dict(plan.config),
+        "checkpoint": str(out / "checkpoints" / "last.ckpt"),
+        "metrics_csv": str(out / "metrics.csv"),
+        "learning_curve": str(out / "learning_curve.png"),
+        "out_dir": str(out),
+    }
+    plot_learning_curve(out / "metrics.csv", out / "learning_curve.png", title=f"{plan.spec.name} on {plan.dataset_id}")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return summary
+
+
+def _merge_metrics(earlier: Path, current: Path, *, before_step: int) -> None:
+    """Prepend the rows of ``earlier`` logged before ``before_step`` to ``current``."""
+    import csv
+
+    def read(path: Path) -> tuple[list[str], list[dict]]:
+        if not path.is_file():
+            return [], []
+        with path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            return list(reader.fieldnames or []), list(reader)
+
+    old_keys, old_rows = read(earlier)
+    new_keys, new_rows = read(current)
+    # the "step" column is the 0-based index of the last step; later rows were redone
+    old_rows = [r for r in old_rows if r.get("step") and int(float(r["step"])) < before_step]
+    keys = sorted(set(old_keys) | set(new_keys))
+    with current.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(old_rows + new_rows)
+    earlier.unlink()
+
+
+def _to_float(v) -> Optional[float]:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _start_step(ckpt_path: Optional[Path]) -> int:
+    if ckpt_path is None:
+        return 0
+    return int(load_checkpoint(ckpt_path).get("global_step", 0))
+
+
+def _resume_path(resume, out: Path) -> Optional[Path]:
+    if resume in (None, False, ""):
+        return None
+    path = out / "checkpoints" / "last.ckpt" if resume is True else Path(resume)
+    if not path.is_file():
+        raise RunError(f"cannot resume: checkpoint {str(path)!r} does not exist; train without --resume first")
+    return path
+
+
+def _check_fresh(out: Path) -> None:
+    taken = [p.name for p in (out / "summary.json", out / "metrics.csv", out / "checkpoints") if p.exists()]
+    if taken:
+        raise RunError(
+            f"output folder {str(out)!r} already holds a run ({', '.join(taken)}); pass --resume to continue it, "
+            "or choose another --out"
+        )
+
+
+def load_checkpoint(path: Union[str, os.PathLike]) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`train` (a Lightning checkpoint with our extras)."""
+    import torch
+
+    p = Path(path)
+    if not p.is_file():
+        raise RunError(f"checkpoint {str(p)!r} does not exist; runs keep theirs in OUT/checkpoints/last.ckpt")
+    try:
+        ckpt = torch.load(p, map_location="cpu", weights_only=False)
+    except Exception as exc:
+        raise RunError(f"checkpoint {str(p)!r} could not be read ({type(exc).__name__}: {exc})") from None
+    if not isinstance(ckpt, dict) or "offline_plugins" not in ckpt or "state_dict" not in ckpt:
+        raise RunError(f"{str(p)!r} is not an offline-plugins training checkpoint (no 'offline_plugins' entry)")
+    return ckpt
+
+
+def evaluate_checkpoint(
+    path: Union[str, os.PathLike],
+    *,
+    episodes: Optional[int] = None,
+    seed: Optional[int] = None,
+    device: str = "cpu",
+    registry=None,
+    data=None,
+    spec=None,
+) -> dict[str, Any]:
+    """Rebuild the policy saved in a checkpoint and evaluate it in the dataset's environment.
+
+    The algorithm and dataset are reloaded by name (``data``/``spec`` override them),
+    the normalisation statistics come from the checkpoint.
+
+    Returns:
+        ``algorithm``, ``dataset``, ``step``, ``episodes``, ``return_mean``, ``return_std``,
+        ``normalized_score``, ``normalized_score_std``, ``length_mean``, ``returns``.
+    """
+    import torch
+
+    from offline_plugins.eval.rollout import evaluate_policy
+    from offline_plugins.lightning.module import OfflineAlgorithmModule
+
+    ckpt = load_checkpoint(path)
+    info = ckpt["offline_plugins"]
+    run = info.get("run", {})
+    episodes = int(episodes if episodes is not None else run.get("eval_episodes", 10))
+    seed = int(seed if seed is not None else info.get("seed", 0))
+    plan = plan_run(
+        spec if spec is not None else info["algorithm"],
+        data if data is not None else info["dataset"],
+        overrides=info.get("config", {}),
+        registry=registry,
+        progress=False,
+    )
+    if hasattr(plan.data, "load_state_dict") and info.get("data_state"):
+        plan.data.load_state_dict(info["data_state"])
+    parts = _build_parts(plan, seed)
+    module = OfflineAlgorithmModule(parts, algorithm=plan.spec.name, dataset=plan.dataset_id, seed=seed)
+    module.load_state_dict(ckpt["state_dict"])
+    module.to(device)
+    normalize = getattr(plan.data, "normalize", None)  # identity when the run did not normalise
+    result = evaluate_policy(
+        module.policy,
+        plan.data.make_env,
+        episodes=episodes,
+        seed=seed,
+        normalize=normalize,
+        device=torch.device(device),
+        score=getattr(plan.data, "normalized_score", None),
+    )
+    return {
+        "algorithm": plan.spec.name,
+        "dataset": plan.dataset_id,
+        "checkpoint": str(path),
+        "step": int(ckpt.get("global_step", 0)),
+        **result.to_dict(),
+    }
+
+
+def plot_learning_curve(metrics_csv: Union[str, os.PathLike], out_png: Union[str, os.PathLike], *, title: str = "") -> Path:
+    """Plot normalised score (or return) and training losses against steps from ``metrics.csv``."""
+    import csv
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns: dict[str, list[tuple[int, float]]] = {}
+    path = Path(metrics_csv)
+    if path.is_file():
+        with path.open(newline="") as fh:
+            for row in csv.DictReader(fh):
+                step = row.get("step")
+                if not step:
+                    continue
+                for key, value in row.items():
+                    if key == "step" or value in ("", None):
+                        continue
+                    try:
+                        columns.setdefault(key, []).append((int(float(step)), float(value)))
+                    except ValueError:
+                        continue
+    score_key = "eval/normalized_score" if "eval/normalized_score" in columns else "eval/return_mean"
+    loss_keys = sorted(k for k in columns if k.startswith("train/loss_"))
+    fig, (ax_score, ax_loss) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    if score_key in columns:
+        xs, ys = zip(*sorted(columns[score_key]))
+        ax_score.plot(xs, ys, marker="o")
+    ax_score.set_ylabel("normalised score" if score_key.endswith("normalized_score") else "return")
+    ax_score.grid(alpha=0.3)
+    for key in loss_keys:
+        xs, ys = zip(*sorted(columns[key]))
+        ax_loss.plot(xs, ys, label=key.split("/", 1)[1])
+    if loss_keys:
+        ax_loss.set_yscale("symlog", linthresh=1e-3)
+        ax_loss.legend(fontsize="small")
+    ax_loss.set_xlabel("gradient step")
+    ax_loss.set_ylabel("loss")
+    ax_loss.grid(alpha=0.3)
+    if title:
+        ax_score.set_title(title)
+    fig.tight_layout()
+    out = Path(out_png)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

@@ -1,0 +1,2 @@
+"""Networks of the sequence-model algorithms: a small GPT, Decision and Trajectory
+Transformer models, a per-dimension discretiser, a temporal U-Net and a DDPM schedule."""

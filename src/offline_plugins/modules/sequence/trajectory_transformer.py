@@ -1,0 +1,266 @@
+"""Trajectory Transformer (Janner et al. 2021, arXiv:2106.02039): a GPT over discretised transitions.
+
+A transition ``(s, a, r, V)`` becomes ``D = obs_dim + act_dim + 2`` tokens, one per
+dimension; a window of ``K`` transitions is a sequence of ``K * D`` tokens. As in the
+reference, the token of dimension ``j`` is embedded from its own slice of one table
+(``token + j * bins``), and the logits after position ``i`` come from a separate
+linear head per dimension ``i mod D``.
+
+>>> import torch
+>>> net = TrajectoryTransformerNet(transition_dim=4, bins=10, embed_dim=16, num_layers=1, num_heads=2, max_transitions=3)
+>>> tokens = torch.randint(0, 10, (2, 11))
+>>> net(tokens).shape
+torch.Size([2, 11, 10])
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from torch import nn
+
+from offline_plugins.modules.sequence.decision_transformer import env_rows
+from offline_plugins.modules.sequence.gpt import CausalTransformer
+
+__all__ = ["TrajectoryTransformerNet", "TrajectoryTransformerPlanner", "filter_cdf"]
+
+
+class TrajectoryTransformerNet(nn.Module):
+    """``tokens [B, T] -> logits [B, T, bins]`` of the next token, for ``T <= max_transitions * D``.
+
+    The first token of the sequence must be the first dimension of a transition.
+
+    Args:
+        transition_dim: tokens per transition ``D``.
+        bins: vocabulary per dimension.
+
+    Keyword Args:
+        embed_dim, num_layers, num_heads, dropout: the GPT (reference: 128, 4, 4, 0.1).
+        max_transitions: the longest window in transitions (reference: 10).
+    """
+
+    def __init__(
+        self,
+        transition_dim: int,
+        bins: int,
+        *,
+        embed_dim: int = 128,
+        num_layers: int = 4,
+        num_heads: int = 4,
+        dropout: float = 0.1,
+        max_transitions: int = 10,
+    ) -> None:
+        super().__init__()
+        self.transition_dim, self.bins = int(transition_dim), int(bins)
+        self.max_len = int(max_transitions) * self.transition_dim
+        self.embed = nn.Embedding(self.transition_dim * self.bins, embed_dim)
+        self.transformer = CausalTransformer(
+            embed_dim, num_layers=num_layers, num_heads=num_heads, max_len=self.max_len, dropout=dropout, positional=True
+        )
+        # one [embed_dim -> bins] head per transition dimension (the reference's EinLinear)
+        self.head_weight = nn.Parameter(torch.randn(self.transition_dim, embed_dim, self.bins) * 0.02)
+        self.head_bias = nn.Parameter(torch.zeros(self.transition_dim, self.bins))
+        nn.init.normal_(self.embed.weight, std=0.02)
+        self.register_buffer("_offsets", torch.arange(self.transition_dim) * self.bins, persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        B, T = tokens.shape
+        D = self.transition_dim
+        dim_of = torch.arange(T, device=tokens.device) % D
+        h = self.transformer(self.embed(tokens + self._offsets[dim_of]))
+        pad = (-T) % D
+        if pad:
+            h = torch.nn.functional.pad(h, (0, 0, 0, pad))
+        h = h.reshape(B, -1, D, h.shape[-1])
+        logits = torch.einsum("bnde,dev->bndv", h, self.head_weight) + self.head_bias
+        return logits.reshape(B, -1, self.bins)[:, :T]
+
+
+def filter_cdf(logits: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Drop the least likely tokens whose total probability is below ``threshold`` (the reference's ``cdf``).
+
+    >>> filter_cdf(torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4]])), 0.5).isinf().tolist()
+    [[True, True, False, False]]
+    """
+    probs = logits.softmax(-1)
+    sorted_probs = probs.sort(-1).values
+    below = sorted_probs.cumsum(-1) < threshold
+    # the smallest probability that survives: the first one past the dropped mass
+    keep_from = below.sum(-1, keepdim=True).clamp_max(probs.shape[-1] - 1)
+    cutoff = sorted_probs.gather(-1, keep_from)
+    return logits.masked_fill(probs < cutoff, float("-inf"))
+
+
+class TrajectoryTransformerPlanner(TensorDictModuleBase):
+    """Beam-search planning with a trained Trajectory Transformer: the evaluation policy.
+
+    At each step the context (the last ``max_context_transitions`` transitions, then
+    the current observation's tokens) is extended ``horizon`` transitions ahead: action
+    tokens are sampled (least likely ``cdf_act`` of the mass dropped), reward and value
+    tokens predicted, and the ``beam_width`` plans with the highest
+    ``sum_t gamma^t E[r_t] + gamma^H E[V_H]`` kept; observation tokens are then
+    predicted greedily (``k_obs=1``). The first action of the best plan is returned.
+    Every environment of the batch is planned for at once.
+
+    Call :meth:`reset` at the start of every episode (``.train()`` and ``.eval()`` reset too). Reads ``observation`` and, when
+    present, ``reward`` (the previous step's reward, environment units; else the
+    planned reward is kept in the context) and ``env_index`` (rows may drop out as
+    episodes end). Writes ``action``. Planning time is in :attr:`planning_seconds`
+    and :meth:`planning_stats`.
+
+    Args:
+        net: a trained :class:`TrajectoryTransformerNet`.
+        discretizer: the :class:`~offline_plugins.modules.sequence.discretizer.Discretizer` it was trained with.
+        observation_dim, action_dim: widths of the two.
+
+    Keyword Args:
+        horizon: planned transitions (reference: 15).
+        beam_width: plans kept per step (reference: 128).
+        n_expand: samples per plan per step (reference: 2).
+        max_context_transitions: transitions the model sees (reference: 5).
+        discount: of the planned rewards and final value (reference: 0.99).
+        cdf_act: probability mass of the least likely action tokens dropped (reference: 0.6).
+        k_obs: observation tokens are sampled from the ``k_obs`` most likely (1: greedy).
+        reward_scale, reward_shift: the data's reward transform, applied to environment rewards.
+    """
+
+    def __init__(
+        self,
+        net: TrajectoryTransformerNet,
+        discretizer,
+        observation_dim: int,
+        action_dim: int,
+        *,
+        horizon: int = 5,
+        beam_width: int = 32,
+        n_expand: int = 2,
+        max_context_transitions: int = 3,
+        discount: float = 0.99,
+        cdf_act: Optional[float] = 0.6,
+        k_obs: Optional[int] = 1,
+        reward_scale: float = 1.0,
+        reward_shift: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.net, self.discretizer = net, discretizer
+        self.obs_dim, self.act_dim = int(observation_dim), int(action_dim)
+        self.D = self.obs_dim + self.act_dim + 2
+        self.horizon, self.beam_width, self.n_expand = int(horizon), int(beam_width), int(n_expand)
+        self.max_context_transitions = min(int(max_context_transitions), net.max_len // self.D)
+        self.discount = float(discount)
+        self.cdf_act, self.k_obs = cdf_act, k_obs
+        self.reward_scale, self.reward_shift = float(reward_scale), float(reward_shift)
+        self.in_keys, self.out_keys = ["observation"], ["action"]
+        self.planning_seconds, self.planning_calls, self.planned_actions = 0.0, 0, 0
+        self.reset()
+
+    def train(self, mode: bool = True):
+        # the evaluator switches the policy to eval mode before every evaluation, and
+        # all its episodes start together: a fresh context each time, even if it
+        # does not call reset()
+        self.reset()
+        return super().train(mode)
+
+    def reset(self) -> None:
+        """Forget the context: the next call starts a new episode."""
+        self._context: Optional[torch.Tensor] = None  # [slots, L * D] tokens of finished transitions
+        self._last_obs: Optional[torch.Tensor] = None  # [slots, obs_dim] tokens
+        self._pending: Optional[torch.Tensor] = None  # [slots, act_dim + 2] tokens of the step taken
+
+    def planning_stats(self) -> dict:
+        """Wall-clock planning cost: ``plan_ms_per_step`` (one call, all envs) and ``plan_ms_per_action``."""
+        calls, actions = max(self.planning_calls, 1), max(self.planned_actions, 1)
+        return {
+            "plan_ms_per_step": 1000 * self.planning_seconds / calls,
+            "plan_ms_per_action": 1000 * self.planning_seconds / actions,
+            "planned_actions": self.planned_actions,
+        }
+
+    def _crop(self, x: torch.Tensor) -> torch.Tensor:
+        max_block = self.max_context_transitions * self.D - 1
+        extra = x.shape[1] - max_block
+        if extra <= 0:
+            return x
+        n_crop = -(-extra // self.D) * self.D  # whole transitions, so position i is dimension i mod D
+        return x[:, n_crop:]
+
+    def _sample(self, x: torch.Tensor, n: int, *, topk: Optional[int] = None, cdf: Optional[float] = None):
+        probs_out = []
+        for _ in range(n):
+            logits = self.net(self._crop(x))[:, -1]
+            probs_out.append(logits.softmax(-1))
+            if cdf is not None:
+                logits = filter_cdf(logits, cdf)
+            if topk == 1:
+                tok = logits.argmax(-1, keepdim=True)
+            else:
+                if topk is not None:
+                    v, _ = logits.topk(topk, -1)
+                    logits = logits.masked_fill(logits < v[:, -1:], float("-inf"))
+                tok = torch.multinomial(logits.softmax(-1), 1)
+            x = torch.cat([x, tok], 1)
+        return x, torch.stack(probs_out, 1)
+
+    @torch.no_grad()
+    def plan(self, prefix: torch.Tensor) -> torch.Tensor:
+        """Best planned sequence ``[n, horizon * D]`` after ``prefix`` ``[n, T0]`` (per row)."""
+        n, T0 = prefix.shape
+        S, A, D, H = self.obs_dim, self.act_dim, self.D, self.horizon
+        discounts = self.discount ** torch.arange(H + 1, device=prefix.device, dtype=torch.float32)
+        x = prefix.unsqueeze(1)  # [n, beams, T]
+        rewards = prefix.new_zeros(n, 1, H + 1, dtype=torch.float32)
+        values = None
+        for t in range(H):
+            b = x.shape[1] * self.n_expand
+            x = x.repeat(1, self.n_expand, 1).reshape(n * b, -1)
+            rewards = rewards.repeat(1, self.n_expand, 1).reshape(n * b, H + 1)
+            x, _ = self._sample(x, A, cdf=self.cdf_act)
+            x, probs = self._sample(x, 2, topk=1)
+            rewards = rewards.clone()
+            rewards[:, t] = self.discretizer.expectation(probs[:, 0], [S + A])
+            rewards[:, t + 1] = self.discretizer.expectation(probs[:, 1], [S + A + 1])
+            values = (rewards * discounts).sum(-1).reshape(n, b)
+            values, idx = values.topk(min(self.beam_width, b), dim=-1)
+            x = x.reshape(n, b, -1).gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+            rewards = rewards.reshape(n, b, -1).gather(1, idx.unsqueeze(-1).expand(-1, -1, H + 1))
+            if t < H - 1:
+                flat, _ = self._sample(x.reshape(-1, x.shape[-1]), S, topk=self.k_obs)
+                x = flat.reshape(n, x.shape[1], -1)
+        best = values.argmax(-1)
+        return x[torch.arange(n, device=x.device), best, T0:]
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        start = time.perf_counter()
+        single = tensordict.batch_dims == 0
+        td = tensordict.unsqueeze(0) if single else tensordict
+        obs = td.get("observation")
+        slots = obs.shape[0] if td.get("env_index", None) is None else None
+        rows = env_rows(td, obs, self._last_obs, type(self).__name__)
+        S, A, D = self.obs_dim, self.act_dim, self.D
+        if self._context is None:
+            n_slots = slots if slots is not None else int(rows.max()) + 1
+            self._context = torch.zeros(n_slots, 0, dtype=torch.long, device=obs.device)
+            self._last_obs = torch.zeros(n_slots, S, dtype=torch.long, device=obs.device)
+            self._pending = torch.zeros(n_slots, A + 2, dtype=torch.long, device=obs.device)
+        else:
+            reward = td.get("reward", None)
+            if reward is not None:
+                r = reward.reshape(-1, 1).to(torch.float32) * self.reward_scale + self.reward_shift
+                self._pending[rows, A] = self.discretizer.encode(r, start=S + A).reshape(-1)
+            done = torch.cat([self._last_obs, self._pending], -1)
+            keep = (self.max_context_transitions - 1) * D
+            self._context = torch.cat([self._context, done], 1)[:, -keep:] if keep > 0 else self._context[:, :0]
+        obs_tokens = self.discretizer.encode(obs.to(torch.float32), start=0)
+        self._last_obs[rows] = obs_tokens
+        plan = self.plan(torch.cat([self._context[rows], obs_tokens], 1))
+        self._pending[rows] = plan[:, :A + 2]
+        action = self.discretizer.decode(plan[:, :A], start=S).to(obs.dtype)
+        tensordict.set("action", action.squeeze(0) if single else action)
+        self.planning_seconds += time.perf_counter() - start
+        self.planning_calls += 1
+        self.planned_actions += obs.shape[0]
+        return tensordict

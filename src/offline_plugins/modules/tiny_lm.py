@@ -1,0 +1,174 @@
+"""Network-free language-model defaults: a character tokenizer built in code and a tiny causal LM.
+
+``load_causal_lm("tiny")`` builds both from nothing; any other name is a local
+directory or a Hugging Face hub id, loaded through the same code path
+(``AutoModelForCausalLM`` / ``AutoTokenizer``) where there is a network.
+
+>>> tok = char_tokenizer()
+>>> tok.decode(tok("12+34=")["input_ids"])
+'12+34='
+>>> model = tiny_causal_lm(tok, seed=0)
+>>> 50_000 < sum(p.numel() for p in model.parameters()) < 1_000_000
+True
+"""
+
+from __future__ import annotations
+
+import logging
+import string
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+
+from offline_plugins.errors import UserError
+
+__all__ = [
+    "CHARACTERS",
+    "ModelLoadError",
+    "char_tokenizer",
+    "tiny_causal_lm",
+    "load_causal_lm",
+    "ensure_pad_token",
+    "model_fingerprint",
+]
+
+log = logging.getLogger(__name__)
+
+#: printable ASCII: digits, letters, punctuation and the space (no tabs or newlines)
+CHARACTERS: str = string.printable[:95]
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
+
+
+class ModelLoadError(UserError, ValueError):
+    """A model or tokenizer that cannot be loaded or does not fit the data."""
+
+
+def char_tokenizer(characters: str = CHARACTERS):
+    """A ``PreTrainedTokenizerFast`` with one token per character plus pad/bos/eos/unk.
+
+    It round-trips through ``save_pretrained`` / ``AutoTokenizer.from_pretrained``.
+    Characters outside ``characters`` become ``<unk>``.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(list(SPECIAL_TOKENS) + list(dict.fromkeys(characters)))}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        padding_side="right",
+    )
+
+
+def tiny_causal_lm(
+    tokenizer: Any,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    intermediate_size: int = 192,
+    max_positions: int = 128,
+    seed: Optional[int] = None,
+):
+    """A Llama-architecture causal LM of ~0.1M parameters built from a config (no download)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=max_positions,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+    )
+    if seed is not None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = LlamaForCausalLM(config)
+    else:
+        model = LlamaForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def ensure_pad_token(tokenizer: Any) -> Optional[str]:
+    """Give a tokenizer without a pad token one (its eos, else a new ``<pad>``); returns a note or None.
+
+    Padding positions are masked out of every loss, so reusing eos is safe; the
+    note says what was done so the caller can report it.
+    """
+    if tokenizer.pad_token_id is not None:
+        return None
+    if tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+        note = f"tokenizer had no pad token; using its eos token {tokenizer.eos_token!r} for padding"
+    else:
+        tokenizer.add_special_tokens({"pad_token": "<pad>"})
+        note = "tokenizer had no pad or eos token; added a new '<pad>' token (resize the model's embeddings)"
+    tokenizer.padding_side = "right"
+    log.warning(note)
+    return note
+
+
+def load_causal_lm(
+    name_or_path: Union[str, Path] = "tiny", *, seed: Optional[int] = 0, dtype: torch.dtype = torch.float32
+):
+    """``(model, tokenizer)``: ``"tiny"`` builds them in code; otherwise a local dir or hub id.
+
+    A tokenizer without a pad token gets one (see :func:`ensure_pad_token`), and the
+    model's embeddings grow if a token had to be added.
+    """
+    if str(name_or_path) == "tiny":
+        tokenizer = char_tokenizer()
+        return tiny_causal_lm(tokenizer, seed=seed).to(dtype), tokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(name_or_path))
+        model = AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=dtype)
+    except OSError as exc:
+        raise ModelLoadError(
+            f"cannot load model {str(name_or_path)!r}: {exc.__class__.__name__}: {str(exc).splitlines()[0]}; "
+            f"pass 'tiny' for the built-in model, a directory written by save_pretrained, or a hub id "
+            f"(needs a network)"
+        ) from None
+    n_before = len(tokenizer)
+    ensure_pad_token(tokenizer)
+    if len(tokenizer) > n_before:
+        model.resize_token_embeddings(len(tokenizer))
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
+def model_fingerprint(model: torch.nn.Module, tokenizer: Any = None) -> str:
+    """A short hash of a model's weights (and tokenizer vocabulary): the reference-cache key."""
+    import hashlib
+
+    h = hashlib.sha256()
+    config = getattr(model, "config", None)
+    if config is not None:
+        h.update(str(getattr(config, "vocab_size", "")).encode())
+        h.update(type(model).__name__.encode())
+    with torch.no_grad():
+        for name, p in sorted(model.state_dict().items()):
+            h.update(name.encode())
+            h.update(str(tuple(p.shape)).encode())
+            h.update(p.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    if tokenizer is not None:
+        vocab = tokenizer.get_vocab()
+        h.update(repr(sorted(vocab.items())).encode())
+    return h.hexdigest()[:16]

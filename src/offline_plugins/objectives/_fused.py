@@ -1,0 +1,89 @@
+"""Fused tensor paths for the hot loops of our TorchRL-based losses.
+
+TorchRL's losses run each critic through ``torch.vmap`` + ``to_module`` on TensorDicts
+and build ``torch.distributions`` objects every step; for 2x256 MLPs at batch 256 on a
+CPU that bookkeeping costs as much as the arithmetic. These helpers compute the same
+values straight from the losses' parameter TensorDicts: the critic ensemble as one
+batched matmul per layer (``baddbmm`` over the stacked weights), the tanh-Gaussian
+log-density in closed form. They apply only to the plain MLP networks built by
+:mod:`offline_plugins.modules.networks`; :func:`linear_chain` returns None for
+anything else and the losses fall back to TorchRL's code.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["linear_chain", "chain_params", "run_chain", "run_ensemble", "tanh_normal_log_prob"]
+
+
+def linear_chain(module: nn.Module, root: nn.Module) -> Optional[list]:
+    """Key paths (relative to ``root``'s parameters) of ``module``'s Linear layers, if it is
+    ``Linear -> ReLU -> ... -> Linear``; None otherwise."""
+    if not isinstance(module, nn.Sequential) or len(module) == 0:
+        return None
+    layers = list(module)
+    for i, layer in enumerate(layers):
+        expected = nn.Linear if i % 2 == 0 else nn.ReLU
+        if type(layer) is not expected:
+            return None
+    if not isinstance(layers[-1], nn.Linear):
+        return None
+    names = {id(p): n for n, p in root.named_parameters()}
+    keys = []
+    for layer in layers[::2]:
+        if layer.bias is None or id(layer.weight) not in names:
+            return None
+        keys.append((tuple(names[id(layer.weight)].split(".")), tuple(names[id(layer.bias)].split("."))))
+    return keys
+
+
+def chain_params(params, keys) -> list:
+    """``[(weight, bias), ...]`` from a (possibly stacked) parameter TensorDict."""
+    return [(params.get(w), params.get(b)) for w, b in keys]
+
+
+def run_chain(layers: list, x: torch.Tensor) -> torch.Tensor:
+    """One MLP: ``Linear -> ReLU -> ... -> Linear``."""
+    last = len(layers) - 1
+    for i, (w, b) in enumerate(layers):
+        x = F.linear(x, w, b)
+        if i < last:
+            x = torch.relu(x)
+    return x
+
+
+def run_ensemble(layers: list, x: torch.Tensor) -> torch.Tensor:
+    """An ensemble of MLPs with stacked weights ``[E, out, in]``: ``x`` ``[B, in]`` or ``[E, B, in]``
+    -> ``[E, B, out]``, one ``baddbmm`` per layer."""
+    n = layers[0][0].shape[0]
+    if x.dim() == 2:
+        x = x.unsqueeze(0).expand(n, *x.shape)
+    last = len(layers) - 1
+    for i, (w, b) in enumerate(layers):
+        x = torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
+        if i < last:
+            x = torch.relu(x)
+    return x
+
+
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def tanh_normal_log_prob(
+    loc: torch.Tensor, scale: torch.Tensor, action: torch.Tensor, low: torch.Tensor, high: torch.Tensor
+) -> torch.Tensor:
+    """``log p(action)`` under TorchRL's ``TanhNormal(loc, scale, low, high)`` (safe tanh), summed
+    over the last dimension: the same clamping (``1 - finfo.resolution``) and Jacobian terms."""
+    half = (high - low) / 2
+    y = (action - (high + low) / 2) / half
+    lim = 1.0 - torch.finfo(y.dtype).resolution
+    x = y.clamp(-lim, lim).atanh()
+    normal = -((x - loc) ** 2) / (2 * scale**2) - scale.log() - _LOG_SQRT_2PI
+    log_det_tanh = 2.0 * (math.log(2.0) - x - F.softplus(-2.0 * x))
+    return (normal - log_det_tanh - half.log()).sum(-1)

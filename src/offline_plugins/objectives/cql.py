@@ -1,0 +1,241 @@
+"""CQL: TorchRL's ``CQLLoss`` / ``DiscreteCQLLoss`` with the Lagrangian fixed and diagnostics.
+
+Two corrections to TorchRL 0.14's continuous ``CQLLoss`` with ``with_lagrange=True``
+(the agreement test in ``tests/test_objectives_cql.py`` pins both):
+
+* the conservative term ``loss_cql`` is multiplied by the Lagrange multiplier
+  :math:`\\alpha'` (Kumar et al. 2020, eq. 4; TorchRL learns :math:`\\alpha'` but never
+  uses it, so the threshold had no effect on the critic);
+* ``loss_alpha_prime`` reads the gap detached, so summing every ``loss_*`` term and
+  back-propagating once does not push the critic's gap the wrong way.
+
+Without the Lagrangian the loss terms are TorchRL's, unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import dispatch
+from tensordict.utils import NestedKey
+from torchrl.objectives import CQLLoss as _TorchRLCQLLoss
+from torchrl.objectives import DiscreteCQLLoss as _TorchRLDiscreteCQLLoss
+
+from offline_plugins.objectives.common import check_batch_keys, check_range, data_q_diagnostics
+
+__all__ = ["CQLLoss", "DiscreteCQLLoss"]
+
+
+class CQLLoss(_TorchRLCQLLoss):
+    r"""Conservative Q-Learning (Kumar et al. 2020, arXiv:2006.04779) on a SAC backbone.
+
+    .. math::
+        L_Q = L_{Bellman} + \alpha' \cdot w \left(E_s[\log \sum_a e^{Q(s,a)}] - E_{(s,a)\sim D}[Q(s,a)] - \tau\right)
+
+    with the log-sum-exp estimated by importance sampling over ``num_random`` uniform,
+    current-policy and next-policy actions. :math:`\alpha' = 1` unless ``with_lagrange``,
+    which learns it by minimising ``loss_alpha_prime`` :math:`= -\alpha'(\text{gap} - \tau)`.
+
+    Args:
+        actor_network: tanh-Gaussian actor.
+        qvalue_network: ``Q(s, a)``; two copies are trained.
+
+    Keyword Args:
+        min_q_weight (float): :math:`w`, the conservative weight. Defaults to 5.0 (the paper's Gym value).
+        with_lagrange (bool): learn :math:`\alpha'` to hold the gap at ``lagrange_thresh``. Defaults to False.
+        lagrange_thresh (float): :math:`\tau`. Defaults to 5.0.
+        num_random (int): sampled actions per state for the log-sum-exp. Defaults to 10.
+        loss_function (str): Bellman regression loss. Defaults to ``"l2"``.
+        diagnostics (bool): add ``q_data_mean``, ``mc_return_mean``/``q_data_minus_mc`` (with
+            ``return_to_go``), ``cql_gap`` (log-sum-exp Q minus data Q, per critic, averaged) and
+            ``alpha_prime``. Free: it reads what the loss computed. Defaults to True.
+        **kwargs: passed to :class:`torchrl.objectives.CQLLoss`.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import Bounded
+        >>> from offline_plugins.modules.networks import make_tanh_gaussian_actor, make_qvalue
+        >>> spec = Bounded(-torch.ones(2), torch.ones(2), (2,))
+        >>> loss = CQLLoss(make_tanh_gaussian_actor(3, spec, (8,)), make_qvalue(3, 2, (8,)),
+        ...                with_lagrange=True, num_random=2)
+        >>> loss.make_value_estimator(gamma=0.99)
+        >>> batch = TensorDict({"observation": torch.randn(4, 3), "action": spec.rand((4,)),
+        ...     ("next", "observation"): torch.randn(4, 3), ("next", "reward"): torch.randn(4, 1),
+        ...     ("next", "done"): torch.zeros(4, 1, dtype=torch.bool),
+        ...     ("next", "terminated"): torch.zeros(4, 1, dtype=torch.bool)}, [4])
+        >>> out = loss(batch)
+        >>> sorted(k for k in out.keys() if k.startswith("loss_"))
+        ['loss_actor', 'loss_actor_bc', 'loss_alpha', 'loss_alpha_prime', 'loss_cql', 'loss_qvalue']
+        >>> "cql_gap" in out.keys()
+        True
+    """
+
+    @dataclass
+    class _AcceptedKeys(_TorchRLCQLLoss._AcceptedKeys):
+        """TorchRL's CQL keys, plus ``return_to_go`` (defaults to ``"return_to_go"``): the data's
+        Monte-Carlo discounted return, read only for diagnostics."""
+
+        return_to_go: NestedKey = "return_to_go"
+
+    default_keys = _AcceptedKeys
+    tensor_keys: _AcceptedKeys
+
+    def __init__(
+        self,
+        actor_network,
+        qvalue_network,
+        *,
+        min_q_weight: float = 5.0,
+        with_lagrange: bool = False,
+        lagrange_thresh: float = 5.0,
+        num_random: int = 10,
+        loss_function: str = "l2",
+        diagnostics: bool = True,
+        **kwargs,
+    ) -> None:
+        check_range("CQLLoss", "min_q_weight", min_q_weight, 0.0, None)
+        check_range("CQLLoss", "num_random", num_random, 1, None, low_inclusive=True)
+        check_range("CQLLoss", "temperature", kwargs.get("temperature", 1.0), 0.0, None)
+        self.diagnostics = diagnostics
+        super().__init__(
+            actor_network,
+            qvalue_network,
+            min_q_weight=min_q_weight,
+            with_lagrange=with_lagrange,
+            lagrange_thresh=lagrange_thresh,
+            num_random=num_random,
+            loss_function=loss_function,
+            **kwargs,
+        )
+
+    @property
+    def _alpha_prime(self) -> torch.Tensor:
+        return self.log_alpha_prime.detach().exp().clamp_max(1e6)
+
+    def cql_loss(self, tensordict: TensorDictBase):
+        loss, metadata = super().cql_loss(tensordict)
+        if self.with_lagrange:
+            # two critics, each penalised by alpha' (gap_i - tau); TorchRL returns sum_i gap_i
+            loss = self._alpha_prime * (loss - 2 * self.target_action_gap)
+        return loss, metadata
+
+    def alpha_prime_loss(self, tensordict: TensorDictBase):
+        gaps = tensordict.select(self.tensor_keys.cql_q1_loss, self.tensor_keys.cql_q2_loss).detach()
+        merged = tensordict.copy()
+        merged.update(gaps)
+        return super().alpha_prime_loss(merged)
+
+    @dispatch
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        keys = self.tensor_keys
+        check_batch_keys(
+            tensordict,
+            [*self.actor_network.in_keys, keys.action, ("next", keys.reward), ("next", keys.done),
+             ("next", keys.terminated), *[("next", k) for k in self.actor_network.in_keys]],
+            "CQLLoss",
+        )
+        out = super().forward(tensordict)
+        if self.diagnostics and self.reduction != "none":
+            with torch.no_grad():
+                q1 = tensordict.get(keys.pred_q1).squeeze(-1)
+                q2 = tensordict.get(keys.pred_q2).squeeze(-1)
+                out.update(data_q_diagnostics(torch.minimum(q1, q2), tensordict, keys.return_to_go))
+                gap = (tensordict.get(keys.cql_q1_loss) + tensordict.get(keys.cql_q2_loss)) / (2 * self.min_q_weight)
+                out.set("cql_gap", gap.mean().detach())
+                if self.with_lagrange:
+                    out.set("alpha_prime", self._alpha_prime)
+        return out
+
+
+class DiscreteCQLLoss(_TorchRLDiscreteCQLLoss):
+    r"""Discrete CQL(H) (Kumar et al. 2020) on a DQN backbone, TorchRL's loss with a weight.
+
+    .. math::
+        L = \tfrac12 E[(Q(s,a) - r - \gamma \max_{a'} \bar Q(s',a'))^2]
+            + \alpha\, E[\log\sum_{a} e^{Q(s,a)} - Q(s, a_{data})]
+
+    TorchRL's ``loss_cql`` has no weight (:math:`\alpha = 1`); ours multiplies it by
+    ``alpha``, so with ``alpha=1.0`` the two agree exactly. Actions are int64
+    indices (``action_space="categorical"``).
+
+    Args:
+        value_network: a ``QValueActor`` (reads ``observation``, writes ``action_value``,
+            ``chosen_action_value`` and the greedy ``action``).
+
+    Keyword Args:
+        alpha (float): conservative weight :math:`\alpha` > 0. Defaults to 1.0.
+        action_space: ``"categorical"`` (default) or ``"one-hot"``.
+        diagnostics (bool): add ``q_data_mean``, ``mc_return_mean``/``q_data_minus_mc`` and
+            ``cql_gap``. Defaults to True.
+        **kwargs: passed to :class:`torchrl.objectives.DiscreteCQLLoss`.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.modules import QValueActor
+        >>> from offline_plugins.modules.networks import mlp
+        >>> qnet = QValueActor(mlp(3, 4, (8,)), in_keys=["observation"], action_space="categorical")
+        >>> loss = DiscreteCQLLoss(qnet, alpha=2.0)
+        >>> loss.make_value_estimator(gamma=0.99)
+        >>> batch = TensorDict({"observation": torch.randn(5, 3), "action": torch.randint(4, (5,)),
+        ...     ("next", "observation"): torch.randn(5, 3), ("next", "reward"): torch.randn(5, 1),
+        ...     ("next", "done"): torch.zeros(5, 1, dtype=torch.bool),
+        ...     ("next", "terminated"): torch.zeros(5, 1, dtype=torch.bool)}, [5])
+        >>> out = loss(batch)
+        >>> sorted(k for k in out.keys() if k.startswith("loss_"))
+        ['loss_cql', 'loss_qvalue']
+    """
+
+    @dataclass
+    class _AcceptedKeys(_TorchRLDiscreteCQLLoss._AcceptedKeys):
+        """TorchRL's discrete CQL keys, plus ``return_to_go`` (defaults to ``"return_to_go"``)."""
+
+        return_to_go: NestedKey = "return_to_go"
+
+    default_keys = _AcceptedKeys
+    tensor_keys: _AcceptedKeys
+
+    def __init__(
+        self,
+        value_network,
+        *,
+        alpha: float = 1.0,
+        action_space="categorical",
+        diagnostics: bool = True,
+        **kwargs,
+    ) -> None:
+        check_range("DiscreteCQLLoss", "alpha", alpha, 0.0, None, low_inclusive=True)
+        super().__init__(value_network, action_space=action_space, **kwargs)
+        self.register_buffer("alpha", torch.tensor(float(alpha)))
+        self.diagnostics = diagnostics
+
+    def cql_loss(self, tensordict: TensorDictBase):
+        loss, metadata = super().cql_loss(tensordict)
+        return self.alpha * loss, metadata
+
+    @dispatch
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        keys = self.tensor_keys
+        check_batch_keys(
+            tensordict,
+            [*self.value_network.in_keys, keys.action, ("next", keys.reward), ("next", keys.done),
+             ("next", keys.terminated), *[("next", k) for k in self.value_network.in_keys]],
+            "DiscreteCQLLoss",
+        )
+        loss_qvalue, metadata = self.value_loss(tensordict)
+        loss_cql, _ = self.cql_loss(tensordict)
+        out = TensorDict({"loss_qvalue": loss_qvalue, "loss_cql": loss_cql, **metadata}, batch_size=[])
+        if self.diagnostics and self.reduction != "none":
+            with torch.no_grad():
+                q_all = tensordict.get(keys.pred_val)
+                action = tensordict.get(keys.action)
+                if self.action_space == "categorical":
+                    q_data = q_all.gather(-1, action.long().reshape(*q_all.shape[:-1], 1)).squeeze(-1)
+                else:
+                    q_data = (q_all * action.to(q_all.dtype)).sum(-1)
+                out.update(data_q_diagnostics(q_data, tensordict, keys.return_to_go))
+                out.set("cql_gap", (torch.logsumexp(q_all, -1) - q_data).mean())
+        return out

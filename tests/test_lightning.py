@@ -1,0 +1,105 @@
+"""The training shell: training reduces the loss, delayed groups, target updates,
+the non-finite guard, checkpoint contents, exact resume, and evaluation."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+
+from _lightning_fixtures import TINY_SPEC, FakeOfflineData
+from offline_plugins.lightning.callbacks import NonFiniteLossError
+from offline_plugins.lightning.run import evaluate_checkpoint, load_checkpoint, train
+
+torch.set_num_threads(1)
+
+QUIET = dict(progress=False, eval_episodes=1)
+
+
+def _column(path, key):
+    with open(path, newline="") as fh:
+        return [float(r[key]) for r in csv.DictReader(fh) if r.get(key)]
+
+
+def _run(tmp_path, name, **kw):
+    kw = {**QUIET, "seed": 0, "eval_every": 0, **kw}
+    return train(TINY_SPEC, kw.pop("data", None) or FakeOfflineData(), out_dir=tmp_path / name, **kw)
+
+
+def test_training_reduces_the_loss_and_writes_the_run(tmp_path):
+    summary = _run(tmp_path, "run", steps=200, log_every=10, eval_every=100)
+    out = tmp_path / "run"
+    bc = _column(out / "metrics.csv", "train/bc_loss")
+    assert len(bc) == 20
+    assert sum(bc[-3:]) / 3 < 0.5 * sum(bc[:3]) / 3
+    for key in ("algorithm", "dataset", "steps", "seed", "return_mean", "return_std", "normalized_score", "wall_s"):
+        assert summary[key] is not None, key
+    assert summary["steps"] == 200 and summary["algorithm"] == "tiny-td3bc"
+    assert json.loads((out / "summary.json").read_text())["normalized_score"] == summary["normalized_score"]
+    assert [h["step"] for h in summary["eval_history"]] == [100, 200]
+    assert len(_column(out / "metrics.csv", "eval/normalized_score")) == 2
+    assert (out / "learning_curve.png").stat().st_size > 1000
+    assert (out / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_a_delayed_group_sits_out_and_targets_follow(tmp_path):
+    # actor_every=2: step 1 (0-based) moves the critic but not the actor
+    one = load_checkpoint(_run(tmp_path, "one", steps=1)["checkpoint"])["state_dict"]
+    two = load_checkpoint(_run(tmp_path, "two", steps=2)["checkpoint"])["state_dict"]
+    actor = [k for k in one if k.startswith("loss_module.actor_network_params")]
+    critic = [k for k in one if k.startswith("loss_module.qvalue_network_params")]
+    assert actor and critic
+    assert all(torch.equal(one[k], two[k]) for k in actor)
+    assert not all(torch.equal(one[k], two[k]) for k in critic)
+    # SoftUpdate ran: targets moved towards, but are not equal to, the online critic
+    k = critic[0]
+    target = "loss_module.target_" + k[len("loss_module.") :]
+    assert not torch.equal(two[target], two[k])
+
+
+def test_checkpoint_holds_what_eval_and_resume_need(tmp_path):
+    summary = _run(tmp_path, "run", steps=10, eval_every=5, overrides=["hidden=8"])
+    ckpt = load_checkpoint(summary["checkpoint"])
+    info = ckpt["offline_plugins"]
+    assert info["algorithm"] == "tiny-td3bc" and info["dataset"] == "fake/pendulum-v0"
+    assert info["config"]["hidden"] == 8 and info["seed"] == 0
+    assert set(info["data_state"]) == {"obs_loc", "obs_scale"}
+    assert len(ckpt["optimizer_states"]) == 1
+    assert [g["name"] for g in ckpt["optimizer_states"][0]["param_groups"]] == ["critic", "actor"]
+    assert any(k.startswith("loss_module.target_qvalue") for k in ckpt["state_dict"])
+    assert [h["step"] for h in ckpt["callbacks"]["PolicyEvaluation"]["history"]] == [5, 10]
+    assert ckpt["global_step"] == 10
+
+
+def test_resumed_run_ends_with_the_same_parameters(tmp_path):
+    kw = dict(seed=3, eval_every=10, log_every=5)
+    _run(tmp_path, "cut", steps=15, **kw)
+    resumed = _run(tmp_path, "cut", steps=30, resume=True, **kw)
+    straight = _run(tmp_path, "straight", steps=30, **kw)
+    a, b = load_checkpoint(resumed["checkpoint"]), load_checkpoint(straight["checkpoint"])
+    assert a["global_step"] == b["global_step"] == 30
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    for k in b["state_dict"]:
+        assert torch.equal(a["state_dict"][k], b["state_dict"][k]), k
+    sa, sb = a["optimizer_states"][0]["state"], b["optimizer_states"][0]["state"]
+    assert all(torch.equal(sa[i]["exp_avg"], sb[i]["exp_avg"]) for i in sb)
+    assert resumed["return_mean"] == straight["return_mean"]
+    # the interrupted run evaluated when it stopped (15); the curve continues across the cut
+    assert [h["step"] for h in resumed["eval_history"]] == [10, 15, 20, 30]
+    assert len(_column(tmp_path / "cut" / "metrics.csv", "eval/return_mean")) == 4
+    assert len(_column(tmp_path / "cut" / "metrics.csv", "train/loss_qvalue")) == 6
+
+
+def test_non_finite_guard_names_the_step_and_the_term(tmp_path):
+    with pytest.raises(NonFiniteLossError, match=r"step 1: loss_qvalue = nan"):
+        _run(tmp_path, "nan", steps=20, data=FakeOfflineData(nan_reward=True))
+
+
+def test_eval_of_a_checkpoint_repeats_the_final_evaluation(tmp_path):
+    summary = _run(tmp_path, "run", steps=20, eval_episodes=2)
+    result = evaluate_checkpoint(summary["checkpoint"], spec=TINY_SPEC, data=FakeOfflineData())
+    assert result["episodes"] == 2 and result["step"] == 20
+    assert result["return_mean"] == pytest.approx(summary["return_mean"])
+    assert result["normalized_score"] == pytest.approx(summary["normalized_score"])

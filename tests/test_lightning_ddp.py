@@ -1,0 +1,37 @@
+"""``devices=2`` on CPU trains with DDP (gloo): the ranks end with identical
+parameters and drew different batches. Spawns two processes (~20-45 s on 2 busy cores)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).parent / "_lightning_ddp_run.py"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_two_cpu_ranks_stay_in_sync_and_sample_differently(tmp_path):
+    out = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), str(out), "8"], env=env, capture_output=True, text=True, timeout=230
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    a, b = (r["state"] for r in ranks)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert len(ranks[0]["batches"]) == len(ranks[1]["batches"]) == 8
+    assert all(x != y for x, y in zip(ranks[0]["batches"], ranks[1]["batches"]))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 8
+    assert (out / "checkpoints" / "last.ckpt").is_file()

@@ -1,0 +1,116 @@
+"""Diffuser: schedule, losses on windows, learning, EMA, inpainting and value guidance in the planner."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModule
+
+from offline_plugins.algorithms.sequence.diffuser import DiffuserConfig, build
+from offline_plugins.config import ConfigError
+from offline_plugins.modules.sequence.diffuser import DiffuserPlanner
+from offline_plugins.modules.sequence.diffusion import DDPMSchedule
+from offline_plugins.objectives.sequence.common import ContextLengthError
+from test_sequence_common import make_data
+
+SMALL = dict(slice_len=8, batch_size=64, n_diffusion_steps=5, dim=8, dim_mults=(1, 2), n_samples=4)
+
+
+def _parts(data=None, **kw):
+    return build(dataclasses.replace(DiffuserConfig(), **{**SMALL, **kw}), data if data is not None else make_data())
+
+
+def test_schedule_noises_to_a_standard_normal():
+    s = DDPMSchedule(20)
+    assert bool((s.betas > 0).all()) and float(s.sqrt_alphas_cumprod[-1]) < 0.05
+    x0 = torch.full((4000, 1, 1), 3.0)
+    xt = s.q_sample(x0, torch.full((4000,), 19), torch.randn_like(x0))
+    assert abs(float(xt.mean())) < 0.2 and abs(float(xt.std()) - 1) < 0.1
+
+
+def test_losses_read_windows_and_decrease_with_training():
+    torch.manual_seed(0)
+    data = make_data(lengths=(16, 24))
+    parts = _parts(data)
+    assert {g.name: g.loss_keys for g in parts.optimizers} == {"diffusion": ("loss_diffusion",), "value": ("loss_value",)}
+    rb = data.replay_buffer(64, sampler="slice", slice_len=8, seed=0)
+    params = [p for g in parts.optimizers for p in g.params]
+    opt = torch.optim.Adam(params, lr=3e-3)
+    fixed = rb.sample()
+
+    def evaluate():
+        torch.manual_seed(1)  # same noise and steps for both measurements
+        with torch.no_grad():
+            out = parts.loss(fixed)
+        return float(out["loss_diffusion"]), float(out["loss_value"])
+
+    before = evaluate()
+    for _ in range(80):
+        out = parts.loss(rb.sample())
+        opt.zero_grad()
+        (out["loss_diffusion"] + out["loss_value"]).backward()
+        opt.step()
+        parts.target_updater.step()
+    after = evaluate()
+    assert after[0] < 0.7 * before[0] and after[1] < 0.5 * before[1]
+    # the planner's denoiser is the moving average, which has moved towards the trained one
+    ema = parts.loss.diffusion_loss.target_model_network_params
+    online = parts.loss.diffusion_loss.model_network_params
+    assert parts.policy.denoiser_params is ema
+    gap = sum(float((e - o).detach().abs().sum()) for e, o in zip(ema.values(True, True), online.values(True, True)))
+    assert gap > 0
+
+
+def test_inpainting_keeps_the_conditioned_state_exactly():
+    torch.manual_seed(0)
+    parts = _parts()
+    planner = parts.policy
+    obs = torch.randn(3, 3)
+    planner.reset()
+    out = planner(TensorDict({"observation": obs}, [3]))
+    assert out["action"].shape == (3, 1)
+    loc, scale = planner.loc, planner.scale
+    torch.testing.assert_close(planner.last_plan_normalized[:, 0, 1:], (obs - loc[1:]) / scale[1:], rtol=0, atol=0)
+    plans, _ = planner.sample((obs - loc[1:]) / scale[1:])
+    assert torch.equal(plans[:, 0, 1:], ((obs - loc[1:]) / scale[1:]).repeat_interleave(4, 0))
+    assert planner(TensorDict({"observation": obs[0]}, []))["action"].shape == (1,)
+    assert planner.planning_stats()["planned_actions"] == 4
+
+
+def test_value_guidance_moves_plans_towards_higher_return():
+    torch.manual_seed(0)
+    C, H = 2, 8
+    keys = ["noisy_trajectory", "diffusion_step"]
+
+    class ZeroNoise(torch.nn.Module):
+        def forward(self, x, t):
+            return torch.zeros_like(x)
+
+    class FirstAction(torch.nn.Module):
+        """Return = the first action: guidance should push it up."""
+
+        def forward(self, x, t):
+            return x[:, :1, :1].reshape(-1, 1)
+
+    def planner(scale):
+        return DiffuserPlanner(TensorDictModule(ZeroNoise(), keys, ["model_output"]), TensorDictModule(FirstAction(), keys, ["value"]),
+                               DDPMSchedule(10), observation_dim=1, action_dim=1, horizon=H, n_samples=32, guide_scale=scale, t_stopgrad=0)
+
+    obs = TensorDict({"observation": torch.zeros(1, 1)}, [1])
+    torch.manual_seed(0)
+    unguided = planner(0.0)
+    unguided(obs)
+    torch.manual_seed(0)
+    guided = planner(5.0)
+    guided(obs)
+    assert float(guided.last_plan_values.mean()) > float(unguided.last_plan_values.mean()) + 0.5
+
+
+def test_bad_windows_are_clear_errors():
+    with pytest.raises(ConfigError, match=r"slice_len=12 must be divisible by 8"):
+        _parts(slice_len=12, batch_size=48, dim_mults=(1, 2, 4, 8))
+    with pytest.raises(ContextLengthError, match="slice_len=8 is longer than the dataset's shortest episode"):
+        _parts(make_data(lengths=(30, 5, 25)))
