@@ -212,8 +212,13 @@ def tier_table(envs: list[str], seed: int = 0) -> str:
         "| dataset | env | steps | episodes | mean return | normalised score | build s |",
         "|---|---|---|---|---|---|---|",
     ]
+    wanted: dict = {}  # env -> tiers (None: all); "hopper:medium+medium-replay" picks tiers
+    for item in envs:
+        env, _, tiers = item.partition(":")
+        wanted[env] = tiers.split("+") if tiers else None
     for spec in sorted(registry.datasets.values(), key=lambda s: (s.env_id, s.id)):
-        if spec.id.split("/")[1] not in envs:
+        env = spec.id.split("/")[1]
+        if env not in wanted or (wanted[env] is not None and spec.tier not in wanted[env]):
             continue
         t = time.perf_counter()
         make_dataset(spec.id, registry, seed=seed, progress=False, force=True)
@@ -234,7 +239,7 @@ def main() -> int:
     parser.add_argument("--d3rlpy-python", help="python of a venv with d3rlpy for its sampler anchor")
     parser.add_argument(
         "--tiers", help="instead: make every tier of these recipe envs (comma separated, e.g. pendulum,hopper) "
-        "in the current Minari store and print the docs/datasets.md table"
+        "in the current Minari store and print the docs/datasets.md table; 'hopper:medium+medium-replay' picks tiers"
     )
     parser.add_argument("--part", choices=("collector", "d3rlpy"), help=argparse.SUPPRESS)
     parser.add_argument("--npz", help=argparse.SUPPRESS)

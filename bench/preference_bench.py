@@ -15,7 +15,7 @@ Same tiny model (``load_causal_lm("tiny")``), same data (16 pairs of 64 tokens:
 
 Targets: ours >= 1.5x TRL and >= 0.7x bare.
 
-    python bench/preference_bench.py [--threads 2] [--steps 20] [--rounds 3] [--json]
+    python bench/preference_bench.py [--threads 2] [--steps 20] [--rounds 3] [--skip-trl] [--json]
 """
 
 from __future__ import annotations
@@ -150,6 +150,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--skip-trl", action="store_true", help="do not time TRL's DPOTrainer")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -170,7 +171,7 @@ def main() -> None:
             rate(bench_hand(copy.deepcopy(base).train(), copy.deepcopy(base).eval(), batch), pairs, args.steps)
         )
     med = {k: statistics.median(v) for k, v in results.items()}
-    trl_rate = bench_trl(copy.deepcopy(base), tok, batch, args.steps)
+    trl_rate = None if args.skip_trl else bench_trl(copy.deepcopy(base), tok, batch, args.steps)
     if trl_rate is not None:
         med["trl"] = trl_rate
     summary = {
@@ -191,7 +192,7 @@ def main() -> None:
         print(f"| {k} | {v} |")
     print(f"ours / bare = {summary['ours_over_bare']}x (target >= 0.7x); ours / hand-written = "
           f"{summary['ours_over_hand']}x; ours / TRL = "
-          f"{summary['ours_over_trl'] if summary['ours_over_trl'] is not None else 'n/a (trl not installed)'}"
+          f"{summary['ours_over_trl'] if summary['ours_over_trl'] is not None else 'n/a (TRL not measured: skipped or not installed)'}"
           f"{'x (target >= 1.5x)' if summary['ours_over_trl'] is not None else ''}")
 
 

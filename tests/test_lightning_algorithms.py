@@ -1,6 +1,7 @@
 """Every installed offline-RL and sequence-model algorithm trains a few steps through
 ``offline-plugins train`` on a built-in dataset of its action space, and its
-checkpoint evaluates. Networks are shrunk with ``--set`` so each run takes seconds."""
+checkpoint evaluates. Networks are shrunk with ``--set`` so each run takes seconds
+(marked slow: the sweep as a whole takes a minute or two on 2 CPU cores)."""
 
 from __future__ import annotations
 
@@ -36,16 +37,20 @@ def _small(spec) -> list[str]:
     sets = []
     if "hidden" in fields:
         sets.append("hidden=[32,32]")
-    if "context_len" in fields:
-        sets += ["context_len=5", "batch_size=40"]
+    window = "context_len" if "context_len" in fields else "slice_len" if "slice_len" in fields else None
+    if window:
+        sets += [f"{window}=8", "batch_size=32"]
     elif "batch_size" in fields:
         sets.append("batch_size=64")
-    for key, value in (("embed_dim", 16), ("num_layers", 1), ("warmup_steps", 2), ("max_ep_len", 250)):
+    small = (("embed_dim", 16), ("num_layers", 1), ("warmup_steps", 2), ("max_ep_len", 250), ("dim", 8),
+             ("dim_mults", "[1,2]"), ("n_diffusion_steps", 2), ("n_samples", 2))
+    for key, value in small:
         if key in fields:
             sets.append(f"{key}={value}")
     return [a for s in sets for a in ("--set", s)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", _TRAINABLE)
 def test_short_run_of_every_algorithm(name, tmp_path, capsys, minari_store, monkeypatch):
     monkeypatch.setenv("OFFLINE_PLUGINS_OFFLINE", "1")
@@ -54,7 +59,7 @@ def test_short_run_of_every_algorithm(name, tmp_path, capsys, minari_store, monk
     if dataset is None:
         pytest.skip(f"no built-in dataset with {spec.action_spaces} actions is installed")
     out = tmp_path / name
-    args = ["train", name, "--dataset", dataset, "--steps", "4", "--eval-every", "2", "--eval-episodes", "1"]
+    args = ["train", name, "--dataset", dataset, "--steps", "4", "--eval-every", "0", "--eval-episodes", "1"]
     args += [*_small(spec), "--out", str(out), "--no-progress", "--threads", "1", "--log-every", "1"]
     code = main(args)
     err = capsys.readouterr().err

@@ -111,31 +111,35 @@ def test_td3bc_agrees_with_torchrl(fused):
     _agree(ours, theirs, _batch())
 
 
-def test_cql_without_lagrange_agrees_with_torchrl():
-    actor, q = nets.make_tanh_gaussian_actor(3, SPEC, H), nets.make_qvalue(3, 2, H)
-    ours = CQLLoss(actor, q, num_random=3)
-    theirs = trl.CQLLoss(actor, q, min_q_weight=5.0, num_random=3, loss_function="l2")
-    for loss in (ours, theirs):
-        loss.make_value_estimator(gamma=0.99)
-    _agree(ours, theirs, _batch())
+def _same_state_batch():
+    """A batch whose next observation is the observation: there TorchRL's estimator and the
+    paper's coincide when each source has one sample."""
+    batch = _batch()
+    batch["next", "observation"] = batch["observation"].clone()
+    return batch
 
 
-def test_cql_lagrange_scales_the_penalty_and_keeps_alpha_prime_off_the_critic():
+@pytest.mark.parametrize("lagrange", [False, True])
+def test_cql_agrees_with_torchrl_where_the_estimators_coincide(lagrange):
     actor, q = nets.make_tanh_gaussian_actor(3, SPEC, H), nets.make_qvalue(3, 2, H)
-    ours = CQLLoss(actor, q, num_random=3, with_lagrange=True, lagrange_thresh=1.5)
-    theirs = trl.CQLLoss(actor, q, min_q_weight=5.0, num_random=3, loss_function="l2", with_lagrange=True,
+    ours = CQLLoss(actor, q, num_random=1, with_lagrange=lagrange, lagrange_thresh=1.5)
+    theirs = trl.CQLLoss(actor, q, min_q_weight=5.0, num_random=1, loss_function="l2", with_lagrange=lagrange,
                          lagrange_thresh=1.5)
     for loss in (ours, theirs):
         loss.make_value_estimator(gamma=0.99)
+    if not lagrange:
+        _agree(ours, theirs, _same_state_batch())
+        return
     theirs.load_state_dict(ours.state_dict(), strict=False)
     with torch.no_grad():
         ours.log_alpha_prime.fill_(math.log(2.0))
         theirs.log_alpha_prime.fill_(math.log(2.0))
-    batch = _batch()
+    batch = _same_state_batch()
     torch.manual_seed(0)
     a = ours(batch.clone())
     torch.manual_seed(0)
     b = theirs(batch.clone())
+    # TorchRL learns alpha' but never applies it; ours scales the penalty by it
     torch.testing.assert_close(a["loss_cql"], 2.0 * (b["loss_cql"] - 2 * 1.5))
     torch.testing.assert_close(a["loss_qvalue"], b["loss_qvalue"])
     torch.testing.assert_close(a["loss_alpha_prime"], b["loss_alpha_prime"])
@@ -143,6 +147,41 @@ def test_cql_lagrange_scales_the_penalty_and_keeps_alpha_prime_off_the_critic():
     grads = torch.autograd.grad(a["loss_alpha_prime"], list(ours.qvalue_network_params.parameters()),
                                 allow_unused=True)
     assert all(g is None or g.abs().max() == 0 for g in grads)
+
+
+def test_cql_penalty_is_a_per_state_logsumexp_over_every_sampled_action():
+    actor, q = nets.make_tanh_gaussian_actor(3, SPEC, H), nets.make_qvalue(3, 2, H)
+    n, w = 4, 5.0
+    loss = CQLLoss(actor, q, num_random=n, min_q_weight=w)
+    loss.make_value_estimator(gamma=0.99)
+    batch = _batch(n=8)
+    td = batch.clone()
+    loss.q_loss(td)
+    torch.manual_seed(1)
+    value, _ = loss.cql_loss(td)
+    qmod = loss.qvalue_network.module
+    with torch.no_grad():
+        torch.manual_seed(1)
+        s, s2 = batch["observation"], batch["next", "observation"]
+        rand = torch.empty(8 * n, 2).uniform_(-1, 1)
+        with set_exploration_type(ExplorationType.RANDOM):
+            cur_a, cur_lp = actor.get_dist(TensorDict({"observation": s.repeat_interleave(n, 0)}, [8 * n])) \
+                .rsample_and_log_prob()
+            nxt_a, nxt_lp = actor.get_dist(TensorDict({"observation": s2.repeat_interleave(n, 0)}, [8 * n])) \
+                .rsample_and_log_prob()
+        s_rep = s.repeat_interleave(n, 0)
+        expected = 0
+        for i in range(2):
+            with loss.qvalue_network_params[i].to_module(loss.qvalue_network):
+                cat = torch.cat([
+                    qmod(s_rep, rand).reshape(8, n) - 2 * math.log(0.5),
+                    qmod(s_rep, nxt_a).reshape(8, n) - nxt_lp.reshape(8, n),  # next-state actions scored at s
+                    qmod(s_rep, cur_a).reshape(8, n) - cur_lp.reshape(8, n),
+                ], -1)
+                data_q = qmod(s, batch["action"]).squeeze(-1)
+            expected = expected + w * (torch.logsumexp(cat, -1) - data_q)
+        expected = expected.mean()
+    torch.testing.assert_close(value, expected)
 
 
 def test_discrete_cql_agrees_with_torchrl_at_alpha_one_and_scales():

@@ -114,3 +114,16 @@ def test_bad_windows_are_clear_errors():
         _parts(slice_len=12, batch_size=48, dim_mults=(1, 2, 4, 8))
     with pytest.raises(ContextLengthError, match="slice_len=8 is longer than the dataset's shortest episode"):
         _parts(make_data(lengths=(30, 5, 25)))
+
+
+def test_plan_every_executes_the_kept_plan_between_planning_steps():
+    torch.manual_seed(0)
+    planner = _parts(plan_every=2).policy
+    planner.eval()
+    obs = TensorDict({"observation": torch.randn(2, 3)}, [2])
+    planner(obs.clone())
+    plan = planner.last_plan_normalized.clone()
+    second = planner(obs.clone())["action"]
+    torch.testing.assert_close(second, plan[:, 1, :1] * planner.scale[:1] + planner.loc[:1])
+    planner(obs.clone())  # a new plan
+    assert not torch.equal(planner.last_plan_normalized, plan)

@@ -19,26 +19,29 @@ def pendulum_like_data():
     data.action_spec = Bounded(-2 * torch.ones(1), 2 * torch.ones(1), (1,))
     data.td["action"] = data.td["action"] * 2
     data.stats.ref_min_score, data.stats.ref_max_score = -1500.0, -150.0
-    data.make_env = lambda **kw: gym.make("Pendulum-v1", max_episode_steps=30)
+    data.make_env = lambda **kw: gym.make("Pendulum-v1", max_episode_steps=15)
     return data
 
 
-def test_dt_trains_and_evaluates_through_the_shell(pendulum_like_data, tmp_path):
-    from offline_plugins.lightning.run import train
+def test_dt_trains_evaluates_and_reloads_through_the_shell(pendulum_like_data, tmp_path):
+    from offline_plugins.lightning.run import evaluate_checkpoint, train
 
     summary = train(
         "dt",
         pendulum_like_data,
-        steps=4,
-        eval_episodes=2,
+        steps=2,
+        eval_episodes=1,
         eval_every=0,
         out_dir=tmp_path / "run",
         progress=False,
         log_every=1,
         overrides={"context_len": "5", "batch_size": "40", "embed_dim": "16", "num_layers": "1", "warmup_steps": "2"},
     )
-    assert summary["steps"] == 4 and summary["algorithm"] == "dt"
+    assert summary["steps"] == 2 and summary["algorithm"] == "dt"
     assert summary["return_mean"] is not None and summary["normalized_score"] is not None
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert saved["config"]["context_len"] == 5
     assert "train/loss_actor" in saved["losses"]
+    # the checkpoint rebuilds the same policy (the storage columns are re-added on the way)
+    again = evaluate_checkpoint(summary["checkpoint"], data=pendulum_like_data, episodes=1)
+    assert again["episodes"] == 1 and again["return_mean"] is not None

@@ -123,3 +123,34 @@ def test_planner_prefers_the_plan_with_the_higher_predicted_return():
     planner = TrajectoryTransformerPlanner(Oracle(), disc, S, A, horizon=1, beam_width=8, n_expand=16, cdf_act=None, max_context_transitions=4)
     out = planner(TensorDict({"observation": torch.zeros(2, 1)}, [2]))
     assert out["action"].tolist() == [[3.5], [3.5]]  # the highest action earns the highest reward
+
+
+def test_cached_beam_search_plans_exactly_like_the_uncached_one(monkeypatch):
+    data = make_data()
+    parts = _parts(data, slice_len=8, batch_size=32, horizon=3, max_context_transitions=2)
+    planner = parts.policy
+    planner.eval()
+    obs = TensorDict({"observation": torch.randn(2, 3), "reward": torch.zeros(2, 1)}, [2])
+    assert planner._fits_cache(planner.D + 3)
+
+    def run():
+        torch.manual_seed(0)
+        planner.reset()
+        return [planner(obs.clone())["action"] for _ in range(3)]
+
+    cached = run()
+    monkeypatch.setattr(planner, "_fits_cache", lambda prefix_len: False)
+    assert all(torch.equal(a, b) for a, b in zip(cached, run()))
+
+
+def test_plan_every_executes_the_kept_plan_between_planning_steps():
+    torch.manual_seed(0)
+    parts = _parts(slice_len=8, batch_size=32, horizon=3, max_context_transitions=2, plan_every=3)
+    planner = parts.policy
+    planner.eval()
+    obs = TensorDict({"observation": torch.randn(2, 3), "reward": torch.zeros(2, 1)}, [2])
+    planner(obs.clone())
+    plan = planner._plan.clone()
+    second = planner(obs.clone())["action"]
+    D = planner.D
+    torch.testing.assert_close(second, planner.discretizer.decode(plan[:, D : D + 1], start=3))

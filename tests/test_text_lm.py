@@ -110,6 +110,10 @@ def test_log_probs_match_naive_per_row_computation(lm):
     with torch.no_grad():
         want = _naive_response_logps(model, td["tokens", "full"], td["masks", "all_attention_mask"], resp)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # skipping the padding mask on right-padded rows changes no real token's log-prob
+    with torch.no_grad():
+        masked = CausalLMLogProbs(model, right_padded=False)(td.clone())["log_probs", "full"]
+    torch.testing.assert_close(masked, lp, atol=1e-5, rtol=1e-5)
     # padding and the first position carry no log-prob
     assert (lp[~td["masks", "all_attention_mask"]] == 0).all() and (lp[..., 0] == 0).all()
     # the response mask covers the answer plus eos, never the prompt

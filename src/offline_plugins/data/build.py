@@ -145,6 +145,7 @@ def make_recipe_dataset(
     from tqdm.auto import tqdm
 
     from offline_plugins.data.behaviour import load_policy_file
+    from offline_plugins.data.store import is_local
 
     dataset_id = save_as or spec.id
     options = dict(spec.options)
@@ -153,7 +154,7 @@ def make_recipe_dataset(
         raise DatasetError(f"dataset recipe {spec.id!r}: tier {tier!r} is not one of {', '.join(TIERS)}")
     if data_format not in (None, "hdf5", "arrow"):
         raise DatasetError(f"dataset {dataset_id!r}: data_format must be 'hdf5' or 'arrow', got {data_format!r}")
-    if dataset_id in minari.list_local_datasets():
+    if is_local(dataset_id):
         if not force:
             raise DatasetError(
                 f"dataset {dataset_id!r} already exists in {minari.storage.get_dataset_path()}; "
@@ -181,10 +182,15 @@ def make_recipe_dataset(
     total = sum(n for n, _ in plan)
     buffers: list = []
     with tqdm(total=total, desc=dataset_id, unit="step", disable=not progress, leave=False) as pbar:
-        for n, policy in plan:
-            left = None if episodes is None else episodes - len(buffers)
+        for i, (n, policy) in enumerate(plan):
+            if episodes is None:
+                left = None
+            elif tier == "medium-expert":  # an episode limit is shared half and half, like the steps
+                left = episodes // 2 if i == 0 else episodes - episodes // 2
+            else:
+                left = episodes - len(buffers)
             if left is not None and left <= 0:
-                break
+                continue
             buffers += rollout_episodes(
                 lambda: gym.make(spec.env_id),
                 policy,

@@ -32,9 +32,9 @@ NAMESPACE = "offline-plugins"
 ENVS: dict[str, tuple[str, str, int, tuple[str, ...]]] = {
     "pendulum": ("Pendulum-v1", "continuous", 50_000, ()),
     "cartpole": ("CartPole-v1", "discrete", 50_000, ()),
-    "hopper": ("Hopper-v5", "continuous", 100_000, ("mujoco",)),
-    "halfcheetah": ("HalfCheetah-v5", "continuous", 100_000, ("mujoco",)),
-    "walker2d": ("Walker2d-v5", "continuous", 100_000, ("mujoco",)),
+    "hopper": ("Hopper-v5", "continuous", 50_000, ("mujoco",)),
+    "halfcheetah": ("HalfCheetah-v5", "continuous", 50_000, ("mujoco",)),
+    "walker2d": ("Walker2d-v5", "continuous", 50_000, ("mujoco",)),
 }
 
 TIER_SUMMARIES: dict[str, str] = {

@@ -83,12 +83,11 @@ class NonFiniteGuard(Callback):
         if losses is None:
             return
         step = trainer.global_step  # 1-based number of the step just taken
-        bad = ~torch.isfinite(losses)
         if self._first is None or self._first.device != losses.device:
             self._first = torch.zeros(losses.shape, dtype=torch.long, device=losses.device)
             self._value = torch.zeros_like(losses)
-        new = bad & (self._first == 0)
-        self._first = torch.where(new, torch.full_like(self._first, step), self._first)
+        new = torch.isfinite(losses).logical_not_().logical_and_(self._first == 0)
+        self._first.masked_fill_(new, step)
         self._value = torch.where(new, losses, self._value)
         if step % self.check_every == 0:
             self.check(trainer, pl_module)

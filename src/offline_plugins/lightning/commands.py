@@ -56,7 +56,7 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of initialisation, batches and evaluation (default 0)")
     p.add_argument(
         "--eval-every", type=_non_negative, default=None, metavar="K",
-        help="evaluate every K steps (default steps/5; 0: only at the end)",
+        help="evaluate every K steps (default steps/5, or the resumed run's; 0: only at the end)",
     )
     p.add_argument("--eval-episodes", type=_positive, default=10, metavar="E", help="episodes per evaluation (default 10)")
     p.add_argument(

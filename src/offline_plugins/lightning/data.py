@@ -151,6 +151,15 @@ class OfflineDataModule(LightningDataModule):
         assert self.stream is not None, "setup() must run before train_dataloader()"
         return self.stream
 
+    def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):
+        # batches are sampled on the device already; Lightning's generic transfer
+        # would walk the TensorDict key by key on every step
+        if getattr(batch, "device", None) == device:
+            return batch
+        if hasattr(batch, "to"):
+            return batch.to(device, non_blocking=True)
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
     def state_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "batch_size": self.batch_size, "sampler": self.sampler, "slice_len": self.slice_len}
 

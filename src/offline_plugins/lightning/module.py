@@ -180,15 +180,6 @@ class OfflineAlgorithmModule(LightningModule):
         self.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=False, logger=True, batch_size=1)
         self.log("loss", losses.sum(), on_step=True, on_epoch=False, prog_bar=True, logger=False, batch_size=1)
 
-    def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):
-        # batches are sampled on the device already; Lightning's generic transfer
-        # would walk the TensorDict key by key on every step
-        if getattr(batch, "device", None) == device:
-            return batch
-        if hasattr(batch, "to"):
-            return batch.to(device, non_blocking=True)
-        return super().transfer_batch_to_device(batch, device, dataloader_idx)
-
     # -- checkpoints --------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         from offline_plugins import __version__

@@ -221,7 +221,8 @@ def train(
     Keyword Args:
         steps: gradient steps in total (a resumed run trains up to this many).
         seed: seeds network initialisation, batches, loss noise and evaluation resets.
-        eval_every: evaluate every this many steps (default ``steps // 5``; 0: only at the end).
+        eval_every: evaluate every this many steps (default ``steps // 5``, or the resumed
+            run's; 0: only at the end).
         eval_episodes: episodes per evaluation.
         devices, accelerator, num_nodes, strategy: as Lightning's ``Trainer``; more
             than one device trains with DDP.
@@ -253,14 +254,20 @@ def train(
         raise RunError(f"--eval-episodes must be at least 1, got {eval_episodes}")
     if eval_every is not None and eval_every < 0:
         raise RunError(f"--eval-every must be 0 (only at the end) or positive, got {eval_every}")
+    import torch
+
+    if threads is not None:
+        torch.set_num_threads(int(threads))
     if plan is None:
         plan = plan_run(algorithm, dataset, config=config, overrides=overrides, registry=registry, progress=progress)
     out = Path(out_dir) if out_dir is not None else _default_out_dir(plan.spec.name, plan.dataset_id, seed)
     ckpt_path = _resume_path(resume, out)
     if ckpt_path is None and not _is_launched_rank():
         _check_fresh(out)
+    if ckpt_path is not None and eval_every is None:
+        # keep the interrupted run's evaluation schedule (its default depended on its --steps)
+        eval_every = load_checkpoint(ckpt_path)["offline_plugins"].get("run", {}).get("eval_every")
 
-    import torch
     from lightning.pytorch import Trainer, seed_everything
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
@@ -276,8 +283,6 @@ def train(
     from offline_plugins.lightning.data import OfflineDataModule
     from offline_plugins.lightning.module import OfflineAlgorithmModule
 
-    if threads is not None:
-        torch.set_num_threads(int(threads))
     seed_everything(seed, workers=False, verbose=False)
     parts = _build_parts(plan, seed)
     if eval_every is None:
@@ -288,6 +293,7 @@ def train(
         "slice_len": plan.slice_len,
         "data_kwargs": plan.data_kwargs,
         "eval_episodes": eval_episodes,
+        "eval_every": eval_every,
         "env_id": getattr(plan.data, "env_id", None),
     }
     module = OfflineAlgorithmModule(
@@ -541,7 +547,8 @@ def plot_learning_curve(metrics_csv: Union[str, os.PathLike], out_png: Union[str
                     if key == "step" or value in ("", None):
                         continue
                     try:
-                        columns.setdefault(key, []).append((int(float(step)), float(value)))
+                        # the CSV's step is the 0-based index of the last step; plot step counts
+                        columns.setdefault(key, []).append((int(float(step)) + 1, float(value)))
                     except ValueError:
                         continue
     score_key = "eval/normalized_score" if "eval/normalized_score" in columns else "eval/return_mean"

@@ -41,16 +41,22 @@ from tensordict.nn import TensorDictModuleBase
 __all__ = ["CausalLMLogProbs", "CausalLMReward", "token_log_probs", "sequence_log_probs"]
 
 
-def _takes_attention_mask(model: torch.nn.Module) -> bool:
+def _is_hf_like(model: torch.nn.Module) -> bool:
+    """Whether ``model`` takes ``input_ids=`` and ``attention_mask=`` keywords (transformers models do)."""
     try:
         params = inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
         return False
-    return "attention_mask" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    return "input_ids" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
-def _logits_of(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, with_mask: bool):
-    out = model(input_ids=input_ids, attention_mask=attention_mask) if with_mask else model(input_ids)
+def _logits_of(model: torch.nn.Module, hf_like: bool, input_ids: torch.Tensor, attention_mask=None) -> torch.Tensor:
+    if not hf_like:
+        out = model(input_ids)
+    elif attention_mask is None:
+        out = model(input_ids=input_ids)
+    else:
+        out = model(input_ids=input_ids, attention_mask=attention_mask)
     return out if isinstance(out, torch.Tensor) else out.logits
 
 
@@ -84,6 +90,11 @@ class CausalLMLogProbs(TensorDictModuleBase):
         tokens_key: token ids, prompt + response, right-padded. Defaults to ``("tokens", "full")``.
         attention_mask_key: real (non-pad) tokens. Defaults to ``("masks", "all_attention_mask")``.
         log_probs_key: where the log-probs go. Defaults to ``("log_probs", "full")``.
+        right_padded (bool): rows are right-padded (the layout of this package). The model
+            then runs without the attention mask: under causal attention a real token only
+            sees earlier positions, all real, so its log-prob is unchanged, and building the
+            padding mask costs ~15% of a tiny model's step. Set ``False`` for left padding.
+            Defaults to ``True``.
     """
 
     def __init__(
@@ -93,10 +104,12 @@ class CausalLMLogProbs(TensorDictModuleBase):
         tokens_key: NestedKey = ("tokens", "full"),
         attention_mask_key: NestedKey = ("masks", "all_attention_mask"),
         log_probs_key: NestedKey = ("log_probs", "full"),
+        right_padded: bool = True,
     ) -> None:
         super().__init__()
         self.model = model
-        self._with_mask = _takes_attention_mask(model)
+        self.right_padded = right_padded
+        self._hf_like = _is_hf_like(model)
         self.tokens_key = tokens_key
         self.attention_mask_key = attention_mask_key
         self.log_probs_key = log_probs_key
@@ -115,7 +128,7 @@ class CausalLMLogProbs(TensorDictModuleBase):
         lead = tokens.shape[:-1]
         ids = tokens.reshape(-1, tokens.shape[-1])
         mask = attention_mask.reshape(ids.shape)
-        logits = _logits_of(self.model, ids, mask.long(), self._with_mask)
+        logits = _logits_of(self.model, self._hf_like, ids, None if self.right_padded else mask.long())
         return token_log_probs(logits, ids, mask).reshape(*lead, ids.shape[-1])
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:

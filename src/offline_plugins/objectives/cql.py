@@ -1,19 +1,27 @@
-"""CQL: TorchRL's ``CQLLoss`` / ``DiscreteCQLLoss`` with the Lagrangian fixed and diagnostics.
+"""CQL: TorchRL's ``CQLLoss`` / ``DiscreteCQLLoss`` with the conservative term corrected.
 
-Two corrections to TorchRL 0.14's continuous ``CQLLoss`` with ``with_lagrange=True``
-(the agreement test in ``tests/test_objectives_cql.py`` pins both):
+TorchRL 0.14's continuous ``CQLLoss`` departs from Kumar et al. 2020 in its conservative
+term; ours replaces that one method (``cql_loss``) and keeps the rest (Bellman term, SAC
+actor and temperature) unchanged:
 
-* the conservative term ``loss_cql`` is multiplied by the Lagrange multiplier
-  :math:`\\alpha'` (Kumar et al. 2020, eq. 4; TorchRL learns :math:`\\alpha'` but never
-  uses it, so the threshold had no effect on the critic);
-* ``loss_alpha_prime`` reads the gap detached, so summing every ``loss_*`` term and
-  back-propagating once does not push the critic's gap the wrong way.
+* the log-sum-exp runs, per state, over all ``3 * num_random`` sampled actions; TorchRL
+  takes it over the 3 sources of each single sample (``logsumexp`` over the wrong axis),
+  a different and much weaker push-down of the largest Q values;
+* the next-state policy's actions are scored at the current state ``s``, as in the
+  paper's code; TorchRL scores them at ``s'``;
+* with ``with_lagrange=True`` the term is multiplied by the learned :math:`\\alpha'` (TorchRL
+  learns it but never applies it, so the threshold had no effect on the critic), and
+  ``loss_alpha_prime`` reads the gap detached, so summing every ``loss_*`` term and
+  back-propagating once does not push the critic the wrong way.
 
-Without the Lagrangian the loss terms are TorchRL's, unchanged.
+``tests/test_objectives_offline.py`` checks that ours equals TorchRL's where the two
+estimators coincide (one sample per source and ``s' = s``), and the per-state estimator
+by hand.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -116,11 +124,59 @@ class CQLLoss(_TorchRLCQLLoss):
         return self.log_alpha_prime.detach().exp().clamp_max(1e6)
 
     def cql_loss(self, tensordict: TensorDictBase):
-        loss, metadata = super().cql_loss(tensordict)
+        """The conservative term of Kumar et al. 2020 (their importance-sampled CQL(H)).
+
+        Per state, one log-sum-exp over all ``3 * num_random`` sampled actions (uniform,
+        current policy at ``s``, next-state policy), each corrected by its log-density, all
+        evaluated at ``s``; minus the critic on the data's action.
+        """
+        keys = self.tensor_keys
+        pred_q1 = tensordict.get(keys.pred_q1)
+        pred_q2 = tensordict.get(keys.pred_q2)
+        if pred_q1 is None or pred_q2 is None:
+            raise KeyError("cql_loss reads the critics' predictions that q_loss writes: call q_loss first")
+        n, batch = self.num_random, tensordict.shape[-1]
+        action = tensordict.get(keys.action)
+        # random draws in TorchRL's order (uniform, current, next), so seeded runs compare
+        random_actions = action.new_empty(batch * n, action.shape[-1]).uniform_(-1, 1)
+        obs_td = tensordict.select(*self.actor_network.in_keys, strict=False)
+        curr_td, curr_log_pi = self._get_policy_actions(obs_td.copy(), self.actor_network_params, num_actions=n)
+        next_td, next_log_pi = self._get_policy_actions(
+            tensordict.get("next").select(*self.actor_network.in_keys, strict=False).copy(),
+            self.actor_network_params,
+            num_actions=n,
+        )
+        # every sampled action is scored at the current state s (the paper's code does so for
+        # the next-state policy's actions too)
+        q_td = torch.cat(
+            [
+                curr_td.clone(False).set(keys.action, random_actions),
+                curr_td,
+                curr_td.clone(False).set(keys.action, next_td.get(keys.action)),
+            ],
+            0,
+        ).select(*self.qvalue_network.in_keys, strict=False)
+        q_all = self._vmap_qvalue_networkN0(q_td, self.qvalue_network_params).get(keys.state_action_value)
+        q_random, q_curr, q_next = q_all.squeeze(-1).reshape(self.num_qvalue_nets, 3, batch, n).unbind(1)
+        random_density = action.shape[-1] * math.log(0.5)
+        cat_q = torch.cat(
+            [
+                q_random - random_density,
+                q_next - next_log_pi.detach().reshape(batch, n),
+                q_curr - curr_log_pi.detach().reshape(batch, n),
+            ],
+            -1,
+        )  # [critics, batch, 3n]
+        lse = torch.logsumexp(cat_q / self.temperature, dim=-1) * self.temperature
+        pred = torch.stack([pred_q1, pred_q2]).squeeze(-1)
+        gaps = self.min_q_weight * (lse - pred)  # [critics, batch]
+        tensordict.set(keys.cql_q1_loss, gaps[0])
+        tensordict.set(keys.cql_q2_loss, gaps[1])
+        loss = self._reduce_loss(gaps.sum(0), tensordict=tensordict)
         if self.with_lagrange:
-            # two critics, each penalised by alpha' (gap_i - tau); TorchRL returns sum_i gap_i
+            # two critics, each penalised by alpha' (gap_i - tau)
             loss = self._alpha_prime * (loss - 2 * self.target_action_gap)
-        return loss, metadata
+        return loss, {}
 
     def alpha_prime_loss(self, tensordict: TensorDictBase):
         gaps = tensordict.select(self.tensor_keys.cql_q1_loss, self.tensor_keys.cql_q2_loss).detach()

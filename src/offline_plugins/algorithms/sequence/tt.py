@@ -16,7 +16,7 @@ reference uses); the learning-rate warm-up is a factory in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from offline_plugins.config import config_field
 from offline_plugins.plugins.hookspecs import hookimpl
@@ -52,6 +52,7 @@ class TTConfig:
     n_expand: int = config_field(2, "samples per plan per planning step")
     max_context_transitions: int = config_field(3, "transitions the model sees while planning (reference: 5)")
     cdf_act: float = config_field(0.6, "probability mass of the least likely action tokens dropped while planning")
+    plan_every: int = config_field(1, "plan every k-th step, executing the best plan's actions in between (1: the reference)")
     drop_short_episodes: bool = config_field(False, "train on the episodes of at least slice_len steps only")
     normalize_observations: bool = config_field(False, "standardise observations (no need: bins are per dimension)")
 
@@ -90,6 +91,7 @@ def build(config: TTConfig, data: Any):
     _glue.check_common(config, name)
     for field in ("embed_dim", "num_layers", "num_heads", "horizon", "beam_width", "n_expand", "max_context_transitions", "warmup_steps"):
         check_range(name, field, getattr(config, field), 1, None, low_inclusive=True)
+    check_range(name, "plan_every", config.plan_every, 1, config.horizon, low_inclusive=True, high_inclusive=True)
     check_range(name, "cdf_act", config.cdf_act, 0.0, 1.0, low_inclusive=True)
     check_range(name, "max_bin_error", config.max_bin_error, 0.0, None)
     K = int(config.slice_len)
@@ -138,6 +140,7 @@ def build(config: TTConfig, data: Any):
         max_context_transitions=config.max_context_transitions,
         discount=config.gamma,
         cdf_act=config.cdf_act,
+        plan_every=config.plan_every,
         reward_scale=getattr(stats, "reward_scale", 1.0),
         reward_shift=getattr(stats, "reward_shift", 0.0),
     )

@@ -236,8 +236,9 @@ class DecisionTransformerActor(TensorDictModuleBase):
 class DecisionTransformerPolicy(TensorDictModuleBase):
     """Evaluation policy that conditions on a target return and keeps a rolling context.
 
-    Call :meth:`reset` at the start of every episode (``.train()`` and ``.eval()`` reset too); then call
-    it once per environment step on that step's TensorDict (batch ``[]`` or ``[n]``).
+    Call :meth:`reset` at the start of every episode (``.train()`` and ``.eval()``
+    reset too); then call it once per environment step on that step's TensorDict
+    (batch ``[]`` or ``[n]``).
     Each call appends ``(return-to-go, observation)`` to the context of the last
     ``context_len`` steps, predicts the action at the newest state and stores it.
     The return-to-go starts at ``target_return`` and drops by each reward received.

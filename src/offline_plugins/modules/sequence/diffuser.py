@@ -38,9 +38,12 @@ class DiffuserPlanner(TensorDictModuleBase):
     state of every plan is overwritten by the current state (inpainting). The plan
     with the highest return estimate gives the action: its first action.
 
-    Stateless between steps (Diffuser replans from the current state);
-    :meth:`reset` exists for the evaluator's contract. Reads ``observation`` (batch
-    ``[]`` or ``[n]``), writes ``action``. Planning time is in :meth:`planning_stats`.
+    With ``plan_every=1`` (the reference) every step is planned from the current state
+    alone; otherwise the best plan is kept and its actions executed until the next
+    planning step. Call :meth:`reset` at each episode start (``.eval()`` resets too).
+    Reads ``observation`` (batch ``[]`` or ``[n]``) and, with ``plan_every > 1``,
+    ``env_index`` when rows drop out; writes ``action``. Planning time is in
+    :meth:`planning_stats`.
 
     Args:
         denoiser: the trained denoiser tensordict module (``DiffuserLoss.model_network``).
@@ -58,6 +61,8 @@ class DiffuserPlanner(TensorDictModuleBase):
         predict_epsilon: how the denoiser was trained.
         denoiser_params: parameters to plan with instead of the denoiser's own (the
             exponential moving average, ``DiffuserLoss.target_model_network_params``).
+        plan_every: plan at every ``plan_every``-th step and execute the best plan's
+            actions in between (1: replan every step, as the reference).
     """
 
     def __init__(
@@ -77,8 +82,12 @@ class DiffuserPlanner(TensorDictModuleBase):
         t_stopgrad: int = 2,
         predict_epsilon: bool = True,
         denoiser_params: Optional[TensorDictParams] = None,
+        plan_every: int = 1,
     ) -> None:
         super().__init__()
+        if not 1 <= int(plan_every) <= int(horizon):
+            raise ValueError(f"plan_every={plan_every} must be between 1 and horizon={horizon}")
+        self.plan_every = int(plan_every)
         self.denoiser, self.value, self.schedule = denoiser, value, schedule
         self.obs_dim, self.act_dim, self.horizon = int(observation_dim), int(action_dim), int(horizon)
         C = self.obs_dim + self.act_dim
@@ -92,9 +101,17 @@ class DiffuserPlanner(TensorDictModuleBase):
         self.planning_seconds, self.planning_calls, self.planned_actions = 0.0, 0, 0
         self.last_plan_normalized: Optional[torch.Tensor] = None
         self.last_plan_values: Optional[torch.Tensor] = None
+        self.reset()
 
     def reset(self) -> None:
-        """Nothing to forget: every step is planned from the current state alone."""
+        """Forget the current plan (only kept with ``plan_every > 1``)."""
+        self._plans: Optional[torch.Tensor] = None  # [slots, H, C] standardised best plans
+        self._age = 0
+
+    def train(self, mode: bool = True):
+        # the evaluator switches to eval mode before every evaluation: start without a plan
+        self.reset()
+        return super().train(mode)
 
     def planning_stats(self) -> dict:
         """Wall-clock planning cost: ``plan_ms_per_step`` (one call, all envs) and ``plan_ms_per_action``."""
@@ -143,23 +160,35 @@ class DiffuserPlanner(TensorDictModuleBase):
         return x, values.reshape(-1)
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        from offline_plugins.modules.sequence.decision_transformer import env_rows
+
         start = time.perf_counter()
         single = tensordict.batch_dims == 0
-        obs = tensordict.get("observation")
-        obs = obs.unsqueeze(0) if single else obs
-        A = self.act_dim
-        first_state = (obs.to(torch.float32) - self.loc[A:]) / self.scale[A:]
-        if self.denoiser_params is not None:
-            with self.denoiser_params.to_module(self.denoiser):
-                plans, values = self.sample(first_state)
+        td = tensordict.unsqueeze(0) if single else tensordict
+        obs = td.get("observation")
+        A, n = self.act_dim, obs.shape[0]
+        rows = env_rows(td, obs, self._plans, type(self).__name__)
+        if self._plans is not None and self._age < self.plan_every:
+            plans, age = self._plans[rows], self._age
+            self._age += 1
         else:
-            plans, values = self.sample(first_state)
-        n = obs.shape[0]
-        best = values.reshape(n, self.n_samples).argmax(-1)
-        plans = plans.reshape(n, self.n_samples, self.horizon, -1)[torch.arange(n, device=obs.device), best]
-        self.last_plan_normalized = plans
-        self.last_plan_values = values.reshape(n, self.n_samples)
-        action = (plans[:, 0, :A] * self.scale[:A] + self.loc[:A]).to(obs.dtype)
+            first_state = (obs.to(torch.float32) - self.loc[A:]) / self.scale[A:]
+            if self.denoiser_params is not None:
+                with self.denoiser_params.to_module(self.denoiser):
+                    all_plans, values = self.sample(first_state)
+            else:
+                all_plans, values = self.sample(first_state)
+            best = values.reshape(n, self.n_samples).argmax(-1)
+            plans = all_plans.reshape(n, self.n_samples, self.horizon, -1)[torch.arange(n, device=obs.device), best]
+            self.last_plan_normalized = plans
+            self.last_plan_values = values.reshape(n, self.n_samples)
+            if self.plan_every > 1:
+                if self._plans is None:
+                    slots = n if td.get("env_index", None) is None else int(rows.max()) + 1
+                    self._plans = plans.new_zeros(slots, *plans.shape[1:])
+                self._plans[rows] = plans
+            age, self._age = 0, 1
+        action = (plans[:, age, :A] * self.scale[:A] + self.loc[:A]).to(obs.dtype)
         tensordict.set("action", action.squeeze(0) if single else action)
         self.planning_seconds += time.perf_counter() - start
         self.planning_calls += 1

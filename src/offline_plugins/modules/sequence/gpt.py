@@ -19,6 +19,10 @@ True
 >>> idx = torch.tensor([1, 4])  # only some outputs: the same values, less work
 >>> torch.allclose(gpt(x, output_index=idx), gpt(x)[:, idx], atol=1e-5)
 True
+>>> cache = []  # token-by-token decoding gives the same outputs
+>>> steps = [gpt(x[:, :3], cache=cache)] + [gpt(x[:, t : t + 1], cache=cache) for t in (3, 4)]
+>>> torch.allclose(torch.cat(steps, 1), gpt(x), atol=1e-5)
+True
 """
 
 from __future__ import annotations
@@ -47,10 +51,25 @@ class CausalSelfAttention(nn.Module):
         self.attn_dropout = dropout
         self.resid_dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, query_index: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, query_index: Optional[torch.Tensor] = None, cache: Optional[dict] = None
+    ) -> torch.Tensor:
         B, T, E = x.shape
         H = self.num_heads
         p = self.attn_dropout if self.training else 0.0
+        if cache is not None:
+            # incremental decoding: x holds the new tokens; keys and values of the
+            # earlier ones are in the cache, and the new ones are added to it
+            q, k, v = self.qkv(x).view(B, T, 3, H, E // H).permute(2, 0, 3, 1, 4)
+            if "k" in cache:
+                k, v = torch.cat([cache["k"], k], 2), torch.cat([cache["v"], v], 2)
+            cache["k"], cache["v"] = k, v
+            past = k.shape[2] - T
+            mask = None
+            if T > 1:
+                mask = (torch.arange(T, device=x.device).unsqueeze(-1) + past) >= torch.arange(past + T, device=x.device)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+            return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(B, T, E)))
         if query_index is None:
             q, k, v = self.qkv(x).view(B, T, 3, H, E // H).permute(2, 0, 3, 1, 4)
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
@@ -79,9 +98,11 @@ class TransformerBlock(nn.Module):
             nn.Dropout(dropout),
         )
 
-    def forward(self, x: torch.Tensor, query_index: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, query_index: Optional[torch.Tensor] = None, cache: Optional[dict] = None
+    ) -> torch.Tensor:
         if query_index is None:
-            x = x + self.attn(self.ln1(x))
+            x = x + self.attn(self.ln1(x), cache=cache)
         else:
             x = x[:, query_index] + self.attn(self.ln1(x), query_index)
         return x + self.mlp(self.ln2(x))
@@ -137,20 +158,40 @@ class CausalTransformer(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, std=0.02)
 
-    def forward(self, x: torch.Tensor, output_index: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        output_index: Optional[torch.Tensor] = None,
+        cache: Optional[list] = None,
+    ) -> torch.Tensor:
         """``[B, T, E] -> [B, T, E]``, or ``[B, len(output_index), E]``: the outputs at those positions only.
 
         With ``output_index`` the last block computes queries, attention output and MLP
         for those positions alone (keys and values still cover every token), which is
         exact and saves most of the last block's work when few outputs are read
         (Decision Transformer reads one token in three).
+
+        With ``cache`` (a list, empty at the first call) ``x`` holds only the tokens
+        that follow those already seen; each block keeps its keys and values there,
+        so generating token by token costs one token per call. Reorder or repeat the
+        batch of a cache with :meth:`select_cache`.
         """
-        if x.shape[-2] > self.max_len:
-            raise ValueError(f"sequence of {x.shape[-2]} tokens is longer than max_len={self.max_len}")
+        past = 0
+        if cache is not None:
+            if not cache:
+                cache.extend({} for _ in self.blocks)
+            past = cache[0]["k"].shape[2] if "k" in cache[0] else 0
+        if past + x.shape[-2] > self.max_len:
+            raise ValueError(f"sequence of {past + x.shape[-2]} tokens is longer than max_len={self.max_len}")
         if self.pos is not None:
-            x = x + self.pos[:, : x.shape[-2]]
+            x = x + self.pos[:, past : past + x.shape[-2]]
         x = self.drop(x)
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
-            x = block(x, output_index if i == last else None)
+            x = block(x, output_index if i == last else None, None if cache is None else cache[i])
         return self.ln_f(x)
+
+    @staticmethod
+    def select_cache(cache: list, index: torch.Tensor) -> list:
+        """The cache of batch rows ``index`` (for beam search: reorder, repeat, prune)."""
+        return [{k: v[index] for k, v in layer.items()} for layer in cache]

@@ -11,6 +11,10 @@ linear head per dimension ``i mod D``.
 >>> tokens = torch.randint(0, 10, (2, 11))
 >>> net(tokens).shape
 torch.Size([2, 11, 10])
+>>> _ = net.eval(); cache = []  # decoding token by token with a cache gives the same logits
+>>> steps = torch.cat([net(tokens[:, :4], cache=cache)] + [net(tokens[:, t : t + 1], cache=cache) for t in range(4, 11)], 1)
+>>> torch.allclose(steps, net(tokens), atol=1e-5)
+True
 """
 
 from __future__ import annotations
@@ -67,17 +71,20 @@ class TrajectoryTransformerNet(nn.Module):
         nn.init.normal_(self.embed.weight, std=0.02)
         self.register_buffer("_offsets", torch.arange(self.transition_dim) * self.bins, persistent=False)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache: Optional[list] = None) -> torch.Tensor:
+        """Logits after each token; with ``cache`` (see :class:`CausalTransformer`) ``tokens``
+        continue the cached sequence."""
         B, T = tokens.shape
         D = self.transition_dim
-        dim_of = torch.arange(T, device=tokens.device) % D
-        h = self.transformer(self.embed(tokens + self._offsets[dim_of]))
-        pad = (-T) % D
-        if pad:
-            h = torch.nn.functional.pad(h, (0, 0, 0, pad))
+        past = cache[0]["k"].shape[2] if cache else 0
+        dim_of = (torch.arange(T, device=tokens.device) + past) % D
+        h = self.transformer(self.embed(tokens + self._offsets[dim_of]), cache=cache)
+        if past or T % D:
+            # the head of each position's own dimension
+            return torch.einsum("bte,tev->btv", h, self.head_weight[dim_of]) + self.head_bias[dim_of]
         h = h.reshape(B, -1, D, h.shape[-1])
         logits = torch.einsum("bnde,dev->bndv", h, self.head_weight) + self.head_bias
-        return logits.reshape(B, -1, self.bins)[:, :T]
+        return logits.reshape(B, T, self.bins)
 
 
 def filter_cdf(logits: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -98,19 +105,19 @@ def filter_cdf(logits: torch.Tensor, threshold: float) -> torch.Tensor:
 class TrajectoryTransformerPlanner(TensorDictModuleBase):
     """Beam-search planning with a trained Trajectory Transformer: the evaluation policy.
 
-    At each step the context (the last ``max_context_transitions`` transitions, then
-    the current observation's tokens) is extended ``horizon`` transitions ahead: action
+    At each step the context (the last ``max_context_transitions - 1`` transitions,
+    then the current observation's tokens) is extended ``horizon`` transitions ahead: action
     tokens are sampled (least likely ``cdf_act`` of the mass dropped), reward and value
     tokens predicted, and the ``beam_width`` plans with the highest
     ``sum_t gamma^t E[r_t] + gamma^H E[V_H]`` kept; observation tokens are then
     predicted greedily (``k_obs=1``). The first action of the best plan is returned.
     Every environment of the batch is planned for at once.
 
-    Call :meth:`reset` at the start of every episode (``.train()`` and ``.eval()`` reset too). Reads ``observation`` and, when
-    present, ``reward`` (the previous step's reward, environment units; else the
-    planned reward is kept in the context) and ``env_index`` (rows may drop out as
-    episodes end). Writes ``action``. Planning time is in :attr:`planning_seconds`
-    and :meth:`planning_stats`.
+    Call :meth:`reset` at the start of every episode (``.train()`` and ``.eval()``
+    reset too). Reads ``observation`` and, when present, ``reward`` (the previous
+    step's reward, environment units; else the planned reward is kept in the context)
+    and ``env_index`` (rows may drop out as episodes end). Writes ``action``. Planning
+    time is in :attr:`planning_seconds` and :meth:`planning_stats`.
 
     Args:
         net: a trained :class:`TrajectoryTransformerNet`.
@@ -121,11 +128,15 @@ class TrajectoryTransformerPlanner(TensorDictModuleBase):
         horizon: planned transitions (reference: 15).
         beam_width: plans kept per step (reference: 128).
         n_expand: samples per plan per step (reference: 2).
-        max_context_transitions: transitions the model sees (reference: 5).
+        max_context_transitions: transitions of the context, the current one included
+            (reference: 5). The model reads at most ``net.max_len`` tokens (its training
+            window); a plan that fits runs with a key/value cache.
         discount: of the planned rewards and final value (reference: 0.99).
         cdf_act: probability mass of the least likely action tokens dropped (reference: 0.6).
         k_obs: observation tokens are sampled from the ``k_obs`` most likely (1: greedy).
         reward_scale, reward_shift: the data's reward transform, applied to environment rewards.
+        plan_every: plan at every ``plan_every``-th step and execute the best plan's
+            actions in between (1: replan every step, as the reference).
     """
 
     def __init__(
@@ -144,8 +155,12 @@ class TrajectoryTransformerPlanner(TensorDictModuleBase):
         k_obs: Optional[int] = 1,
         reward_scale: float = 1.0,
         reward_shift: float = 0.0,
+        plan_every: int = 1,
     ) -> None:
         super().__init__()
+        if not 1 <= int(plan_every) <= int(horizon):
+            raise ValueError(f"plan_every={plan_every} must be between 1 and horizon={horizon}")
+        self.plan_every = int(plan_every)
         self.net, self.discretizer = net, discretizer
         self.obs_dim, self.act_dim = int(observation_dim), int(action_dim)
         self.D = self.obs_dim + self.act_dim + 2
@@ -170,6 +185,8 @@ class TrajectoryTransformerPlanner(TensorDictModuleBase):
         self._context: Optional[torch.Tensor] = None  # [slots, L * D] tokens of finished transitions
         self._last_obs: Optional[torch.Tensor] = None  # [slots, obs_dim] tokens
         self._pending: Optional[torch.Tensor] = None  # [slots, act_dim + 2] tokens of the step taken
+        self._plan: Optional[torch.Tensor] = None  # [slots, horizon * D] best plan of the last planning step
+        self._age = 0  # steps since that plan was made
 
     def planning_stats(self) -> dict:
         """Wall-clock planning cost: ``plan_ms_per_step`` (one call, all envs) and ``plan_ms_per_action``."""
@@ -181,7 +198,8 @@ class TrajectoryTransformerPlanner(TensorDictModuleBase):
         }
 
     def _crop(self, x: torch.Tensor) -> torch.Tensor:
-        max_block = self.max_context_transitions * self.D - 1
+        # the model was trained on windows of max_len tokens; longer sequences slide
+        max_block = self.net.max_len - 1
         extra = x.shape[1] - max_block
         if extra <= 0:
             return x
@@ -205,31 +223,80 @@ class TrajectoryTransformerPlanner(TensorDictModuleBase):
             x = torch.cat([x, tok], 1)
         return x, torch.stack(probs_out, 1)
 
+    def _sample_cached(self, x, logits, cache, n: int, *, topk: Optional[int] = None, cdf: Optional[float] = None):
+        """Like :meth:`_sample`, from the logits after ``x`` and a cache holding ``x``."""
+        probs_out = []
+        for _ in range(n):
+            probs_out.append(logits.softmax(-1))
+            if cdf is not None:
+                logits = filter_cdf(logits, cdf)
+            if topk == 1:
+                tok = logits.argmax(-1, keepdim=True)
+            else:
+                if topk is not None:
+                    v, _ = logits.topk(topk, -1)
+                    logits = logits.masked_fill(logits < v[:, -1:], float("-inf"))
+                tok = torch.multinomial(logits.softmax(-1), 1)
+            x = torch.cat([x, tok], 1)
+            logits = self.net(tok, cache=cache)[:, -1]
+        return x, logits, torch.stack(probs_out, 1)
+
+    def _fits_cache(self, prefix_len: int) -> bool:
+        # the cache needs fixed positions: the whole plan must fit without cropping
+        return hasattr(self.net, "transformer") and prefix_len + self.horizon * self.D <= self.net.max_len
+
     @torch.no_grad()
     def plan(self, prefix: torch.Tensor) -> torch.Tensor:
-        """Best planned sequence ``[n, horizon * D]`` after ``prefix`` ``[n, T0]`` (per row)."""
+        """Best planned sequence ``[n, horizon * D]`` after ``prefix`` ``[n, T0]`` (per row).
+
+        When the prefix and the plan fit in the model's context, the model runs token
+        by token with a key/value cache (reordered with the beams); otherwise every
+        token re-reads the cropped sequence, as in the reference.
+        """
         n, T0 = prefix.shape
         S, A, D, H = self.obs_dim, self.act_dim, self.D, self.horizon
+        cached = self._fits_cache(T0)
         discounts = self.discount ** torch.arange(H + 1, device=prefix.device, dtype=torch.float32)
         x = prefix.unsqueeze(1)  # [n, beams, T]
         rewards = prefix.new_zeros(n, 1, H + 1, dtype=torch.float32)
+        cache, logits = None, None
+        if cached:
+            cache = []
+            logits = self.net(prefix, cache=cache)[:, -1]
         values = None
+
+        def sample(flat, count, **kw):
+            nonlocal logits
+            if cached:
+                flat, logits, probs = self._sample_cached(flat, logits, cache, count, **kw)
+                return flat, probs
+            return self._sample(flat, count, **kw)
+
         for t in range(H):
             b = x.shape[1] * self.n_expand
+            # plans are laid out [env, beam]; expanding repeats the beams of each env
+            rep = (torch.arange(n, device=x.device).unsqueeze(-1) * x.shape[1] + torch.arange(b, device=x.device) % x.shape[1]).reshape(-1)
             x = x.repeat(1, self.n_expand, 1).reshape(n * b, -1)
             rewards = rewards.repeat(1, self.n_expand, 1).reshape(n * b, H + 1)
-            x, _ = self._sample(x, A, cdf=self.cdf_act)
-            x, probs = self._sample(x, 2, topk=1)
+            if cached:
+                cache[:] = CausalTransformer.select_cache(cache, rep)
+                logits = logits[rep]
+            x, _ = sample(x, A, cdf=self.cdf_act)
+            x, probs = sample(x, 2, topk=1)
             rewards = rewards.clone()
             rewards[:, t] = self.discretizer.expectation(probs[:, 0], [S + A])
             rewards[:, t + 1] = self.discretizer.expectation(probs[:, 1], [S + A + 1])
             values = (rewards * discounts).sum(-1).reshape(n, b)
             values, idx = values.topk(min(self.beam_width, b), dim=-1)
-            x = x.reshape(n, b, -1).gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
-            rewards = rewards.reshape(n, b, -1).gather(1, idx.unsqueeze(-1).expand(-1, -1, H + 1))
+            keep = (torch.arange(n, device=x.device).unsqueeze(-1) * b + idx).reshape(-1)
+            x, rewards = x[keep], rewards[keep]
+            if cached:
+                cache[:] = CausalTransformer.select_cache(cache, keep)
+                logits = logits[keep]
             if t < H - 1:
-                flat, _ = self._sample(x.reshape(-1, x.shape[-1]), S, topk=self.k_obs)
-                x = flat.reshape(n, x.shape[1], -1)
+                x, _ = sample(x, S, topk=self.k_obs)
+            x = x.reshape(n, idx.shape[1], -1)
+            rewards = rewards.reshape(n, idx.shape[1], -1)
         best = values.argmax(-1)
         return x[torch.arange(n, device=x.device), best, T0:]
 
@@ -256,9 +323,18 @@ class TrajectoryTransformerPlanner(TensorDictModuleBase):
             self._context = torch.cat([self._context, done], 1)[:, -keep:] if keep > 0 else self._context[:, :0]
         obs_tokens = self.discretizer.encode(obs.to(torch.float32), start=0)
         self._last_obs[rows] = obs_tokens
-        plan = self.plan(torch.cat([self._context[rows], obs_tokens], 1))
-        self._pending[rows] = plan[:, :A + 2]
-        action = self.discretizer.decode(plan[:, :A], start=S).to(obs.dtype)
+        if self._plan is not None and self._age < self.plan_every:
+            step = self._plan[rows, self._age * D : self._age * D + A + 2]
+            self._age += 1
+        else:
+            plan = self.plan(torch.cat([self._context[rows], obs_tokens], 1))
+            if self._plan is None:
+                self._plan = plan.new_zeros(self._context.shape[0], plan.shape[1])
+            self._plan[rows] = plan
+            self._age = 1
+            step = plan[:, : A + 2]
+        self._pending[rows] = step
+        action = self.discretizer.decode(step[:, :A], start=S).to(obs.dtype)
         tensordict.set("action", action.squeeze(0) if single else action)
         self.planning_seconds += time.perf_counter() - start
         self.planning_calls += 1

@@ -26,16 +26,12 @@ class PreferenceInputError(UserError, ValueError):
     """A preference batch that lacks a key or has the wrong shape."""
 
 
-def _key_str(key: NestedKey) -> str:
-    return repr(key)
-
-
 def get_checked(td: TensorDictBase, key: NestedKey, *, what: str, loss: str, setter: str) -> torch.Tensor:
     """``td[key]``, or a :class:`PreferenceInputError` naming the key and the fix."""
     value = td.get(key, None)
     if value is None:
         raise PreferenceInputError(
-            f"{loss} needs {what} at key {_key_str(key)}, which the batch lacks "
+            f"{loss} needs {what} at key {repr(key)}, which the batch lacks "
             f"(it has {sorted(map(str, td.keys(True, True)))[:12]}); "
             f"add it (see offline_plugins.data.preference), or point the loss elsewhere with "
             f"loss.set_keys({setter}=...)"
@@ -50,8 +46,6 @@ class PreferenceLossBase(LossModule):
     TensorDict module writing per-token log-probs at ``tensor_keys.log_probs``, such as
     :class:`~offline_plugins.modules.causal_lm.CausalLMLogProbs`.
     """
-
-    _pair_dim = True  # [B, 2] batches; KTO sets False
 
     def __init__(self, actor_network: Optional[torch.nn.Module], *, reduction: str = "mean") -> None:
         super().__init__()
@@ -82,7 +76,7 @@ class PreferenceLossBase(LossModule):
     def _check_shape(self, value: torch.Tensor, name: str, shape: torch.Size) -> None:
         if value.shape != shape:
             raise PreferenceInputError(
-                f"{type(self).__name__}: {name} at key {_key_str(getattr(self.tensor_keys, name))} has shape "
+                f"{type(self).__name__}: {name} at key {repr(getattr(self.tensor_keys, name))} has shape "
                 f"{tuple(value.shape)}, expected {tuple(shape)} (one value per sequence of the batch); "
                 f"recompute it for this batch (offline_plugins.data.preference.add_reference_log_probs)"
             )
@@ -111,7 +105,7 @@ class PreferenceLossBase(LossModule):
         response_mask = self._get(td, "response_mask", "the response-token mask")
         if response_mask.shape != log_probs.shape:
             raise PreferenceInputError(
-                f"{type(self).__name__}: response mask {_key_str(keys.response_mask)} has shape "
+                f"{type(self).__name__}: response mask {repr(keys.response_mask)} has shape "
                 f"{tuple(response_mask.shape)} but the log-probs have {tuple(log_probs.shape)}; "
                 f"both must be [..., T] over the same tokens"
             )

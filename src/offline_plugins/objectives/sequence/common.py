@@ -1,12 +1,12 @@
 """Errors and warnings the sequence-model algorithms raise on bad input.
 
+>>> from offline_plugins.errors import UserError
 >>> issubclass(ContextLengthError, UserError) and issubclass(DiscretizationError, UserError)
 True
 """
 
 from __future__ import annotations
 
-from offline_plugins.errors import UserError
 from offline_plugins.objectives.common import OfflineLossError
 
 __all__ = ["SequenceModelError", "ContextLengthError", "DiscretizationError", "TargetReturnWarning"]

@@ -162,9 +162,12 @@ class TrajectoryTransformerLoss(LossModule):
         dims = torch.arange(1, K * D, device=tokens.device) % D
         loss = (ce * self._target_weights(D, n_act, tokens.device)[dims]).mean()
         with torch.no_grad():
+            # mean cross-entropy per token kind, by masks rather than boolean indexing
+            # (which would wait for the device)
             n_obs = D - 2 - n_act
             kind = torch.where(dims < n_obs, 0, torch.where(dims < D - 2, 1, torch.where(dims == D - 2, 2, 3)))
-            per_kind = [ce[:, kind == i].mean() for i in range(4)]
+            masks = (kind == torch.arange(4, device=kind.device).unsqueeze(-1)).to(ce.dtype)
+            per_kind = (masks * ce.mean(0)).sum(-1) / masks.sum(-1).clamp_min(1)
             acc = (logits.argmax(-1) == target).float().mean()
         return TensorDict(
             {
