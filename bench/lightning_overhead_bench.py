@@ -4,8 +4,9 @@ Both sides train the same ``AlgorithmParts`` on the same batches (the shell's
 ``ReplayBufferStream``), with the same grouped Adam, per-step reseeding, gradient
 clipping and target updates; the shell adds Lightning's loop, hooks, the
 non-finite guard, CSV logging every ``--log-every`` steps and (with
-``--progress``) the progress bar. Trials alternate shell / plain and the median
-steps/s of each is reported, since the machine may be shared.
+``--progress``) the progress bar. Trials alternate shell / plain (ABBA) and the
+median steps/s of each is reported. Steps/s are CPU time of this process
+(``time.process_time``), which other jobs on a shared machine disturb less than wall time.
 
     python bench/lightning_overhead_bench.py --algorithms iql td3-bc --steps 600 --trials 3
 
@@ -126,14 +127,19 @@ def main() -> None:
         shell, plain = [], []
         for trial in range(args.trials):
             kw = dict(steps=args.steps, warmup=args.warmup, batch_size=plan.batch_size, seed=trial)
-            shell.append(_lightning(_build_parts(plan, trial), plan.data, log_every=args.log_every, progress=args.progress, **kw))
-            plain.append(_plain_loop(_build_parts(plan, trial), plan.data, **kw))
+            run_shell = lambda: shell.append(  # noqa: E731
+                _lightning(_build_parts(plan, trial), plan.data, log_every=args.log_every, progress=args.progress, **kw)
+            )
+            run_plain = lambda: plain.append(_plain_loop(_build_parts(plan, trial), plan.data, **kw))  # noqa: E731
+            # ABBA order, so that drifting machine load does not favour the side that runs first
+            for run in (run_shell, run_plain) if trial % 2 == 0 else (run_plain, run_shell):
+                run()
         s, p = statistics.median(shell), statistics.median(plain)
         rows.append((name, plan.batch_size, p, s, 100.0 * (p / s - 1.0)))
         print(f"{name}: plain {[round(x, 1) for x in plain]} shell {[round(x, 1) for x in shell]}", flush=True)
 
     print(f"\n{platform.processor() or platform.machine()}, torch {torch.__version__}, {args.threads} thread(s), "
-          f"{args.steps} steps ({args.warmup} warm-up), median of {args.trials} alternating trials, "
+          f"{args.steps} steps ({args.warmup} warm-up), median of {args.trials} ABBA trials, CPU-time steps/s, "
           f"dataset {args.dataset}, progress bar {'on' if args.progress else 'off'}\n")
     print("| algorithm | batch | plain loop (steps/s) | Lightning shell (steps/s) | overhead |")
     print("|---|---|---|---|---|")

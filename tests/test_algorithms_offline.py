@@ -22,7 +22,7 @@ ALGORITHMS = {
     "bc": ("continuous", "loss_bc"),
     "bc-discrete": ("discrete", "loss_bc"),
     "iql": ("continuous", "loss_value"),
-    "iql-discrete": ("discrete", "loss_actor"),
+    "iql-discrete": ("discrete", "loss_qvalue"),
     "td3-bc": ("continuous", "loss_qvalue"),
     "cql": ("continuous", "loss_cql"),
     "cql-lagrange": ("continuous", "loss_qvalue"),
@@ -46,7 +46,7 @@ def _data(action_space: str, n: int = 64):
 
 def _small(spec, **overrides):
     config = spec.default_config()
-    changes = {"hidden": (32, 32)}
+    changes = {"hidden": (32, 32), "num_random": 2, "eval_samples": 10}
     for name in ("vae_hidden",):
         if hasattr(config, name):
             changes[name] = (32, 32)

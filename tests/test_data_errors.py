@@ -190,3 +190,11 @@ def test_recipe_option_errors(offline):
         make_dataset("offline-plugins/pendulum/random-v0", episodes=1, progress=False)
     with pytest.raises(DatasetError, match="has no recipe"):
         make_dataset("user/noenv-v0", progress=False)
+
+
+def test_recipe_needing_a_missing_extra(offline, monkeypatch):
+    from offline_plugins.data import store
+
+    monkeypatch.setattr(store, "_extra_available", lambda extra: False)
+    with pytest.raises(DatasetError, match=r"needs the mujoco extra; install it with: pip install 'offline-plugins\[mujoco\]'"):
+        make_dataset("offline-plugins/hopper/medium-v0", progress=False)

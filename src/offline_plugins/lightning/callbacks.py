@@ -229,6 +229,16 @@ class StepProgressBar(TQDMProgressBar):
             if not bar.disable:
                 bar.refresh()
 
+    def get_metrics(self, trainer, pl_module) -> dict:
+        """The summed loss terms at the last logging step, and Lightning's own entries."""
+        metrics = dict(super().get_metrics(trainer, pl_module))
+        metrics.pop("v_num", None)
+        last = getattr(pl_module, "last_logged", None)
+        keys = getattr(pl_module, "loss_keys", ())
+        if last and all(f"train/{k}" in last for k in keys):
+            metrics["loss"] = f"{sum(last[f'train/{k}'] for k in keys):.4g}"
+        return metrics
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         n = trainer.global_step
         bar = self.train_progress_bar

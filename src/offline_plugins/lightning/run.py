@@ -258,6 +258,8 @@ def train(
 
     if threads is not None:
         torch.set_num_threads(int(threads))
+        # Lightning's DDP launchers reset each rank's threads unless OMP_NUM_THREADS is set
+        os.environ["OMP_NUM_THREADS"] = str(int(threads))
     if plan is None:
         plan = plan_run(algorithm, dataset, config=config, overrides=overrides, registry=registry, progress=progress)
     out = Path(out_dir) if out_dir is not None else _default_out_dir(plan.spec.name, plan.dataset_id, seed)
@@ -382,7 +384,7 @@ def train(
         "steps_per_s": round((trainer.global_step - _start_step(ckpt_path)) / max(train_s, 1e-9), 2),
         "world_size": trainer.world_size,
         "resumed_from": str(ckpt_path) if ckpt_path else None,
-        "losses": {k: _to_float(v) for k, v in trainer.logged_metrics.items() if k.startswith("train/")},
+        "losses": dict(module.last_logged),
         "eval_history": evaluation.history,
         "config": config_to_dict(plan.config),
         "checkpoint": str(out / "checkpoints" / "last.ckpt"),
@@ -416,13 +418,6 @@ def _merge_metrics(earlier: Path, current: Path, *, before_step: int) -> None:
         writer.writeheader()
         writer.writerows(old_rows + new_rows)
     earlier.unlink()
-
-
-def _to_float(v) -> Optional[float]:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return None
 
 
 def _start_step(ckpt_path: Optional[Path]) -> int:

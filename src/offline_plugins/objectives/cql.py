@@ -40,11 +40,14 @@ class CQLLoss(_TorchRLCQLLoss):
     r"""Conservative Q-Learning (Kumar et al. 2020, arXiv:2006.04779) on a SAC backbone.
 
     .. math::
-        L_Q = L_{Bellman} + \alpha' \cdot w \left(E_s[\log \sum_a e^{Q(s,a)}] - E_{(s,a)\sim D}[Q(s,a)] - \tau\right)
+        L_Q = L_{Bellman} + \sum_i \alpha' \left(w \left(E_s[\log \sum_a e^{Q_i(s,a)}] - E_{(s,a)\sim D}[Q_i(s,a)]\right) - \tau\right)
 
-    with the log-sum-exp estimated by importance sampling over ``num_random`` uniform,
-    current-policy and next-policy actions. :math:`\alpha' = 1` unless ``with_lagrange``,
-    which learns it by minimising ``loss_alpha_prime`` :math:`= -\alpha'(\text{gap} - \tau)`.
+    with the log-sum-exp estimated, per state, by importance sampling over ``num_random``
+    uniform, current-policy and next-policy actions (all scored at ``s``).
+    :math:`\alpha' = 1` and :math:`\tau = 0` unless ``with_lagrange``, which learns
+    :math:`\alpha'` by minimising ``loss_alpha_prime`` :math:`= -\alpha'(w \cdot \text{gap} - \tau)`.
+    TorchRL's ``CQLLoss`` with :meth:`cql_loss` replaced (see the module docstring for why);
+    the Bellman term, SAC actor and temperature are TorchRL's.
 
     Args:
         actor_network: tanh-Gaussian actor.

@@ -216,6 +216,8 @@ class IQLLoss(_IQLDiagnosticsMixin, _TorchRLIQLLoss):
 
     def _fused_forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         plan, keys = self._plan, self.tensor_keys
+        if tensordict.ndim != 1:  # the ensemble matmuls take [batch, features]
+            tensordict = tensordict.reshape(-1)
         obs = tensordict.get(plan["obs"])
         action = tensordict.get(keys.action)
         next_obs = tensordict.get(("next", plan["obs"]))

@@ -137,6 +137,8 @@ class TD3BCLoss(_TorchRLTD3BCLoss):
 
     def _fused_forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         plan, keys = self._plan, self.tensor_keys
+        if tensordict.ndim != 1:  # the ensemble matmuls take [batch, features]
+            tensordict = tensordict.reshape(-1)
         obs = tensordict.get(plan["obs"])
         action = tensordict.get(keys.action)
         reward = tensordict.get(("next", keys.reward)).squeeze(-1)
