@@ -8,6 +8,8 @@ import pytest
 
 # Tests must not depend on the user's block list or Minari store.
 os.environ.pop("OFFLINE_PLUGINS_DISABLE", None)
+# Never reach for Minari's remote server from tests: unknown ids fail at once.
+os.environ["OFFLINE_PLUGINS_OFFLINE"] = "1"
 
 try:
     import torch

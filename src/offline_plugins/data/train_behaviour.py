@@ -226,7 +226,7 @@ def train(env_id: str, settings: TrainSettings, *, seed: int = 0, out_dir: Optio
             "algorithm": "TorchRL SACLoss" if s.kind == "sac" else "TorchRL DQNLoss (double DQN)",
             # the command that reproduces these files: a run stopped early equals a shorter run
             "script": "python -m offline_plugins.data.train_behaviour " + shlex.join(
-                [env_id, "--steps", str(snapshots[-1]["step"]), "--seed", str(seed)]
+                [env_id, "--steps", str(snapshots[-1]["step"]), "--seed", str(seed), "--eval-every", str(s.eval_every)]
             ),
             "seed": seed,
             "steps": s.steps,

@@ -160,7 +160,13 @@ def _build_parts(plan: RunPlan, seed: int):
 
 
 def _default_out_dir(algorithm: str, dataset_id: str, seed: int) -> Path:
-    return Path("runs") / f"{algorithm}-{dataset_id.replace('/', '_')}-s{seed}"
+    """``runs/<algorithm>-<dataset>-s<seed>``, numbered ``-2``, ``-3``... so a rerun never clobbers one."""
+    base = Path("runs") / f"{algorithm}-{dataset_id.replace('/', '_')}-s{seed}"
+    candidate, n = base, 1
+    while candidate.exists() and any(candidate.iterdir()):
+        n += 1
+        candidate = base.with_name(f"{base.name}-{n}")
+    return candidate
 
 
 def _is_launched_rank() -> bool:
@@ -262,7 +268,14 @@ def train(
         os.environ["OMP_NUM_THREADS"] = str(int(threads))
     if plan is None:
         plan = plan_run(algorithm, dataset, config=config, overrides=overrides, registry=registry, progress=progress)
-    out = Path(out_dir) if out_dir is not None else _default_out_dir(plan.spec.name, plan.dataset_id, seed)
+    if out_dir is not None:
+        out = Path(out_dir)
+    elif _is_launched_rank() and os.environ.get("OFFLINE_PLUGINS_RUN_DIR"):
+        out = Path(os.environ["OFFLINE_PLUGINS_RUN_DIR"])  # the folder rank 0 chose
+    else:
+        out = _default_out_dir(plan.spec.name, plan.dataset_id, seed)
+        # DDP's launcher re-runs this command for the other ranks: they must use the same folder
+        os.environ["OFFLINE_PLUGINS_RUN_DIR"] = str(out)
     ckpt_path = _resume_path(resume, out)
     if ckpt_path is None and not _is_launched_rank():
         _check_fresh(out)
