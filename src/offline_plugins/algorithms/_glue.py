@@ -9,7 +9,7 @@ from typing import Any
 
 from offline_plugins.objectives.common import ActionSpaceError, check_range
 
-__all__ = ["check_data", "check_common", "obs_dim", "action_dim", "num_actions", "params", "soft_updater"]
+__all__ = ["check_inputs", "check_data", "check_common", "obs_dim", "action_dim", "num_actions", "params", "soft_updater"]
 
 
 def check_data(data: Any, algorithm: str, action_space: str) -> None:
@@ -46,6 +46,12 @@ def check_common(config: Any, algorithm: str) -> None:
             from offline_plugins.config import ConfigError
 
             raise ConfigError(f"{algorithm}: hidden={widths!r} must be positive layer widths, e.g. [256, 256]")
+
+
+def check_inputs(config: Any, data: Any, algorithm: str, action_space: str) -> None:
+    """:func:`check_data` then :func:`check_common`: the checks every ``build`` starts with."""
+    check_data(data, algorithm, action_space)
+    check_common(config, algorithm)
 
 
 def obs_dim(data: Any) -> int:

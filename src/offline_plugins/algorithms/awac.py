@@ -39,8 +39,7 @@ def build(config: AWACConfig, data: Any):
     from offline_plugins.modules.policies import DeterministicPolicy
     from offline_plugins.objectives.awac import AWACLoss
 
-    _glue.check_data(data, "awac", "continuous")
-    _glue.check_common(config, "awac")
+    _glue.check_inputs(config, data, "awac", "continuous")
     n_obs, hidden = _glue.obs_dim(data), tuple(config.hidden)
     actor = networks.make_tanh_gaussian_actor(n_obs, data.action_spec, hidden)
     loss = AWACLoss(

@@ -34,8 +34,7 @@ def _build(config: BCConfig, data: Any, action_space: str, name: str):
     from offline_plugins.modules.policies import DeterministicPolicy
     from offline_plugins.objectives.bc import BCLoss
 
-    _glue.check_data(data, name, action_space)
-    _glue.check_common(config, name)
+    _glue.check_inputs(config, data, name, action_space)
     n_obs, hidden = _glue.obs_dim(data), tuple(config.hidden)
     if action_space == "continuous":
         actor = networks.make_deterministic_actor(n_obs, data.action_spec, hidden)

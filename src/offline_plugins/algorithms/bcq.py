@@ -59,8 +59,7 @@ def build(config: BCQConfig, data: Any):
     from offline_plugins.objectives.bcq import BCQLoss, BCQPolicy
     from offline_plugins.objectives.common import check_range
 
-    _glue.check_data(data, "bcq", "continuous")
-    _glue.check_common(config, "bcq")
+    _glue.check_inputs(config, data, "bcq", "continuous")
     check_range("bcq", "phi", config.phi, 0.0, None, low_inclusive=True)
     check_range("bcq", "eval_samples", config.eval_samples, 1, None, low_inclusive=True)
     n_obs, hidden = _glue.obs_dim(data), tuple(config.hidden)
@@ -94,8 +93,7 @@ def build_discrete(config: DiscreteBCQConfig, data: Any):
     from offline_plugins.modules import networks
     from offline_plugins.objectives.bcq import DiscreteBCQLoss, DiscreteBCQPolicy
 
-    _glue.check_data(data, "bcq-discrete", "discrete")
-    _glue.check_common(config, "bcq-discrete")
+    _glue.check_inputs(config, data, "bcq-discrete", "discrete")
     n_obs, n, hidden = _glue.obs_dim(data), _glue.num_actions(data), tuple(config.hidden)
     qnet = TensorDictModule(networks.mlp(n_obs, n, hidden), ["observation"], ["action_value"])
     classifier = TensorDictModule(networks.mlp(n_obs, n, hidden), ["observation"], ["imitation_logits"])

@@ -60,8 +60,7 @@ def build(config: CQLConfig, data: Any):
     from offline_plugins.objectives.cql import CQLLoss
 
     name = "cql-lagrange" if config.with_lagrange else "cql"
-    _glue.check_data(data, name, "continuous")
-    _glue.check_common(config, name)
+    _glue.check_inputs(config, data, name, "continuous")
     n_obs, hidden = _glue.obs_dim(data), tuple(config.hidden)
     actor = networks.make_tanh_gaussian_actor(n_obs, data.action_spec, hidden)
     qvalue = networks.make_qvalue(n_obs, _glue.action_dim(data), hidden)
@@ -101,8 +100,7 @@ def build_discrete(config: DiscreteCQLConfig, data: Any):
     from offline_plugins.modules.policies import DeterministicPolicy
     from offline_plugins.objectives.cql import DiscreteCQLLoss
 
-    _glue.check_data(data, "cql-discrete", "discrete")
-    _glue.check_common(config, "cql-discrete")
+    _glue.check_inputs(config, data, "cql-discrete", "discrete")
     n_obs, n = _glue.obs_dim(data), _glue.num_actions(data)
     qnet = QValueActor(networks.mlp(n_obs, n, tuple(config.hidden)), in_keys=["observation"], action_space="categorical")
     loss = DiscreteCQLLoss(qnet, alpha=config.alpha)

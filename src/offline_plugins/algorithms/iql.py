@@ -39,8 +39,7 @@ def _build(config: IQLConfig, data: Any, action_space: str, name: str):
     from offline_plugins.modules.policies import DeterministicPolicy
     from offline_plugins.objectives.iql import DiscreteIQLLoss, IQLLoss
 
-    _glue.check_data(data, name, action_space)
-    _glue.check_common(config, name)
+    _glue.check_inputs(config, data, name, action_space)
     n_obs, hidden = _glue.obs_dim(data), tuple(config.hidden)
     kwargs = dict(
         expectile=config.expectile,

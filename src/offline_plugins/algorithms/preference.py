@@ -107,9 +107,17 @@ class RewardModelConfig:
     center_coeff: float = config_field(0.0, "weight of the reward-centring term mean((r_w + r_l)^2); 0 disables")
 
 
-def _policy_parts(config: Any, data: Any, name: str, loss_cls_name: str, kwargs: dict, loss_keys: tuple):
+def _trainable_copy(model: Any) -> Any:
+    """A deep copy of ``model`` (the reference) with every parameter trainable."""
     import copy
 
+    model = copy.deepcopy(model)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return model
+
+
+def _policy_parts(config: Any, data: Any, name: str, loss_cls_name: str, kwargs: dict, loss_keys: tuple):
     import offline_plugins.objectives.llm as llm
     from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
     from offline_plugins.data.preference import check_preference_data
@@ -117,10 +125,8 @@ def _policy_parts(config: Any, data: Any, name: str, loss_cls_name: str, kwargs:
 
     kind = "unpaired-feedback" if loss_cls_name == "KTOLoss" else "preference-pairs"
     check_preference_data(data, name, kind, needs_reference=True)
-    policy_model = copy.deepcopy(data.reference)
+    policy_model = _trainable_copy(data.reference)
     policy_model.train()
-    for p in policy_model.parameters():
-        p.requires_grad_(True)
     actor = CausalLMLogProbs(policy_model)
     loss = getattr(llm, loss_cls_name)(actor, **kwargs)
     group = OptimizerGroup("policy", list(policy_model.parameters()), config.lr, loss_keys,
@@ -167,17 +173,13 @@ def build_simpo(config: SimPOConfig, data: Any):
 
 def build_reward_model(config: RewardModelConfig, data: Any):
     """A Bradley-Terry reward model: the reference backbone plus a scalar head."""
-    import copy
-
     from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
     from offline_plugins.data.preference import check_preference_data
     from offline_plugins.modules.causal_lm import CausalLMReward
     from offline_plugins.objectives.llm import BradleyTerryLoss
 
     check_preference_data(data, "reward-model", "preference-pairs", needs_reference=False)
-    backbone = copy.deepcopy(data.reference)
-    for p in backbone.parameters():
-        p.requires_grad_(True)
+    backbone = _trainable_copy(data.reference)
     reward = CausalLMReward(backbone)
     loss = BradleyTerryLoss(reward, margin=config.margin, center_coeff=config.center_coeff)
     keys = ("loss_reward", "loss_center") if config.center_coeff > 0 else ("loss_reward",)

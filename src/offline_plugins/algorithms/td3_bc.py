@@ -40,8 +40,7 @@ def build(config: TD3BCConfig, data: Any):
     from offline_plugins.objectives.common import check_range
     from offline_plugins.objectives.td3_bc import TD3BCLoss
 
-    _glue.check_data(data, "td3-bc", "continuous")
-    _glue.check_common(config, "td3-bc")
+    _glue.check_inputs(config, data, "td3-bc", "continuous")
     check_range("td3-bc", "policy_freq", config.policy_freq, 1, None, low_inclusive=True)
     n_obs, hidden = _glue.obs_dim(data), tuple(config.hidden)
     actor = networks.make_deterministic_actor(n_obs, data.action_spec, hidden)

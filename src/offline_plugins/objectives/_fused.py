@@ -19,7 +19,28 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["linear_chain", "chain_params", "run_chain", "run_ensemble", "tanh_normal_log_prob"]
+__all__ = ["transition", "linear_chain", "chain_params", "run_chain", "run_ensemble", "tanh_normal_log_prob"]
+
+
+def transition(tensordict, keys, obs_key) -> tuple:
+    """``(tensordict, obs, action, next_obs, reward, not_terminal)`` of a transition batch.
+
+    The batch is flattened to ``[batch]`` first (the ensemble matmuls take ``[batch, features]``)
+    and returned, so values written to it land in the flattened batch; ``reward`` and
+    ``not_terminal`` are ``[batch]``, ``not_terminal`` in the reward's dtype.
+    """
+    if tensordict.ndim != 1:
+        tensordict = tensordict.reshape(-1)
+    reward = tensordict.get(("next", keys.reward)).squeeze(-1)
+    not_terminal = (~tensordict.get(("next", keys.terminated))).squeeze(-1).to(reward.dtype)
+    return (
+        tensordict,
+        tensordict.get(obs_key),
+        tensordict.get(keys.action),
+        tensordict.get(("next", obs_key)),
+        reward,
+        not_terminal,
+    )
 
 
 def linear_chain(module: nn.Module, root: nn.Module) -> Optional[list]:

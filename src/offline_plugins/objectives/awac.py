@@ -14,9 +14,16 @@ from tensordict.nn import ProbabilisticTensorDictSequential, TensorDictModule, d
 from tensordict.utils import NestedKey
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.objectives.common import LossModule
-from torchrl.objectives.utils import ValueEstimators, _vmap_func, dispatch_value_estimator, distance_loss
+from torchrl.objectives.utils import ValueEstimators, _vmap_func, distance_loss
 
-from offline_plugins.objectives.common import check_batch_keys, check_range, data_q_diagnostics
+from offline_plugins.objectives.common import (
+    advantage_diagnostics,
+    check_batch_keys,
+    check_range,
+    data_q_diagnostics,
+    make_td0_value_estimator,
+    td0_value_estimator_keys,
+)
 
 __all__ = ["AWACLoss", "awac_weights"]
 
@@ -132,30 +139,10 @@ class AWACLoss(LossModule):
         self._vmap_qvalue = _vmap_func(self.qvalue_network, (None, 0), randomness=self.vmap_randomness)
 
     def _forward_value_estimator_keys(self, **kwargs) -> None:
-        if self._value_estimator is not None:
-            self._value_estimator.set_keys(
-                value=self.tensor_keys.state_action_value,
-                reward=self.tensor_keys.reward,
-                done=self.tensor_keys.done,
-                terminated=self.tensor_keys.terminated,
-            )
+        td0_value_estimator_keys(self, self.tensor_keys.state_action_value)
 
     def make_value_estimator(self, value_type: ValueEstimators = None, **hyperparams) -> None:
-        if value_type is None:
-            value_type = self.default_value_estimator
-        dispatch_value_estimator(
-            self,
-            value_type,
-            supported=(ValueEstimators.TD0,),
-            tensor_keys={
-                "value": self.tensor_keys.state_action_value,
-                "reward": self.tensor_keys.reward,
-                "done": self.tensor_keys.done,
-                "terminated": self.tensor_keys.terminated,
-            },
-            value_network=None,
-            **hyperparams,
-        )
+        make_td0_value_estimator(self, value_type, self.tensor_keys.state_action_value, **hyperparams)
 
     @property
     def in_keys(self):
@@ -202,14 +189,7 @@ class AWACLoss(LossModule):
         with self.actor_network_params.to_module(self.actor_network, preserve_module_state=False):
             log_prob = self.actor_network.get_dist(td).log_prob(tensordict.get(keys.action))
         loss = -(weight * log_prob).mean()
-        return loss, {
-            "q_data": q_data,
-            "value_mean": value.mean(),
-            "advantage_mean": advantage.mean(),
-            "advantage_std": advantage.std(),
-            "advantage_weight_mean": weight.mean(),
-            "advantage_weight_clipped_frac": (weight >= self.max_weight).float().mean(),
-        }
+        return loss, {"q_data": q_data, **advantage_diagnostics(value, advantage, weight, self.max_weight)}
 
     @dispatch
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:

@@ -16,9 +16,15 @@ from tensordict import TensorDict, TensorDictBase, TensorDictParams
 from tensordict.nn import TensorDictModule, TensorDictModuleBase, dispatch
 from tensordict.utils import NestedKey
 from torchrl.objectives.common import LossModule
-from torchrl.objectives.utils import ValueEstimators, _vmap_func, dispatch_value_estimator, distance_loss
+from torchrl.objectives.utils import ValueEstimators, _vmap_func, distance_loss
 
-from offline_plugins.objectives.common import check_batch_keys, check_range, data_q_diagnostics
+from offline_plugins.objectives.common import (
+    check_batch_keys,
+    check_range,
+    data_q_diagnostics,
+    make_td0_value_estimator,
+    td0_value_estimator_keys,
+)
 
 __all__ = ["BCQLoss", "BCQPolicy", "DiscreteBCQLoss", "DiscreteBCQPolicy", "bcq_backup", "bcq_allowed_actions"]
 
@@ -163,31 +169,11 @@ class BCQLoss(LossModule):
         self._vmap_qvalue = _vmap_func(self.qvalue_network, (None, 0), randomness=self.vmap_randomness)
 
     def _forward_value_estimator_keys(self, **kwargs) -> None:
-        if self._value_estimator is not None:
-            self._value_estimator.set_keys(
-                value=self.tensor_keys.state_action_value,
-                reward=self.tensor_keys.reward,
-                done=self.tensor_keys.done,
-                terminated=self.tensor_keys.terminated,
-            )
+        td0_value_estimator_keys(self, self.tensor_keys.state_action_value)
 
     def make_value_estimator(self, value_type: ValueEstimators = None, **hyperparams) -> None:
-        if value_type is None:
-            value_type = self.default_value_estimator
         # the next-state value is computed here (BCQ's backup) and read from the batch
-        dispatch_value_estimator(
-            self,
-            value_type,
-            supported=(ValueEstimators.TD0,),
-            tensor_keys={
-                "value": self.tensor_keys.state_action_value,
-                "reward": self.tensor_keys.reward,
-                "done": self.tensor_keys.done,
-                "terminated": self.tensor_keys.terminated,
-            },
-            value_network=None,
-            **hyperparams,
-        )
+        make_td0_value_estimator(self, value_type, self.tensor_keys.state_action_value, **hyperparams)
 
     @property
     def in_keys(self):
@@ -427,30 +413,10 @@ class DiscreteBCQLoss(LossModule):
         self.diagnostics = diagnostics
 
     def _forward_value_estimator_keys(self, **kwargs) -> None:
-        if self._value_estimator is not None:
-            self._value_estimator.set_keys(
-                value=self.tensor_keys.value,
-                reward=self.tensor_keys.reward,
-                done=self.tensor_keys.done,
-                terminated=self.tensor_keys.terminated,
-            )
+        td0_value_estimator_keys(self, self.tensor_keys.value)
 
     def make_value_estimator(self, value_type: ValueEstimators = None, **hyperparams) -> None:
-        if value_type is None:
-            value_type = self.default_value_estimator
-        dispatch_value_estimator(
-            self,
-            value_type,
-            supported=(ValueEstimators.TD0,),
-            tensor_keys={
-                "value": self.tensor_keys.value,
-                "reward": self.tensor_keys.reward,
-                "done": self.tensor_keys.done,
-                "terminated": self.tensor_keys.terminated,
-            },
-            value_network=None,
-            **hyperparams,
-        )
+        make_td0_value_estimator(self, value_type, self.tensor_keys.value, **hyperparams)
 
     @property
     def in_keys(self):

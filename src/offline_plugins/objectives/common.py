@@ -1,4 +1,4 @@
-"""Helpers the offline-RL losses share: input checks and data-Q diagnostics.
+"""Helpers the offline-RL losses share: input checks, diagnostics and TD(0) estimator wiring.
 
 >>> import torch
 >>> from tensordict import TensorDict
@@ -32,6 +32,10 @@ __all__ = [
     "check_batch_keys",
     "check_range",
     "data_q_diagnostics",
+    "advantage_diagnostics",
+    "transition_keys",
+    "td0_value_estimator_keys",
+    "make_td0_value_estimator",
 ]
 
 
@@ -108,3 +112,54 @@ def data_q_diagnostics(q_data: torch.Tensor, tensordict: TensorDictBase, return_
         out["mc_return_mean"] = rtg.mean()
         out["q_data_minus_mc"] = (q_data.reshape(rtg.shape) - rtg).mean()
     return out
+
+
+def advantage_diagnostics(value: torch.Tensor, advantage: torch.Tensor, weight: torch.Tensor, max_weight) -> dict:
+    """``value_mean``, ``advantage_mean``/``_std`` and the advantage weights' mean and clipped fraction."""
+    return {
+        "value_mean": value.mean(),
+        "advantage_mean": advantage.mean(),
+        "advantage_std": advantage.std(),
+        "advantage_weight_mean": weight.mean(),
+        "advantage_weight_clipped_frac": (weight >= max_weight).float().mean(),
+    }
+
+
+def transition_keys(obs_keys: Iterable[NestedKey], keys) -> list:
+    """The keys a transition batch needs: observation(s), action, next reward/done/terminated, next observation(s)."""
+    obs_keys = list(obs_keys)
+    return [
+        *obs_keys,
+        keys.action,
+        ("next", keys.reward),
+        ("next", keys.done),
+        ("next", keys.terminated),
+        *[("next", k) for k in obs_keys],
+    ]
+
+
+def _td0_tensor_keys(loss, value_key: NestedKey) -> dict:
+    keys = loss.tensor_keys
+    return {"value": value_key, "reward": keys.reward, "done": keys.done, "terminated": keys.terminated}
+
+
+def td0_value_estimator_keys(loss, value_key: NestedKey) -> None:
+    """Forward ``loss``'s (possibly renamed) keys to its value estimator, if it has one."""
+    if loss._value_estimator is not None:
+        loss._value_estimator.set_keys(**_td0_tensor_keys(loss, value_key))
+
+
+def make_td0_value_estimator(loss, value_type, value_key: NestedKey, **hyperparams) -> None:
+    """Give ``loss`` a TD(0) estimator that reads the next-state value the loss writes at ``value_key``."""
+    from torchrl.objectives.utils import ValueEstimators, dispatch_value_estimator  # lazy: _glue imports this module
+
+    if value_type is None:
+        value_type = loss.default_value_estimator
+    dispatch_value_estimator(
+        loss,
+        value_type,
+        supported=(ValueEstimators.TD0,),
+        tensor_keys=_td0_tensor_keys(loss, value_key),
+        value_network=None,
+        **hyperparams,
+    )

@@ -31,7 +31,7 @@ from tensordict.utils import NestedKey
 from torchrl.objectives import CQLLoss as _TorchRLCQLLoss
 from torchrl.objectives import DiscreteCQLLoss as _TorchRLDiscreteCQLLoss
 
-from offline_plugins.objectives.common import check_batch_keys, check_range, data_q_diagnostics
+from offline_plugins.objectives.common import check_batch_keys, check_range, data_q_diagnostics, transition_keys
 
 __all__ = ["CQLLoss", "DiscreteCQLLoss"]
 
@@ -190,12 +190,7 @@ class CQLLoss(_TorchRLCQLLoss):
     @dispatch
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         keys = self.tensor_keys
-        check_batch_keys(
-            tensordict,
-            [*self.actor_network.in_keys, keys.action, ("next", keys.reward), ("next", keys.done),
-             ("next", keys.terminated), *[("next", k) for k in self.actor_network.in_keys]],
-            "CQLLoss",
-        )
+        check_batch_keys(tensordict, transition_keys(self.actor_network.in_keys, keys), "CQLLoss")
         out = super().forward(tensordict)
         if self.diagnostics and self.reduction != "none":
             with torch.no_grad():
@@ -278,12 +273,7 @@ class DiscreteCQLLoss(_TorchRLDiscreteCQLLoss):
     @dispatch
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         keys = self.tensor_keys
-        check_batch_keys(
-            tensordict,
-            [*self.value_network.in_keys, keys.action, ("next", keys.reward), ("next", keys.done),
-             ("next", keys.terminated), *[("next", k) for k in self.value_network.in_keys]],
-            "DiscreteCQLLoss",
-        )
+        check_batch_keys(tensordict, transition_keys(self.value_network.in_keys, keys), "DiscreteCQLLoss")
         loss_qvalue, metadata = self.value_loss(tensordict)
         loss_cql, _ = self.cql_loss(tensordict)
         out = TensorDict({"loss_qvalue": loss_qvalue, "loss_cql": loss_cql, **metadata}, batch_size=[])

@@ -19,7 +19,13 @@ from torchrl.objectives import IQLLoss as _TorchRLIQLLoss
 from torchrl.objectives.utils import distance_loss
 
 from offline_plugins.objectives import _fused
-from offline_plugins.objectives.common import check_batch_keys, check_range, data_q_diagnostics
+from offline_plugins.objectives.common import (
+    advantage_diagnostics,
+    check_batch_keys,
+    check_range,
+    data_q_diagnostics,
+    transition_keys,
+)
 
 __all__ = ["IQLLoss", "DiscreteIQLLoss"]
 
@@ -34,15 +40,7 @@ class _IQLDiagnosticsMixin:
         self.diagnostics = diagnostics
 
     def _required_keys(self) -> list:
-        keys = self.tensor_keys
-        return [
-            *self.actor_network.in_keys,
-            keys.action,
-            ("next", keys.reward),
-            ("next", keys.done),
-            ("next", keys.terminated),
-            *[("next", k) for k in self.actor_network.in_keys],
-        ]
+        return transition_keys(self.actor_network.in_keys, self.tensor_keys)
 
     def _chosen_q(self, state_action_value: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         return state_action_value.squeeze(-1)
@@ -60,13 +58,7 @@ class _IQLDiagnosticsMixin:
         advantage = min_q - value
         weight = torch.exp(advantage * self.temperature).clamp_max(100)
         out = data_q_diagnostics(min_q, tensordict, self.tensor_keys.return_to_go)
-        out.update(
-            value_mean=value.mean(),
-            advantage_mean=advantage.mean(),
-            advantage_std=advantage.std(),
-            advantage_weight_mean=weight.mean(),
-            advantage_weight_clipped_frac=(weight >= 100).float().mean(),
-        )
+        out.update(advantage_diagnostics(value, advantage, weight, 100))
         return out
 
     @dispatch
@@ -216,13 +208,7 @@ class IQLLoss(_IQLDiagnosticsMixin, _TorchRLIQLLoss):
 
     def _fused_forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         plan, keys = self._plan, self.tensor_keys
-        if tensordict.ndim != 1:  # the ensemble matmuls take [batch, features]
-            tensordict = tensordict.reshape(-1)
-        obs = tensordict.get(plan["obs"])
-        action = tensordict.get(keys.action)
-        next_obs = tensordict.get(("next", plan["obs"]))
-        reward = tensordict.get(("next", keys.reward)).squeeze(-1)
-        not_terminal = (~tensordict.get(("next", keys.terminated))).squeeze(-1).to(reward.dtype)
+        tensordict, obs, action, next_obs, reward, not_terminal = _fused.transition(tensordict, keys, plan["obs"])
         obs_action = torch.cat([obs, action], -1)
         v_layers = _fused.chain_params(self.value_network_params, plan["v"])
         with torch.no_grad():
@@ -253,14 +239,7 @@ class IQLLoss(_IQLDiagnosticsMixin, _TorchRLIQLLoss):
         )
         if self.diagnostics:
             out.update(data_q_diagnostics(min_q, tensordict, keys.return_to_go))
-            value = value.detach()
-            out.update(
-                value_mean=value.mean(),
-                advantage_mean=advantage.mean(),
-                advantage_std=advantage.std(),
-                advantage_weight_mean=weight.mean(),
-                advantage_weight_clipped_frac=(weight >= 100).float().mean(),
-            )
+            out.update(advantage_diagnostics(value.detach(), advantage, weight, 100))
         return out
 
     @dispatch

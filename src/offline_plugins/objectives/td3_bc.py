@@ -13,7 +13,7 @@ from torchrl.objectives import TD3BCLoss as _TorchRLTD3BCLoss
 from torchrl.objectives.utils import distance_loss
 
 from offline_plugins.objectives import _fused
-from offline_plugins.objectives.common import check_batch_keys, check_range, data_q_diagnostics
+from offline_plugins.objectives.common import check_batch_keys, check_range, data_q_diagnostics, transition_keys
 
 __all__ = ["TD3BCLoss"]
 
@@ -137,12 +137,7 @@ class TD3BCLoss(_TorchRLTD3BCLoss):
 
     def _fused_forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         plan, keys = self._plan, self.tensor_keys
-        if tensordict.ndim != 1:  # the ensemble matmuls take [batch, features]
-            tensordict = tensordict.reshape(-1)
-        obs = tensordict.get(plan["obs"])
-        action = tensordict.get(keys.action)
-        reward = tensordict.get(("next", keys.reward)).squeeze(-1)
-        not_terminal = (~tensordict.get(("next", keys.terminated))).squeeze(-1).to(reward.dtype)
+        tensordict, obs, action, next_obs, reward, not_terminal = _fused.transition(tensordict, keys, plan["obs"])
         squash = plan["squash"]
         q_layers = _fused.chain_params(self.qvalue_network_params, plan["q"])
 
@@ -157,7 +152,6 @@ class TD3BCLoss(_TorchRLTD3BCLoss):
         # critic term; the noise is drawn first, as TorchRL does, so seeded runs match
         noise = (torch.randn_like(action) * self.policy_noise).clamp(-self.noise_clip, self.noise_clip)
         with torch.no_grad():
-            next_obs = tensordict.get(("next", plan["obs"]))
             next_pi = squash(
                 _fused.run_chain(_fused.chain_params(self.target_actor_network_params, plan["actor"]), next_obs)
             )
@@ -185,12 +179,7 @@ class TD3BCLoss(_TorchRLTD3BCLoss):
     @dispatch
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         keys = self.tensor_keys
-        check_batch_keys(
-            tensordict,
-            [*self.actor_network.in_keys, keys.action, ("next", keys.reward), ("next", keys.done),
-             ("next", keys.terminated), *[("next", k) for k in self.actor_network.in_keys]],
-            "TD3BCLoss",
-        )
+        check_batch_keys(tensordict, transition_keys(self.actor_network.in_keys, keys), "TD3BCLoss")
         # prioritised-replay weights are TorchRL's business: its code path applies them
         weighted = tensordict.get(keys.priority_weight, None) is not None
         out = super().forward(tensordict) if self._plan is None or weighted else self._fused_forward(tensordict)
