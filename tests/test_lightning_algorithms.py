@@ -26,7 +26,8 @@ def _dataset_for(spec) -> str | None:
     import importlib.util
 
     wanted = spec.action_spaces or ("continuous", "discrete")
-    for d in sorted(_REGISTRY.datasets.values(), key=lambda d: (d.tier != "medium-replay", d.id)):
+    # the smallest built-in datasets first: no extra needed (Pendulum, CartPole), medium-replay tier
+    for d in sorted(_REGISTRY.datasets.values(), key=lambda d: (bool(d.requires), d.tier != "medium-replay", d.id)):
         if d.action_space in wanted and all(importlib.util.find_spec(r) for r in d.requires):
             return d.id
     return None
