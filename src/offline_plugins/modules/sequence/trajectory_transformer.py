@@ -102,6 +102,18 @@ def filter_cdf(logits: torch.Tensor, threshold: float) -> torch.Tensor:
     return logits.masked_fill(probs < cutoff, float("-inf"))
 
 
+def _choose_token(logits: torch.Tensor, *, topk: Optional[int], cdf: Optional[float]) -> torch.Tensor:
+    """The next token of each row: argmax for ``topk=1``, else a draw from the filtered logits."""
+    if cdf is not None:
+        logits = filter_cdf(logits, cdf)
+    if topk == 1:
+        return logits.argmax(-1, keepdim=True)
+    if topk is not None:
+        v, _ = logits.topk(topk, -1)
+        logits = logits.masked_fill(logits < v[:, -1:], float("-inf"))
+    return torch.multinomial(logits.softmax(-1), 1)
+
+
 class TrajectoryTransformerPlanner(TensorDictModuleBase):
     """Beam-search planning with a trained Trajectory Transformer: the evaluation policy.
 
@@ -211,15 +223,7 @@ class TrajectoryTransformerPlanner(TensorDictModuleBase):
         for _ in range(n):
             logits = self.net(self._crop(x))[:, -1]
             probs_out.append(logits.softmax(-1))
-            if cdf is not None:
-                logits = filter_cdf(logits, cdf)
-            if topk == 1:
-                tok = logits.argmax(-1, keepdim=True)
-            else:
-                if topk is not None:
-                    v, _ = logits.topk(topk, -1)
-                    logits = logits.masked_fill(logits < v[:, -1:], float("-inf"))
-                tok = torch.multinomial(logits.softmax(-1), 1)
+            tok = _choose_token(logits, topk=topk, cdf=cdf)
             x = torch.cat([x, tok], 1)
         return x, torch.stack(probs_out, 1)
 
@@ -228,15 +232,7 @@ class TrajectoryTransformerPlanner(TensorDictModuleBase):
         probs_out = []
         for _ in range(n):
             probs_out.append(logits.softmax(-1))
-            if cdf is not None:
-                logits = filter_cdf(logits, cdf)
-            if topk == 1:
-                tok = logits.argmax(-1, keepdim=True)
-            else:
-                if topk is not None:
-                    v, _ = logits.topk(topk, -1)
-                    logits = logits.masked_fill(logits < v[:, -1:], float("-inf"))
-                tok = torch.multinomial(logits.softmax(-1), 1)
+            tok = _choose_token(logits, topk=topk, cdf=cdf)
             x = torch.cat([x, tok], 1)
             logits = self.net(tok, cache=cache)[:, -1]
         return x, logits, torch.stack(probs_out, 1)
