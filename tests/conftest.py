@@ -10,6 +10,10 @@ import pytest
 os.environ.pop("OFFLINE_PLUGINS_DISABLE", None)
 # Never reach for Minari's remote server from tests: unknown ids fail at once.
 os.environ["OFFLINE_PLUGINS_OFFLINE"] = "1"
+# SFT references and reference log-probs go to a private cache, not the user's.
+import tempfile  # noqa: E402
+
+os.environ["OFFLINE_PLUGINS_CACHE"] = tempfile.mkdtemp(prefix="offline-plugins-cache-")
 
 try:
     import torch

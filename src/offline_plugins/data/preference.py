@@ -513,6 +513,11 @@ class PreferenceData:
         test: held-out rows in the same layout, or None.
         report: what tokenisation kept and dropped.
         dataset_id: a name for logs and the reference cache.
+        test_pairs: held-out ``[N, 2]`` pairs with reference log-probs, whatever
+            ``kind`` is (KTO's unpaired runs are scored on pairs too); defaults to
+            ``test`` for paired data.
+        task: the verifiable task the rows came from (scores exact match), or None.
+        model: the model name or path the reference was made from (``"tiny"``...).
     """
 
     kind: str
@@ -522,6 +527,50 @@ class PreferenceData:
     test: Optional[TensorDict] = None
     report: Optional[TokenizeReport] = None
     dataset_id: str = ""
+    test_pairs: Optional[TensorDict] = None
+    task: Optional[Any] = None
+    model: str = ""
+
+    def __post_init__(self) -> None:
+        if self.test_pairs is None and self.kind == "preference-pairs":
+            self.test_pairs = self.test
+
+    #: what ``offline-plugins train`` checks an algorithm against
+    action_space = "tokens"
+
+    @property
+    def device(self) -> torch.device:
+        return self.train.device if self.train.device is not None else torch.device("cpu")
+
+    def replay_buffer(self, batch_size: int, *, sampler: str = "random", slice_len: Optional[int] = None,
+                      seed: Optional[int] = None, device=None, **_: Any):
+        """A read-only TorchRL ``TensorDictReplayBuffer`` over the training rows.
+
+        The same buffer type the offline RL data gives (``RandomSampler`` over a
+        ``TensorStorage`` wrapping ``train``, no copy on its own device): a preference
+        batch is ``[batch_size, 2]`` pairs (``[batch_size]`` unpaired rows).
+        """
+        from torchrl.data import RandomSampler, TensorDictReplayBuffer, TensorStorage
+        from torchrl.data.replay_buffers.writers import ImmutableDatasetWriter
+
+        if sampler != "random":
+            raise PreferenceDataError(f"preference rows are sampled at random, not with sampler={sampler!r}")
+        if self.train.batch_size[0] == 0:
+            raise PreferenceDataError(f"dataset {self.dataset_id!r} has no training rows left after tokenisation")
+        td = self.train if device is None else self.train.to(device)
+        buffer = TensorDictReplayBuffer(storage=TensorStorage(td), sampler=RandomSampler(),
+                                        writer=ImmutableDatasetWriter(), batch_size=int(batch_size))
+        if seed is not None:
+            gen = torch.Generator(device=td.device if td.device is not None else "cpu")
+            gen.manual_seed(int(seed))
+            buffer.set_rng(gen)
+        return buffer
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "model": self.model, "dataset_id": self.dataset_id}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Nothing to restore (the rows and reference are rebuilt from their cache)."""
 
 
 def check_preference_data(data: Any, algorithm: str, kind: str, *, needs_reference: bool) -> None:

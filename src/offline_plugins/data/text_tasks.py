@@ -172,6 +172,7 @@ def supervised_finetune(
     lr: float = 3e-3,
     max_length: int = 32,
     seed: int = 0,
+    progress: bool = False,
 ) -> list[float]:
     """Train ``model`` in place by token-mean NLL on the completions; returns the loss curve.
 
@@ -188,7 +189,12 @@ def supervised_finetune(
     g = torch.Generator().manual_seed(seed)
     losses = []
     model.train()
-    for _ in range(steps):
+    steps_iter = range(steps)
+    if progress:
+        from tqdm.auto import tqdm
+
+        steps_iter = tqdm(steps_iter, desc="SFT reference", unit="step", leave=False)
+    for _ in steps_iter:
         idx = torch.randint(0, td.batch_size[0], (batch_size,), generator=g).to(device)
         batch = td[idx]
         lp = actor.log_probs(batch["tokens", "full"], batch["masks", "all_attention_mask"])
@@ -217,6 +223,7 @@ def task_preference_data(
     max_length: int = 24,
     seed: int = 0,
     cache_dir: Optional[Any] = None,
+    progress: bool = False,
 ):
     """The whole offline preference set-up on a verifiable task, network-free.
 
@@ -248,7 +255,8 @@ def task_preference_data(
     else:
         reference, tokenizer = load_causal_lm(model, seed=seed)
         supervised_finetune(reference, tokenizer, sft_rows(task, sft_rows_count, seed=seed), steps=sft_steps,
-                            batch_size=sft_batch_size, lr=sft_lr, max_length=max_length, seed=seed)
+                            batch_size=sft_batch_size, lr=sft_lr, max_length=max_length, seed=seed,
+                            progress=progress)
         if ref_dir is not None:
             reference.save_pretrained(ref_dir)
             tokenizer.save_pretrained(ref_dir)
@@ -258,9 +266,10 @@ def task_preference_data(
     train_rows = preference_rows(task, reference, tokenizer, n_train, num_samples=num_samples, seed=seed)
     test_rows = preference_rows(task, reference, tokenizer, n_test, split="test", num_samples=num_samples,
                                 seed=seed + 1)
+    test_pairs, _ = tokenize_pairs(test_rows, tokenizer, max_length=max_length, source=f"{task.name}/test")
     if kind == "preference-pairs":
         train, report = tokenize_pairs(train_rows, tokenizer, max_length=max_length, source=task.name)
-        test, _ = tokenize_pairs(test_rows, tokenizer, max_length=max_length, source=f"{task.name}/test")
+        test = test_pairs
     else:
         split = lambda rows: [  # noqa: E731
             {"prompt": r["prompt"], "completion": r[k], "label": k == "chosen"} for r in rows for k in ("chosen", "rejected")
@@ -270,4 +279,7 @@ def task_preference_data(
     ref_cache = Path(cache_dir) / "reference_log_probs" if cache_dir is not None else None
     add_reference_log_probs(train, reference, cache_dir=ref_cache, dataset_id=task.name)
     add_reference_log_probs(test, reference, cache_dir=ref_cache, dataset_id=f"{task.name}-test")
-    return PreferenceData(kind, train, reference, tokenizer, test=test, report=report, dataset_id=task.name)
+    if test_pairs is not test:
+        add_reference_log_probs(test_pairs, reference, cache_dir=ref_cache, dataset_id=f"{task.name}-test")
+    return PreferenceData(kind, train, reference, tokenizer, test=test, report=report, dataset_id=task.name,
+                          test_pairs=test_pairs, task=task, model=str(model))

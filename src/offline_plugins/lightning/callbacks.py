@@ -6,6 +6,8 @@
   step and the term, without a host sync on every step.
 - :class:`PolicyEvaluation` rolls the deterministic policy out in the dataset's
   environment every ``every`` steps and at the end.
+- :class:`PreferenceEvaluation` scores a preference-trained model on held-out data
+  (pairwise accuracy, KL to the reference, the task's exact match) on the same schedule.
 - :class:`StepProgressBar` is Lightning's tqdm bar counting gradient steps.
 """
 
@@ -25,6 +27,7 @@ __all__ = [
     "TargetNetworkUpdate",
     "NonFiniteGuard",
     "PolicyEvaluation",
+    "PreferenceEvaluation",
     "StepProgressBar",
     "FinalCheckpoint",
 ]
@@ -203,6 +206,80 @@ class PolicyEvaluation(Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.history = list(state_dict.get("history", []))
+
+
+class PreferenceEvaluation(Callback):
+    """Score a preference-trained model on the held-out data every ``every`` steps and at the end.
+
+    Logs ``eval/preference_accuracy``, ``eval/likelihood_accuracy``,
+    ``eval/kl_to_reference`` and ``eval/exact_match`` (those that apply; see
+    :func:`offline_plugins.eval.preference.evaluate_preference_model`). ``before`` holds
+    the reference model's scores, measured once when training starts (the starting
+    point every number is compared to); both are saved in checkpoints.
+
+    Args:
+        data: the run's :class:`~offline_plugins.data.preference.PreferenceData`.
+
+    Keyword Args:
+        every: evaluate every this many gradient steps (0: only at the end).
+        exact_match_n: held-out task prompts scored by exact match.
+    """
+
+    def __init__(self, data: Any, *, every: int = 0, exact_match_n: int = 200) -> None:
+        self.data = data
+        self.every = int(every)
+        self.exact_match_n = int(exact_match_n)
+        self.history: list[dict] = []
+        self.before: Optional[dict] = None
+
+    @property
+    def state_key(self) -> str:
+        return "PreferenceEvaluation"
+
+    def _reference_scores(self, pl_module) -> dict:
+        from offline_plugins.eval.preference import evaluate_preference_model
+        from offline_plugins.modules.causal_lm import CausalLMLogProbs
+
+        reference = self.data.reference
+        scores = evaluate_preference_model(CausalLMLogProbs(reference), self.data, model=reference,
+                                           exact_match_n=self.exact_match_n)
+        # the reference's implicit reward is 0 on every response, and its KL to itself 0
+        return {"exact_match": scores["exact_match"], "likelihood_accuracy": scores["likelihood_accuracy"]}
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if self.before is None and trainer.global_rank == 0 and not hasattr(pl_module.policy, "rewards"):
+            self.before = self._reference_scores(pl_module)
+
+    def evaluate(self, trainer, pl_module) -> Optional[dict]:
+        from offline_plugins.eval.preference import evaluate_preference_model
+
+        step = int(trainer.global_step)
+        if self.history and self.history[-1]["step"] == step:
+            return self.history[-1]
+        if trainer.global_rank != 0:
+            return None
+        scores = evaluate_preference_model(pl_module.policy, self.data, model=pl_module.extra.get("model"),
+                                           exact_match_n=self.exact_match_n)
+        record = {"step": step, **scores}
+        self.history.append(record)
+        metrics = {f"eval/{k}": v for k, v in scores.items() if v is not None}
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step - 1)
+        return record
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.every and trainer.global_step % self.every == 0:
+            self.evaluate(trainer, pl_module)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.evaluate(trainer, pl_module)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": list(self.history), "before": self.before}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = list(state_dict.get("history", []))
+        self.before = state_dict.get("before")
 
 
 class FinalCheckpoint(Callback):

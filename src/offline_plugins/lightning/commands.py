@@ -46,12 +46,19 @@ def add_parsers(subparsers) -> None:
         help="train an algorithm on a dataset, evaluate it, save checkpoints and a summary",
         description=(
             "Train ALGO on the Minari dataset ID (a built-in recipe is made on the fly if missing), "
-            "evaluating the deterministic policy in the dataset's environment. Writes summary.json, "
-            "metrics.csv, learning_curve.png and checkpoints/last.ckpt to --out."
+            "evaluating the deterministic policy in the dataset's environment. Preference algorithms (dpo, "
+            "ipo, kto, orpo, simpo, reward-model...) take a preference dataset (arithmetic/preference-v0, "
+            "a .jsonl file or hf:NAME) and --model, and are scored on held-out pairs and prompts. Writes "
+            "summary.json, metrics.csv, learning_curve.png and checkpoints/last.ckpt to --out."
         ),
     )
     p.add_argument("algorithm", metavar="ALGO", help="algorithm name, as shown by 'offline-plugins list'")
     p.add_argument("--dataset", required=True, metavar="ID", help="dataset id, e.g. pendulum/medium-replay-v0")
+    p.add_argument(
+        "--model", default=None, metavar="tiny|PATH",
+        help="preference algorithms: the model the reference is made from: 'tiny' (built in, the default), "
+        "a save_pretrained directory or a hub id",
+    )
     p.add_argument("--steps", type=_positive, default=10_000, help="gradient steps (default 10000)")
     p.add_argument("--seed", type=int, default=0, help="seed of initialisation, batches and evaluation (default 0)")
     p.add_argument(
@@ -121,6 +128,7 @@ def cmd_train(args) -> int:
         overrides=args.overrides,
         registry=registry,
         progress=not args.no_progress,
+        model=args.model,
     )
     summary = train(
         plan.spec,
@@ -147,6 +155,9 @@ def cmd_train(args) -> int:
         print(json.dumps(summary, indent=2, default=str))
         return 0
     sys.stderr.flush()
+    if "preference_accuracy" in summary:
+        print(_preference_line(summary))
+        return 0
     print(
         f"{summary['algorithm']} on {summary['dataset']}, {summary['steps']} steps, seed {summary['seed']}: "
         f"normalised score {_fmt(summary['normalized_score'])} "
@@ -154,6 +165,25 @@ def cmd_train(args) -> int:
         f"episodes) in {summary['wall_s']:.0f} s; wrote {summary['out_dir']}"
     )
     return 0
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def _preference_line(summary: dict) -> str:
+    head = f"{summary['algorithm']} on {summary['dataset']}"
+    if "steps" in summary:
+        head += f", {summary['steps']} steps, seed {summary['seed']}"
+    parts = [f"held-out preference accuracy {_pct(summary.get('preference_accuracy'))}"]
+    if summary.get("exact_match_after") is not None or summary.get("exact_match") is not None:
+        after = summary.get("exact_match_after", summary.get("exact_match"))
+        before = summary.get("exact_match_before")
+        parts.append(f"exact match {_pct(before)} -> {_pct(after)}" if before is not None else f"exact match {_pct(after)}")
+    if summary.get("kl_to_reference") is not None:
+        parts.append(f"KL to reference {summary['kl_to_reference']:.3f}")
+    tail = f" in {summary['wall_s']:.0f} s; wrote {summary['out_dir']}" if "wall_s" in summary else ""
+    return f"{head}: {', '.join(parts)}{tail}"
 
 
 def cmd_eval(args) -> int:
@@ -165,6 +195,9 @@ def cmd_eval(args) -> int:
     )
     if args.json:
         print(json.dumps(result, indent=2, default=str))
+        return 0
+    if "preference_accuracy" in result:
+        print(_preference_line(result))
         return 0
     print(
         f"{result['algorithm']} on {result['dataset']} (step {result['step']}): normalised score "

@@ -29,6 +29,7 @@ __all__ = ["RunPlan", "plan_run", "train", "evaluate_checkpoint", "load_checkpoi
 
 _DATA_KEYS = ("normalize_observations", "reward_scale", "reward_shift", "discrete_actions", "drop_nonfinite")
 _TRAINABLE_KINDS = ("transitions", "trajectories")
+_PREFERENCE_KINDS = ("preference-pairs", "unpaired-feedback")
 
 
 class RunError(UserError):
@@ -83,7 +84,7 @@ def _dataset_action_space(dataset: str, registry) -> tuple[str, Optional[str]]:
 
 
 def _check_compatible(spec, dataset_id: str, action_space: Optional[str]) -> None:
-    if spec.data not in _TRAINABLE_KINDS:
+    if spec.data not in _TRAINABLE_KINDS + _PREFERENCE_KINDS:
         raise UserError(
             f"algorithm {spec.name!r} reads {spec.data} data, but dataset {dataset_id!r} is a Minari dataset of "
             f"transitions; 'train' runs algorithms that read {' or '.join(_TRAINABLE_KINDS)}"
@@ -105,12 +106,15 @@ def plan_run(
     registry=None,
     device: str = "cpu",
     progress: bool = True,
+    model: Optional[str] = None,
 ) -> RunPlan:
     """Resolve, check and load everything a run needs; raises a ``UserError`` on bad input.
 
     Args:
         algorithm: an algorithm name or an ``AlgorithmSpec``.
-        dataset: a dataset id, or an ``OfflineData``-like object (used as is).
+        dataset: a dataset id, or an ``OfflineData``-like object (used as is). Preference
+            algorithms take a preference dataset id
+            (:mod:`offline_plugins.data.preference_sources`) or a ``PreferenceData``.
 
     Keyword Args:
         config: a YAML/JSON file of config overrides, or a mapping.
@@ -118,6 +122,8 @@ def plan_run(
         registry: the plugin registry (default: discover installed plugins).
         device: where the data layer puts the dataset.
         progress: show a progress bar when a dataset is made.
+        model: preference algorithms: ``"tiny"`` (default), a ``save_pretrained``
+            directory or a hub id, the model the reference is made from.
     """
     from offline_plugins.config import apply_overrides
     from offline_plugins.plugins.registry import AlgorithmSpec
@@ -127,7 +133,28 @@ def plan_run(
 
         registry = load_registry()
     spec = algorithm if isinstance(algorithm, AlgorithmSpec) else registry.algorithm(algorithm)
-    if isinstance(dataset, str):
+    preference = spec.data in _PREFERENCE_KINDS
+    if model is not None and not preference:
+        raise UserError(
+            f"--model applies to preference algorithms (dpo, kto, reward-model...); {spec.name!r} learns its "
+            "networks from the dataset, drop --model"
+        )
+    if isinstance(dataset, str) and preference:
+        from offline_plugins.data.preference_sources import resolve_preference_id, unknown_preference_dataset
+
+        dataset_id = resolve_preference_id(dataset)
+        if dataset_id is None:
+            raise unknown_preference_dataset(dataset, spec.name)
+        action_space = "tokens"
+    elif isinstance(dataset, str):
+        from offline_plugins.data.preference_sources import resolve_preference_id
+
+        if resolve_preference_id(dataset) is not None:
+            raise UserError(
+                f"algorithm {spec.name!r} reads {spec.data} of an environment, but {dataset!r} is a preference "
+                "dataset (prompts and responses); train a preference algorithm on it (dpo, ipo, kto, orpo, simpo, "
+                "reward-model), or pick a Minari dataset ('offline-plugins data list')"
+            )
         dataset_id, action_space = _dataset_action_space(dataset, registry)
     else:
         dataset_id, action_space = getattr(dataset, "dataset_id", "custom"), getattr(dataset, "action_space", None)
@@ -135,7 +162,12 @@ def plan_run(
     cfg = apply_overrides(spec.default_config(), _as_overrides(config, overrides))
 
     data_kwargs = {k: getattr(cfg, k) for k in _DATA_KEYS if hasattr(cfg, k)}
-    if isinstance(dataset, str):
+    if isinstance(dataset, str) and preference:
+        from offline_plugins.data.preference_sources import load_preference_source
+
+        data = load_preference_source(dataset_id, kind=spec.data, algorithm=spec.name, model=model or "tiny",
+                                      progress=progress)
+    elif isinstance(dataset, str):
         from offline_plugins.data import load_offline_data
 
         data = load_offline_data(dataset_id, device=device, progress=progress, registry=registry, **data_kwargs)
@@ -216,6 +248,7 @@ def train(
     registry=None,
     callbacks: Sequence[Any] = (),
     plan: Optional[RunPlan] = None,
+    model: Optional[str] = None,
 ) -> dict[str, Any]:
     """Train ``algorithm`` on ``dataset``, evaluate it, and write the run to ``out_dir``.
 
@@ -245,13 +278,19 @@ def train(
         registry: plugin registry (default: discover installed plugins).
         callbacks: extra Lightning callbacks.
         plan: an already checked :class:`RunPlan` (skips :func:`plan_run`).
+        model: preference algorithms: the model the reference is made from
+            (``"tiny"``, a ``save_pretrained`` directory or a hub id).
 
     Returns:
         The summary written to ``summary.json``: ``algorithm``, ``dataset``, ``steps``,
         ``seed``, ``return_mean``, ``return_std``, ``normalized_score``,
         ``normalized_score_std``, ``eval_episodes``, ``wall_s``, ``train_s``,
         ``steps_per_s``, ``world_size``, ``losses``, ``eval_history``, ``config``,
-        ``checkpoint``, ``metrics_csv``, ``learning_curve``, ``out_dir``.
+        ``checkpoint``, ``metrics_csv``, ``learning_curve``, ``out_dir``. Preference
+        algorithms report ``preference_accuracy``, ``likelihood_accuracy``,
+        ``kl_to_reference``, ``exact_match_before`` and ``exact_match_after`` (held out;
+        see :mod:`offline_plugins.eval.preference`) instead of returns, and save the
+        trained policy with ``save_pretrained`` in ``OUT/model``.
     """
     started = time.perf_counter()
     if steps < 1:
@@ -267,7 +306,9 @@ def train(
         # Lightning's DDP launchers reset each rank's threads unless OMP_NUM_THREADS is set
         os.environ["OMP_NUM_THREADS"] = str(int(threads))
     if plan is None:
-        plan = plan_run(algorithm, dataset, config=config, overrides=overrides, registry=registry, progress=progress)
+        plan = plan_run(algorithm, dataset, config=config, overrides=overrides, registry=registry, progress=progress,
+                        model=model)
+    preference = plan.spec.data in _PREFERENCE_KINDS
     if out_dir is not None:
         out = Path(out_dir)
     elif _is_launched_rank() and os.environ.get("OFFLINE_PLUGINS_RUN_DIR"):
@@ -292,6 +333,7 @@ def train(
         FinalCheckpoint,
         NonFiniteGuard,
         PolicyEvaluation,
+        PreferenceEvaluation,
         StepProgressBar,
         TargetNetworkUpdate,
     )
@@ -311,6 +353,8 @@ def train(
         "eval_every": eval_every,
         "env_id": getattr(plan.data, "env_id", None),
     }
+    if preference:
+        run_settings["model"] = getattr(plan.data, "model", None) or model or "tiny"
     module = OfflineAlgorithmModule(
         parts,
         algorithm=plan.spec.name,
@@ -323,14 +367,17 @@ def train(
     datamodule = OfflineDataModule(
         plan.data, batch_size=plan.batch_size, seed=seed, sampler=plan.sampler, slice_len=plan.slice_len
     )
-    evaluation = PolicyEvaluation(
-        plan.data.make_env,
-        every=eval_every,
-        episodes=eval_episodes,
-        seed=seed,
-        normalize=getattr(plan.data, "normalize", None),
-        score=getattr(plan.data, "normalized_score", None),
-    )
+    if preference:
+        evaluation = PreferenceEvaluation(plan.data, every=eval_every)
+    else:
+        evaluation = PolicyEvaluation(
+            plan.data.make_env,
+            every=eval_every,
+            episodes=eval_episodes,
+            seed=seed,
+            normalize=getattr(plan.data, "normalize", None),
+            score=getattr(plan.data, "normalized_score", None),
+        )
     every_ckpt = checkpoint_every or eval_every or steps
     checkpoint = ModelCheckpoint(
         dirpath=out / "checkpoints", save_last=True, save_top_k=0, every_n_train_steps=every_ckpt, enable_version_counter=False
@@ -405,9 +452,32 @@ def train(
         "learning_curve": str(out / "learning_curve.png"),
         "out_dir": str(out),
     }
+    if preference:
+        summary.update(_preference_summary(evaluation, last, parts, out))
     plot_learning_curve(out / "metrics.csv", out / "learning_curve.png", title=f"{plan.spec.name} on {plan.dataset_id}")
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return summary
+
+
+def _preference_summary(evaluation, last: dict, parts, out: Path) -> dict[str, Any]:
+    """The held-out scores of a preference run, before and after; saves the policy for transformers."""
+    before = evaluation.before or {}
+    extra = {
+        "preference_accuracy": last.get("preference_accuracy"),
+        "likelihood_accuracy": last.get("likelihood_accuracy"),
+        "likelihood_accuracy_before": before.get("likelihood_accuracy"),
+        "kl_to_reference": last.get("kl_to_reference"),
+        "exact_match_before": before.get("exact_match"),
+        "exact_match_after": last.get("exact_match"),
+        "model_dir": None,
+    }
+    model, tokenizer = parts.extra.get("model"), parts.extra.get("tokenizer")
+    if not hasattr(parts.policy, "rewards") and hasattr(model, "save_pretrained"):
+        model.save_pretrained(out / "model")
+        if hasattr(tokenizer, "save_pretrained"):
+            tokenizer.save_pretrained(out / "model")
+        extra["model_dir"] = str(out / "model")
+    return extra
 
 
 def _merge_metrics(earlier: Path, current: Path, *, before_step: int) -> None:
@@ -502,12 +572,22 @@ def evaluate_checkpoint(
     run = info.get("run", {})
     episodes = int(episodes if episodes is not None else run.get("eval_episodes", 10))
     seed = int(seed if seed is not None else info.get("seed", 0))
+    from offline_plugins.plugins.registry import AlgorithmSpec
+
+    if registry is None and not isinstance(spec, AlgorithmSpec):
+        from offline_plugins.plugins import load_registry
+
+        registry = load_registry()
+    algo = spec if spec is not None else registry.algorithm(info["algorithm"])
+    algo = algo if isinstance(algo, AlgorithmSpec) else registry.algorithm(algo)
+    preference = algo.data in _PREFERENCE_KINDS
     plan = plan_run(
-        spec if spec is not None else info["algorithm"],
+        algo,
         data if data is not None else info["dataset"],
         overrides=info.get("config", {}),
         registry=registry,
         progress=False,
+        model=run.get("model", "tiny") if preference and data is None else None,
     )
     if hasattr(plan.data, "load_state_dict") and info.get("data_state"):
         plan.data.load_state_dict(info["data_state"])
@@ -515,6 +595,12 @@ def evaluate_checkpoint(
     module = OfflineAlgorithmModule(parts, algorithm=plan.spec.name, dataset=plan.dataset_id, seed=seed)
     module.load_state_dict(ckpt["state_dict"])
     module.to(device)
+    if preference:
+        from offline_plugins.eval.preference import evaluate_preference_model
+
+        scores = evaluate_preference_model(module.policy, plan.data, model=module.extra.get("model"))
+        return {"algorithm": plan.spec.name, "dataset": plan.dataset_id, "checkpoint": str(path),
+                "step": int(ckpt.get("global_step", 0)), **scores}
     normalize = getattr(plan.data, "normalize", None)  # identity when the run did not normalise
     result = evaluate_policy(
         module.policy,
@@ -560,12 +646,21 @@ def plot_learning_curve(metrics_csv: Union[str, os.PathLike], out_png: Union[str
                     except ValueError:
                         continue
     score_key = "eval/normalized_score" if "eval/normalized_score" in columns else "eval/return_mean"
+    accuracy_keys = [k for k in ("eval/exact_match", "eval/preference_accuracy", "eval/likelihood_accuracy")
+                     if k in columns]
     loss_keys = sorted(k for k in columns if k.startswith("train/loss_"))
     fig, (ax_score, ax_loss) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    if score_key in columns:
+    if accuracy_keys and score_key not in columns:  # a preference run: held-out accuracies
+        for key in accuracy_keys:
+            xs, ys = zip(*sorted(columns[key]))
+            ax_score.plot(xs, ys, marker="o", label=key.split("/", 1)[1].replace("_", " "))
+        ax_score.legend(fontsize="small")
+        ax_score.set_ylabel("held-out accuracy")
+    elif score_key in columns:
         xs, ys = zip(*sorted(columns[score_key]))
         ax_score.plot(xs, ys, marker="o")
-    ax_score.set_ylabel("normalised score" if score_key.endswith("normalized_score") else "return")
+    if not (accuracy_keys and score_key not in columns):
+        ax_score.set_ylabel("normalised score" if score_key.endswith("normalized_score") else "return")
     ax_score.grid(alpha=0.3)
     for key in loss_keys:
         xs, ys = zip(*sorted(columns[key]))

@@ -1,0 +1,115 @@
+"""Run a grid of ``offline-plugins train`` runs and tabulate their summaries for docs/results.md.
+
+Each (algorithm, dataset, seed) trains in its own process with ``--threads 1`` under
+``ROOT/<algorithm>/<dataset>/s<seed>``; a finished run (its ``summary.json`` exists) is
+skipped, so a grid can be stopped and continued. ``--jobs N`` runs N at a time.
+
+  python scripts/results.py run --algos iql,bc --datasets pendulum/medium-v0 --seeds 0,1,2 --steps 20000
+  python scripts/results.py table --root runs/results [--metric normalized_score]
+
+``table`` prints one markdown row per (algorithm, dataset): the mean and the standard
+deviation over seeds of the final evaluation, and the seeds it found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+
+def _run_dir(root: Path, algo: str, dataset: str, seed: int) -> Path:
+    return root / algo / dataset.replace("/", "_") / f"s{seed}"
+
+
+def _one(args, algo: str, dataset: str, seed: int) -> str:
+    out = _run_dir(Path(args.root), algo, dataset, seed)
+    if (out / "summary.json").is_file():
+        return f"skip {out} (done)"
+    if out.exists():  # an unfinished run: start it again
+        import shutil
+
+        shutil.rmtree(out)
+    cmd = [sys.executable, "-m", "offline_plugins.cli", "train", algo, "--dataset", dataset, "--steps", str(args.steps),
+           "--seed", str(seed), "--out", str(out), "--threads", "1", "--no-progress",
+           "--eval-episodes", str(args.eval_episodes)]
+    if args.eval_every is not None:
+        cmd += ["--eval-every", str(args.eval_every)]
+    if args.model:
+        cmd += ["--model", args.model]
+    for kv in args.overrides:
+        cmd += ["--set", kv]
+    t0 = time.perf_counter()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log = out.parent / f"s{seed}.log"
+    with log.open("w") as fh:
+        rc = subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT)
+    status = "ok" if rc == 0 else f"FAILED rc={rc}, see {log}"
+    return f"{algo} {dataset} s{seed}: {status} in {time.perf_counter() - t0:.0f} s"
+
+
+def cmd_run(args) -> None:
+    jobs = [(a, d, int(s)) for d in args.datasets.split(",") for a in args.algos.split(",") for s in args.seeds.split(",")]
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for line in pool.map(lambda j: _one(args, *j), jobs):
+            print(line, flush=True)
+
+
+def _fmt(values: list[float], scale: float) -> str:
+    if not values:
+        return "-"
+    mean = statistics.fmean(values) * scale
+    sd = statistics.stdev(values) * scale if len(values) > 1 else 0.0
+    return f"{mean:.1f} ± {sd:.1f}"
+
+
+def cmd_table(args) -> None:
+    root = Path(args.root)
+    metrics = args.metric.split(",")
+    rows: dict[tuple[str, str], list[dict]] = {}
+    for path in sorted(root.glob("*/*/s*/summary.json")):
+        summary = json.loads(path.read_text())
+        rows.setdefault((summary["algorithm"], path.parent.parent.name), []).append(summary)
+    print("| algorithm | dataset | " + " | ".join(metrics) + " | seeds | steps |")
+    print("|---|---|" + "---|" * len(metrics) + "---|---|")
+    for (algo, dataset), found in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        cells = []
+        for m in metrics:
+            values = [s[m] for s in found if s.get(m) is not None]
+            cells.append(_fmt(values, args.scale))
+        seeds = ",".join(str(s["seed"]) for s in sorted(found, key=lambda s: s["seed"]))
+        steps = ",".join(sorted({str(s["steps"]) for s in found}))
+        print(f"| {algo} | {dataset} | " + " | ".join(cells) + f" | {seeds} | {steps} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(required=True)
+    p = sub.add_parser("run", help="train every (algorithm, dataset, seed) of the grid")
+    p.add_argument("--algos", required=True)
+    p.add_argument("--datasets", required=True)
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--eval-every", type=int, default=None)
+    p.add_argument("--eval-episodes", type=int, default=10)
+    p.add_argument("--model", default=None)
+    p.add_argument("--set", dest="overrides", action="append", default=[])
+    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--root", default="runs/results")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("table", help="markdown table of the runs under --root")
+    p.add_argument("--root", default="runs/results")
+    p.add_argument("--metric", default="normalized_score")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply values (100 for accuracies in %%)")
+    p.set_defaults(func=cmd_table)
+    args = parser.parse_args()
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

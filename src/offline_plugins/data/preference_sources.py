@@ -1,0 +1,239 @@
+"""Where ``offline-plugins train dpo --dataset ID`` finds its preference data.
+
+Three kinds of ``ID``:
+
+* a built-in task, ``offline-plugins/arithmetic/preference-v0`` (short forms
+  ``arithmetic/preference-v0`` and ``arithmetic``): 2-digit addition. The reference is
+  ``--model`` after supervised fine-tuning on the task's exact answers; pairs are
+  sampled from that reference (a correct against an incorrect answer), held-out pairs
+  from test prompts, and exact-match accuracy is scored on held-out prompts;
+* a JSONL file (``*.jsonl``) of ``{"prompt", "chosen", "rejected"}`` pairs or
+  ``{"prompt", "completion", "label"}`` unpaired rows;
+* a Hugging Face dataset, ``hf:NAME`` or ``hf:NAME:SPLIT`` (needs ``datasets``, and a
+  network unless it is cached).
+
+For files and Hugging Face datasets ``--model`` is the reference itself (no SFT step),
+and a tenth of the prompts (by a hash of the prompt) is held out.
+
+The SFT reference and the reference log-probs are cached under
+``$OFFLINE_PLUGINS_CACHE`` (default ``~/.cache/offline-plugins``), so the three seeds
+of a study share one reference and training runs no reference forward.
+
+>>> resolve_preference_id("arithmetic")
+'offline-plugins/arithmetic/preference-v0'
+>>> resolve_preference_id("pendulum/medium-v0") is None
+True
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from offline_plugins.errors import UserError
+
+__all__ = [
+    "BUILTIN_PREFERENCE_DATASETS",
+    "PreferenceSourceError",
+    "cache_root",
+    "resolve_preference_id",
+    "looks_like_preference_id",
+    "load_preference_source",
+]
+
+
+class PreferenceSourceError(UserError, ValueError):
+    """A preference dataset id that names nothing, or data that does not suit the algorithm."""
+
+
+#: built-in preference datasets: id -> (summary, task settings)
+BUILTIN_PREFERENCE_DATASETS: dict[str, tuple[str, dict]] = {
+    "offline-plugins/arithmetic/preference-v0": (
+        "2-digit addition: correct vs incorrect answers sampled from the SFT reference",
+        {"digits": 2, "ops": "+"},
+    ),
+}
+
+_ALIASES = {"arithmetic": "offline-plugins/arithmetic/preference-v0"}
+
+
+def cache_root() -> Path:
+    """``$OFFLINE_PLUGINS_CACHE`` or ``~/.cache/offline-plugins``."""
+    return Path(os.environ.get("OFFLINE_PLUGINS_CACHE") or Path.home() / ".cache" / "offline-plugins")
+
+
+def resolve_preference_id(dataset: str) -> Optional[str]:
+    """The canonical id when ``dataset`` is a built-in preference dataset, a ``.jsonl`` path or ``hf:...``; else None."""
+    dataset = dataset.strip()
+    if dataset in BUILTIN_PREFERENCE_DATASETS:
+        return dataset
+    if f"offline-plugins/{dataset}" in BUILTIN_PREFERENCE_DATASETS:
+        return f"offline-plugins/{dataset}"
+    if dataset in _ALIASES:
+        return _ALIASES[dataset]
+    if dataset.startswith("hf:") or dataset.endswith(".jsonl"):
+        return dataset
+    return None
+
+
+def looks_like_preference_id(dataset: str) -> bool:
+    """Whether ``dataset`` is close to a built-in preference id (for error messages)."""
+    known = list(BUILTIN_PREFERENCE_DATASETS) + list(_ALIASES)
+    return bool(difflib.get_close_matches(dataset, known, n=1, cutoff=0.6)) or "preference" in dataset
+
+
+def unknown_preference_dataset(dataset: str, algorithm: str) -> PreferenceSourceError:
+    known = list(BUILTIN_PREFERENCE_DATASETS)
+    close = difflib.get_close_matches(dataset, known + list(_ALIASES), n=2, cutoff=0.5)
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    return PreferenceSourceError(
+        f"{algorithm} trains on preference data, but {dataset!r} is not one.{hint} Use a built-in preference "
+        f"dataset ({', '.join(known)}), a .jsonl file of prompt/chosen/rejected rows, or hf:NAME[:SPLIT]"
+    )
+
+
+def _held_out(prompt: str, fraction: float) -> bool:
+    h = int.from_bytes(hashlib.blake2b(prompt.encode("utf-8"), digest_size=4).digest(), "little")
+    return (h % 10_000) < fraction * 10_000
+
+
+def _model_context(model: Any, default: int = 512) -> int:
+    config = getattr(model, "config", None)
+    n = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    return int(min(n, 1024)) if n else default
+
+
+def _split_pairs(rows: list[dict]) -> list[dict]:
+    return [{"prompt": r["prompt"], "completion": r[k], "label": k == "chosen"} for r in rows for k in ("chosen", "rejected")]
+
+
+def _layout(columns) -> str:
+    return "unpaired" if "completion" in columns and "chosen" not in columns else "pairs"
+
+
+def _rows_from(source: str) -> tuple[list[dict], str]:
+    """``(rows, "pairs"|"unpaired")`` of a JSONL file or ``hf:`` dataset, fields checked."""
+    import json
+
+    from offline_plugins.data.preference import PAIR_FIELDS, UNPAIRED_FIELDS, load_hf_dataset, load_jsonl
+
+    if source.startswith("hf:"):
+        try:
+            import datasets
+        except ImportError:
+            raise PreferenceSourceError("reading Hugging Face datasets needs `pip install datasets`") from None
+        name, _, split = source[3:].partition(":")
+        try:
+            ds = datasets.load_dataset(name, split=split or "train")
+        except Exception as exc:  # noqa: BLE001 - any loading failure is the user's dataset name or network
+            raise PreferenceSourceError(
+                f"cannot load Hugging Face dataset {name!r} (split {split or 'train'!r}): {type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}; check the name, or save it as JSONL"
+            ) from None
+        layout = _layout(ds.column_names)
+        rows = load_hf_dataset(ds, fields=PAIR_FIELDS if layout == "pairs" else UNPAIRED_FIELDS)
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise PreferenceSourceError(f"preference file {source!r} does not exist; give a path to a .jsonl file")
+        first = next((line for line in path.open(encoding="utf-8") if line.strip()), None)
+        if first is None:
+            raise PreferenceSourceError(
+                f"{source} holds no rows; it needs prompt/chosen/rejected (or prompt/completion/label) rows")
+        try:
+            head = json.loads(first)
+        except json.JSONDecodeError:
+            head = {}  # load_jsonl names the bad line
+        layout = _layout(head if isinstance(head, dict) else {})
+        rows = load_jsonl(path, fields=PAIR_FIELDS if layout == "pairs" else UNPAIRED_FIELDS)
+    return rows, layout
+
+
+def load_preference_source(
+    dataset: str,
+    *,
+    kind: str,
+    algorithm: str = "",
+    model: Union[str, os.PathLike] = "tiny",
+    seed: int = 0,
+    cache_dir: Optional[Union[str, os.PathLike]] = None,
+    test_fraction: float = 0.1,
+    progress: bool = True,
+):
+    """Load a preference dataset id for an algorithm reading ``kind`` data.
+
+    Args:
+        dataset: an id accepted by :func:`resolve_preference_id`.
+
+    Keyword Args:
+        kind: ``"preference-pairs"`` or ``"unpaired-feedback"``; pairs serve both (KTO
+            reads each pair as a desirable and an undesirable row).
+        algorithm: the algorithm's name, for error messages.
+        model: ``"tiny"``, a local directory written by ``save_pretrained``, or a hub id.
+        seed: the data seed (SFT and sampling); training seeds do not change the data.
+        cache_dir: where references and reference log-probs are cached (default
+            :func:`cache_root` ``/preference``).
+        test_fraction: share of file / Hugging Face prompts held out.
+        progress: show a progress bar while the SFT reference trains.
+
+    Returns:
+        A :class:`~offline_plugins.data.preference.PreferenceData`.
+    """
+    from offline_plugins.data.preference import (
+        PreferenceData,
+        add_reference_log_probs,
+        tokenize_pairs,
+        tokenize_unpaired,
+    )
+
+    resolved = resolve_preference_id(dataset)
+    if resolved is None:
+        raise unknown_preference_dataset(dataset, algorithm or "this algorithm")
+    cache = Path(cache_dir) if cache_dir is not None else cache_root() / "preference"
+    if resolved in BUILTIN_PREFERENCE_DATASETS:
+        from offline_plugins.data.text_tasks import task_preference_data
+        from offline_plugins.envs.tasks import ArithmeticTask
+
+        task = ArithmeticTask(**BUILTIN_PREFERENCE_DATASETS[resolved][1])
+        data = task_preference_data(task, model=str(model), kind=kind, seed=seed, cache_dir=cache, progress=progress)
+        data.dataset_id = resolved
+        return data
+
+    from offline_plugins.modules.tiny_lm import load_causal_lm
+
+    rows, layout = _rows_from(resolved)
+    if layout == "unpaired" and kind == "preference-pairs":
+        raise PreferenceSourceError(
+            f"{algorithm or 'this algorithm'} trains on (prompt, chosen, rejected) pairs, but {resolved} holds "
+            "unpaired (prompt, completion, label) rows; train kto on it, or give paired rows"
+        )
+    reference, tokenizer = load_causal_lm(model, seed=seed)
+    reference.eval()
+    for p in reference.parameters():
+        p.requires_grad_(False)
+    max_length = _model_context(reference)
+    train_rows = [r for r in rows if not _held_out(r["prompt"], test_fraction)]
+    test_rows = [r for r in rows if _held_out(r["prompt"], test_fraction)]
+    if not train_rows:
+        raise PreferenceSourceError(f"{resolved}: every row fell in the held-out split; give more rows")
+    tok = tokenize_pairs if layout == "pairs" and kind == "preference-pairs" else tokenize_unpaired
+    to_rows = _split_pairs if layout == "pairs" and kind == "unpaired-feedback" else (lambda r: r)
+    train, report = tok(to_rows(train_rows), tokenizer, max_length=max_length, source=resolved)
+    test = test_pairs = None
+    ref_cache = cache / "reference_log_probs"
+    model_tag = Path(str(model)).name
+    add_reference_log_probs(train, reference, cache_dir=ref_cache, dataset_id=f"{resolved}-{model_tag}")
+    if test_rows:
+        test, _ = tok(to_rows(test_rows), tokenizer, max_length=max_length, source=f"{resolved} (held out)")
+        add_reference_log_probs(test, reference, cache_dir=ref_cache, dataset_id=f"{resolved}-{model_tag}-test")
+        if layout == "pairs":
+            test_pairs = test if kind == "preference-pairs" else tokenize_pairs(
+                test_rows, tokenizer, max_length=max_length, source=f"{resolved} (held out)")[0]
+            if test_pairs is not test:
+                add_reference_log_probs(test_pairs, reference, cache_dir=ref_cache,
+                                        dataset_id=f"{resolved}-{model_tag}-test")
+    return PreferenceData(kind, train, reference, tokenizer, test=test, report=report, dataset_id=resolved,
+                          test_pairs=test_pairs, model=str(model))
