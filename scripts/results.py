@@ -6,6 +6,7 @@ skipped, so a grid can be stopped and continued. ``--jobs N`` runs N at a time.
 
   python scripts/results.py run --algos iql,bc --datasets pendulum/medium-v0 --seeds 0,1,2 --steps 20000
   python scripts/results.py table --root runs/results [--metric normalized_score]
+  python scripts/results.py plot --root runs/results --out docs/img/results.png
 
 ``table`` prints one markdown row per (algorithm, dataset): the mean and the standard
 deviation over seeds of the final evaluation, and the seeds it found.
@@ -87,6 +88,48 @@ def cmd_table(args) -> None:
         print(f"| {algo} | {dataset} | " + " | ".join(cells) + f" | {seeds} | {steps} |")
 
 
+def _curve(summary: dict, metric: str) -> list[tuple[int, float]]:
+    return [(h["step"], h[metric]) for h in summary.get("eval_history", []) if h.get(metric) is not None]
+
+
+def cmd_plot(args) -> None:
+    """One panel per dataset: the mean over seeds of ``--metric`` against steps, per algorithm (band: min-max)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    root = Path(args.root)
+    runs: dict[str, dict[str, list[dict]]] = {}
+    for path in sorted(root.glob("*/*/s*/summary.json")):
+        summary = json.loads(path.read_text())
+        runs.setdefault(path.parent.parent.name, {}).setdefault(summary["algorithm"], []).append(summary)
+    if not runs:
+        raise SystemExit(f"no runs under {root}")
+    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 3.6), squeeze=False)
+    for ax, (dataset, algos) in zip(axes[0], sorted(runs.items())):
+        for algo, found in sorted(algos.items()):
+            curves = [dict(_curve(s, args.metric)) for s in found]
+            steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+            if not steps:
+                continue
+            values = [[c[t] * args.scale for c in curves] for t in steps]
+            ax.plot(steps, [statistics.fmean(v) for v in values], marker="o", ms=3, label=f"{algo} ({len(curves)})")
+            ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], alpha=0.15)
+        before = [s[args.baseline] for found in algos.values() for s in found if s.get(args.baseline) is not None]
+        if before:
+            ax.axhline(statistics.fmean(before) * args.scale, color="k", ls="--", lw=1, label="reference")
+        ax.set_title(dataset, fontsize="medium")
+        ax.set_xlabel("gradient step")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(args.ylabel or args.metric)
+    axes[0][-1].legend(fontsize="small", loc="best")
+    fig.tight_layout()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.out, dpi=100)
+    print(f"wrote {args.out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(required=True)
@@ -107,6 +150,14 @@ def main() -> None:
     p.add_argument("--metric", default="normalized_score")
     p.add_argument("--scale", type=float, default=1.0, help="multiply values (100 for accuracies in %%)")
     p.set_defaults(func=cmd_table)
+    p = sub.add_parser("plot", help="learning curves (mean over seeds, min-max band) of the runs under --root")
+    p.add_argument("--root", default="runs/results")
+    p.add_argument("--metric", default="normalized_score")
+    p.add_argument("--scale", type=float, default=1.0)
+    p.add_argument("--ylabel", default=None)
+    p.add_argument("--baseline", default="exact_match_before", help="summary key drawn as a dashed line")
+    p.add_argument("--out", required=True, help="PNG path")
+    p.set_defaults(func=cmd_plot)
     args = parser.parse_args()
     args.func(args)
 

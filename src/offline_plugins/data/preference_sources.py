@@ -49,11 +49,12 @@ class PreferenceSourceError(UserError, ValueError):
     """A preference dataset id that names nothing, or data that does not suit the algorithm."""
 
 
-#: built-in preference datasets: id -> (summary, task settings)
-BUILTIN_PREFERENCE_DATASETS: dict[str, tuple[str, dict]] = {
+#: built-in preference datasets: id -> (summary, task settings, data settings)
+BUILTIN_PREFERENCE_DATASETS: dict[str, tuple[str, dict, dict]] = {
     "offline-plugins/arithmetic/preference-v0": (
         "2-digit addition: correct vs incorrect answers sampled from the SFT reference",
         {"digits": 2, "ops": "+"},
+        {"n_train": 4096, "n_test": 500},
     ),
 }
 
@@ -197,8 +198,10 @@ def load_preference_source(
         from offline_plugins.data.text_tasks import task_preference_data
         from offline_plugins.envs.tasks import ArithmeticTask
 
-        task = ArithmeticTask(**BUILTIN_PREFERENCE_DATASETS[resolved][1])
-        data = task_preference_data(task, model=str(model), kind=kind, seed=seed, cache_dir=cache, progress=progress)
+        _, task_settings, data_settings = BUILTIN_PREFERENCE_DATASETS[resolved]
+        task = ArithmeticTask(**task_settings)
+        data = task_preference_data(task, model=str(model), kind=kind, seed=seed, cache_dir=cache, progress=progress,
+                                    **data_settings)
         data.dataset_id = resolved
         return data
 

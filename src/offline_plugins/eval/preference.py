@@ -107,7 +107,7 @@ def evaluate_preference_model(
     data: Any,
     *,
     model: Optional[torch.nn.Module] = None,
-    exact_match_n: int = 200,
+    exact_match_n: int = 500,
     batch_size: int = 64,
 ) -> dict[str, Optional[float]]:
     """All held-out scores of ``policy`` (a ``CausalLMLogProbs`` or ``CausalLMReward``) on ``data``.

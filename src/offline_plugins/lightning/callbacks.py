@@ -225,7 +225,7 @@ class PreferenceEvaluation(Callback):
         exact_match_n: held-out task prompts scored by exact match.
     """
 
-    def __init__(self, data: Any, *, every: int = 0, exact_match_n: int = 200) -> None:
+    def __init__(self, data: Any, *, every: int = 0, exact_match_n: int = 500) -> None:
         self.data = data
         self.every = int(every)
         self.exact_match_n = int(exact_match_n)
