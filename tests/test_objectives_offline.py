@@ -154,6 +154,7 @@ def test_cql_penalty_is_a_per_state_logsumexp_over_every_sampled_action():
     n, w = 4, 5.0
     loss = CQLLoss(actor, q, num_random=n, min_q_weight=w)
     loss.make_value_estimator(gamma=0.99)
+    assert loss._critic_chain() is not None  # the fused critic path is the one checked here
     batch = _batch(n=8)
     td = batch.clone()
     loss.q_loss(td)

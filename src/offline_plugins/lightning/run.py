@@ -473,7 +473,16 @@ def _preference_summary(evaluation, last: dict, parts, out: Path) -> dict[str, A
     }
     model, tokenizer = parts.extra.get("model"), parts.extra.get("tokenizer")
     if not hasattr(parts.policy, "rewards") and hasattr(model, "save_pretrained"):
-        model.save_pretrained(out / "model")
+        # transformers shows a progress bar per shard; a run's one small file needs none
+        from transformers.utils import logging as hf_logging
+
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        try:
+            model.save_pretrained(out / "model")
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
         if hasattr(tokenizer, "save_pretrained"):
             tokenizer.save_pretrained(out / "model")
         extra["model_dir"] = str(out / "model")

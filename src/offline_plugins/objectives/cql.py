@@ -31,6 +31,7 @@ from tensordict.utils import NestedKey
 from torchrl.objectives import CQLLoss as _TorchRLCQLLoss
 from torchrl.objectives import DiscreteCQLLoss as _TorchRLDiscreteCQLLoss
 
+from offline_plugins.objectives import _fused
 from offline_plugins.objectives.common import check_batch_keys, check_range, data_q_diagnostics, transition_keys
 
 __all__ = ["CQLLoss", "DiscreteCQLLoss"]
@@ -126,6 +127,24 @@ class CQLLoss(_TorchRLCQLLoss):
     def _alpha_prime(self) -> torch.Tensor:
         return self.log_alpha_prime.detach().exp().clamp_max(1e6)
 
+    def _critic_chain(self):
+        """The critics' Linear layers when they are our plain ``QValueNet`` MLPs (else None).
+
+        The conservative term scores ``3 * num_random`` actions per state, 30x the
+        batch: most of a CQL step. On that path the two critics run as one ``baddbmm``
+        per layer over their stacked weights (bias fused), not TorchRL's ``vmap``
+        (a ``bmm`` and a separate bias add per layer).
+        """
+        if not hasattr(self, "_q_chain"):
+            from offline_plugins.modules.networks import QValueNet
+
+            net = getattr(self.qvalue_network, "module", None)
+            keys = self.qvalue_network.in_keys
+            ok = (isinstance(net, QValueNet) and len(keys) == 2 and keys[1] == self.tensor_keys.action
+                  and keys[0] in self.actor_network.in_keys)
+            self._q_chain = _fused.linear_chain(net.net, self.qvalue_network) if ok else None
+        return self._q_chain
+
     def cql_loss(self, tensordict: TensorDictBase):
         """The conservative term of Kumar et al. 2020 (their importance-sampled CQL(H)).
 
@@ -151,15 +170,22 @@ class CQLLoss(_TorchRLCQLLoss):
         )
         # every sampled action is scored at the current state s (the paper's code does so for
         # the next-state policy's actions too)
-        q_td = torch.cat(
-            [
-                curr_td.clone(False).set(keys.action, random_actions),
-                curr_td,
-                curr_td.clone(False).set(keys.action, next_td.get(keys.action)),
-            ],
-            0,
-        ).select(*self.qvalue_network.in_keys, strict=False)
-        q_all = self._vmap_qvalue_networkN0(q_td, self.qvalue_network_params).get(keys.state_action_value)
+        chain = self._critic_chain()
+        if chain is not None:
+            obs = curr_td.get(self.qvalue_network.in_keys[0])  # [batch * n, obs], each state n times
+            sampled = torch.cat([random_actions, curr_td.get(keys.action), next_td.get(keys.action)], 0)
+            x = torch.cat([obs.repeat(3, 1), sampled], -1)
+            q_all = _fused.run_ensemble(_fused.chain_params(self.qvalue_network_params, chain), x)
+        else:
+            q_td = torch.cat(
+                [
+                    curr_td.clone(False).set(keys.action, random_actions),
+                    curr_td,
+                    curr_td.clone(False).set(keys.action, next_td.get(keys.action)),
+                ],
+                0,
+            ).select(*self.qvalue_network.in_keys, strict=False)
+            q_all = self._vmap_qvalue_networkN0(q_td, self.qvalue_network_params).get(keys.state_action_value)
         q_random, q_curr, q_next = q_all.squeeze(-1).reshape(self.num_qvalue_nets, 3, batch, n).unbind(1)
         random_density = action.shape[-1] * math.log(0.5)
         cat_q = torch.cat(
