@@ -34,9 +34,11 @@ def make_grouped_adam(groups: Sequence[OptimizerGroup]) -> torch.optim.Adam:
             raise ValueError(f"optimiser group {g.name!r} has no trainable parameters")
         param_groups.append({"params": params, "lr": g.lr, "weight_decay": g.weight_decay, "name": g.name})
         all_params.extend(params)
-    # fused Adam needs every parameter on CUDA; foreach is the CPU fast path
-    kwargs = {"fused": True} if all(p.is_cuda for p in all_params) else {"foreach": True}
-    return torch.optim.Adam(param_groups, **kwargs)
+    # fused Adam (one kernel for every tensor; on CPU too since torch 2.4) when the parameters
+    # are floating point on one device type, as OptimizerGroup.make_optimizer does; else foreach
+    devices = {p.device.type for p in all_params}
+    fused = len(devices) == 1 and devices <= {"cuda", "cpu"} and all(p.is_floating_point() for p in all_params)
+    return torch.optim.Adam(param_groups, **({"fused": True} if fused else {"foreach": True}))
 
 
 class OfflineAlgorithmModule(LightningModule):
