@@ -51,12 +51,15 @@ def test_make_then_info_then_list(store, capsys):
     assert "reference scores:" in text and "(random)" in text and "(expert)" in text
 
     assert main(["data", "list", "--json"]) == 0
-    rows = {r["id"]: r for r in json.loads(capsys.readouterr().out)["datasets"]}
+    listed = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in listed["preference_datasets"]] == ["offline-plugins/arithmetic/preference-v0"]
+    rows = {r["id"]: r for r in listed["datasets"]}
     assert rows["offline-plugins/pendulum/expert-v0"]["local"] and rows["offline-plugins/pendulum/expert-v0"]["steps"] == 400
     assert not rows["offline-plugins/pendulum/medium-expert-v0"]["local"]
     assert main(["data", "list"]) == 0
     text = capsys.readouterr().out
     assert "medium-replay" in text and "not made" in text
+    assert "preference datasets" in text and "offline-plugins/arithmetic/preference-v0" in text
 
 
 def test_make_is_deterministic_for_a_seed(store):

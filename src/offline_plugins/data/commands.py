@@ -82,13 +82,27 @@ def cmd_data_list(args) -> int:
                 "provider": "",
             }
         )
+    from offline_plugins.data.preference_sources import BUILTIN_PREFERENCE_DATASETS
+
+    preference = [{"id": k, "summary": v[0]} for k, v in BUILTIN_PREFERENCE_DATASETS.items()]
     if args.json:
-        print(json.dumps({"store": str(store_path()), "datasets": rows}, indent=2))
+        print(json.dumps({"store": str(store_path()), "datasets": rows, "preference_datasets": preference}, indent=2))
         return 0
+    _print_rows(rows)
+    print("\npreference datasets (offline-plugins train dpo --dataset ID --model tiny|PATH):")
+    for r in preference:
+        print(f"  {r['id']}  {r['summary']}")
+    print("  FILE.jsonl, hf:NAME[:SPLIT]  your prompt/chosen/rejected (or prompt/completion/label) rows")
+    return 0
+
+
+def _print_rows(rows: list) -> None:
+    from offline_plugins.data.store import store_path
+
     print(f"Minari store: {store_path()}")
     if not rows:
         print("no dataset recipes and no local datasets")
-        return 0
+        return
     w = max(len(r["id"]) for r in rows)
     ew = max(len(r["env_id"] or "?") for r in rows)
     print(f"{'ID':<{w}}  {'ENV':<{ew}}  {'TIER':<13}  {'SIZE':>9}  {'EPISODES':>8}  {'STEPS':>8}  SOURCE")
@@ -102,7 +116,6 @@ def cmd_data_list(args) -> int:
         eps = "-" if r["episodes"] is None else str(r["episodes"])
         steps = "-" if r["steps"] is None else str(r["steps"])
         print(f"{r['id']:<{w}}  {r['env_id'] or '?':<{ew}}  {r['tier'] or '-':<13}  {size:>9}  {eps:>8}  {steps:>8}  {source}")
-    return 0
 
 
 def cmd_data_make(args) -> int:
