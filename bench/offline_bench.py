@@ -15,8 +15,10 @@ Gradient steps per second, side by side in one run, on the same synthetic data
 The contenders take turns in ``--rounds`` chunks and the median chunk speed is reported,
 so a load spike on a shared machine hits all of them alike.
 
+With ``--plain`` a hand-written plain PyTorch IQL (no TensorDict, no TorchRL) joins the IQL turns.
+
 Run: ``python bench/offline_bench.py [--steps 300] [--rounds 5] [--algos iql,td3-bc,cql]
-[--d3rlpy-python /path/to/venv/bin/python] [--compile]``. Prints a markdown table and a
+[--d3rlpy-python /path/to/venv/bin/python] [--compile] [--plain]``. Prints a markdown table and a
 JSON line.
 """
 
@@ -143,6 +145,67 @@ def _ours(name: str, data, compile_: bool):
     return loss, opts, parts.target_updater
 
 
+class _PlainIQL:
+    """IQL as one would write it by hand in plain PyTorch: ``nn.Sequential`` networks, one
+    default Adam per network, Polyak targets; no TensorDict, no TorchRL. The issue's third
+    reference point (its "hand-written plain PyTorch IQL")."""
+
+    def __init__(self, obs_dim: int, act_dim: int, sample, warmup: int = 20) -> None:
+        import copy
+
+        import torch
+        from torch import nn
+
+        def mlp(i, o):
+            return nn.Sequential(nn.Linear(i, HIDDEN[0]), nn.ReLU(), nn.Linear(HIDDEN[0], HIDDEN[1]), nn.ReLU(),
+                                 nn.Linear(HIDDEN[1], o))
+
+        self.q1, self.q2, self.v = mlp(obs_dim + act_dim, 1), mlp(obs_dim + act_dim, 1), mlp(obs_dim, 1)
+        self.actor = mlp(obs_dim, 2 * act_dim)
+        self.q1_t, self.q2_t = copy.deepcopy(self.q1), copy.deepcopy(self.q2)
+        self.opts = [torch.optim.Adam(m.parameters(), lr=3e-4) for m in (self.q1, self.q2, self.v, self.actor)]
+        self.sample = sample
+        self.run(warmup)
+
+    def _one(self) -> None:
+        import torch
+        import torch.nn.functional as F
+
+        b = self.sample()
+        obs, act = b["observation"], b["action"]
+        nobs, rew = b["next", "observation"], b["next", "reward"]
+        not_done = 1.0 - b["next", "terminated"].float()
+        sa = torch.cat([obs, act], -1)
+        with torch.no_grad():
+            q_t = torch.minimum(self.q1_t(sa), self.q2_t(sa))
+            target = rew + 0.99 * not_done * self.v(nobs)
+        v = self.v(obs)
+        u = q_t - v
+        loss_v = (torch.abs(0.7 - (u < 0).float()) * u.pow(2)).mean()
+        loss_q = F.mse_loss(self.q1(sa), target) + F.mse_loss(self.q2(sa), target)
+        weight = torch.exp(u.detach() / 3.0).clamp(max=100.0)
+        loc, log_scale = self.actor(obs).chunk(2, -1)
+        scale = F.softplus(log_scale) + 1e-4
+        x = torch.atanh(act.clamp(-1 + 1e-6, 1 - 1e-6))
+        log_prob = (torch.distributions.Normal(loc, scale).log_prob(x) - torch.log1p(-act.pow(2) + 1e-6)).sum(-1, True)
+        loss_pi = -(weight * log_prob).mean()
+        for opt in self.opts:
+            opt.zero_grad(set_to_none=True)
+        (loss_v + loss_q + loss_pi).backward()
+        for opt in self.opts:
+            opt.step()
+        with torch.no_grad():
+            for net, tgt in ((self.q1, self.q1_t), (self.q2, self.q2_t)):
+                for p, pt in zip(net.parameters(), tgt.parameters()):
+                    pt.lerp_(p, 0.005)
+
+    def run(self, steps: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            self._one()
+        return steps / (time.perf_counter() - t0)
+
+
 class _Runner:
     """Steps one contender in chunks, so contenders can take turns under the same machine load."""
 
@@ -249,6 +312,7 @@ def main(argv=None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--compile", action="store_true", help="torch.compile our loss (opt-in)")
     parser.add_argument("--d3rlpy-python", default=None, help="python of a venv with d3rlpy 2.x")
+    parser.add_argument("--plain", action="store_true", help="also time a hand-written plain PyTorch IQL")
     args = parser.parse_args(argv)
 
     import torch
@@ -262,6 +326,8 @@ def main(argv=None) -> None:
     for name in args.algos.split(","):
         with torch.device(device):
             runners = {"torchrl": _Runner(*_reference(name, data), sample), "ours": _Runner(*_ours(name, data, args.compile), sample)}
+            if name == "iql" and args.plain:
+                runners["plain"] = _PlainIQL(args.obs_dim, args.act_dim, sample)
         d3_err = "not run"
         if args.d3rlpy_python:
             try:
@@ -280,6 +346,7 @@ def main(argv=None) -> None:
         med = {k: statistics.median(v) for k, v in speeds.items()}
         d3 = med.get("d3rlpy")
         rows.append({"algo": name, "ours": med["ours"], "torchrl": med["torchrl"], "d3rlpy": d3,
+                     "plain": med.get("plain"), "ours/plain": med["ours"] / med["plain"] if "plain" in med else None,
                      "ours/torchrl": med["ours"] / med["torchrl"], "ours/d3rlpy": med["ours"] / d3 if d3 else None,
                      "d3rlpy_error": d3_err, "chunks": speeds})
     print("| algorithm | ours (steps/s) | TorchRL loop | d3rlpy | ours / TorchRL | ours / d3rlpy |")
@@ -288,6 +355,8 @@ def main(argv=None) -> None:
         d3 = f"{r['d3rlpy']:.1f}" if r["d3rlpy"] else "-"
         rd = f"{r['ours/d3rlpy']:.2f}x" if r["ours/d3rlpy"] else "-"
         print(f"| {r['algo']} | {r['ours']:.1f} | {r['torchrl']:.1f} | {d3} | {r['ours/torchrl']:.2f}x | {rd} |")
+        if r["plain"]:
+            print(f"\n{r['algo']}: hand-written plain PyTorch {r['plain']:.1f} steps/s; ours / plain {r['ours/plain']:.2f}x")
     print(json.dumps({"device": str(device), "compile": args.compile, "steps": args.steps, "rows": rows}))
 
 
