@@ -415,3 +415,20 @@ def test_awac_and_bcq_losses_learn():
 def test_bad_hyperparameters_raise_user_errors(make, match):
     with pytest.raises(UserError, match=match):
         make()
+
+
+def test_ensemble_per_member_path_equals_the_batched_one():
+    from offline_plugins.objectives import _fused
+
+    g = torch.Generator().manual_seed(0)
+    layers = [(torch.randn(2, 8, 5, generator=g, requires_grad=True), torch.randn(2, 8, generator=g, requires_grad=True)),
+              (torch.randn(2, 1, 8, generator=g, requires_grad=True), torch.randn(2, 1, generator=g, requires_grad=True))]
+    x = torch.randn(16, 5, generator=g)
+    params = [t for layer in layers for t in layer]
+    batched = _fused.run_ensemble(layers, x)
+    looped = _fused.run_ensemble(layers, x, per_member=True)
+    torch.testing.assert_close(looped, batched)
+    grads_b = torch.autograd.grad(batched.square().sum(), params)
+    grads_l = torch.autograd.grad(looped.square().sum(), params)
+    for a, b in zip(grads_l, grads_b):
+        torch.testing.assert_close(a, b)

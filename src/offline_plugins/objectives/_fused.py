@@ -79,10 +79,26 @@ def run_chain(layers: list, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def run_ensemble(layers: list, x: torch.Tensor) -> torch.Tensor:
+def run_ensemble(layers: list, x: torch.Tensor, *, per_member: bool = False) -> torch.Tensor:
     """An ensemble of MLPs with stacked weights ``[E, out, in]``: ``x`` ``[B, in]`` or ``[E, B, in]``
-    -> ``[E, B, out]``, one ``baddbmm`` per layer."""
+    -> ``[E, B, out]``, one ``baddbmm`` per layer.
+
+    ``per_member=True`` runs each member's layers as ``addmm`` instead: for thousands of
+    rows on a CPU, BLAS's plain GEMM beats its batched one by 10-25% (CQL's sampled
+    actions); for a few hundred rows, or on a GPU, one batched kernel is cheaper.
+    """
     n = layers[0][0].shape[0]
+    if per_member:
+        last = len(layers) - 1
+        outs = []
+        for e in range(n):
+            h = x if x.dim() == 2 else x[e]
+            for i, (w, b) in enumerate(layers):
+                h = F.linear(h, w[e], b[e])
+                if i < last:
+                    h = torch.relu(h)
+            outs.append(h)
+        return torch.stack(outs)
     if x.dim() == 2:
         x = x.unsqueeze(0).expand(n, *x.shape)
     last = len(layers) - 1

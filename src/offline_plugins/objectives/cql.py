@@ -131,9 +131,10 @@ class CQLLoss(_TorchRLCQLLoss):
         """The critics' Linear layers when they are our plain ``QValueNet`` MLPs (else None).
 
         The conservative term scores ``3 * num_random`` actions per state, 30x the
-        batch: most of a CQL step. On that path the two critics run as one ``baddbmm``
-        per layer over their stacked weights (bias fused), not TorchRL's ``vmap``
-        (a ``bmm`` and a separate bias add per layer).
+        batch: most of a CQL step. On that path the critics run straight from their
+        stacked weights with the bias fused into the matmul (``addmm`` per critic on a
+        CPU, one ``baddbmm`` on a GPU), not TorchRL's ``vmap`` (a ``bmm`` and a separate
+        bias add per layer).
         """
         if not hasattr(self, "_q_chain"):
             from offline_plugins.modules.networks import QValueNet
@@ -175,7 +176,8 @@ class CQLLoss(_TorchRLCQLLoss):
             obs = curr_td.get(self.qvalue_network.in_keys[0])  # [batch * n, obs], each state n times
             sampled = torch.cat([random_actions, curr_td.get(keys.action), next_td.get(keys.action)], 0)
             x = torch.cat([obs.repeat(3, 1), sampled], -1)
-            q_all = _fused.run_ensemble(_fused.chain_params(self.qvalue_network_params, chain), x)
+            q_all = _fused.run_ensemble(_fused.chain_params(self.qvalue_network_params, chain), x,
+                                        per_member=x.device.type == "cpu")
         else:
             q_td = torch.cat(
                 [
