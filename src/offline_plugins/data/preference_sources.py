@@ -40,7 +40,7 @@ __all__ = [
     "PreferenceSourceError",
     "cache_root",
     "resolve_preference_id",
-    "looks_like_preference_id",
+    "unknown_preference_dataset",
     "load_preference_source",
 ]
 
@@ -78,12 +78,6 @@ def resolve_preference_id(dataset: str) -> Optional[str]:
     if dataset.startswith("hf:") or dataset.endswith(".jsonl"):
         return dataset
     return None
-
-
-def looks_like_preference_id(dataset: str) -> bool:
-    """Whether ``dataset`` is close to a built-in preference id (for error messages)."""
-    known = list(BUILTIN_PREFERENCE_DATASETS) + list(_ALIASES)
-    return bool(difflib.get_close_matches(dataset, known, n=1, cutoff=0.6)) or "preference" in dataset
 
 
 def unknown_preference_dataset(dataset: str, algorithm: str) -> PreferenceSourceError:

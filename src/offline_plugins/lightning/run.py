@@ -86,8 +86,8 @@ def _dataset_action_space(dataset: str, registry) -> tuple[str, Optional[str]]:
 def _check_compatible(spec, dataset_id: str, action_space: Optional[str]) -> None:
     if spec.data not in _TRAINABLE_KINDS + _PREFERENCE_KINDS:
         raise UserError(
-            f"algorithm {spec.name!r} reads {spec.data} data, but dataset {dataset_id!r} is a Minari dataset of "
-            f"transitions; 'train' runs algorithms that read {' or '.join(_TRAINABLE_KINDS)}"
+            f"algorithm {spec.name!r} reads {spec.data} data, which 'train' cannot give it (dataset {dataset_id!r}); "
+            f"'train' runs algorithms that read {', '.join(_TRAINABLE_KINDS + _PREFERENCE_KINDS)}"
         )
     if action_space and spec.action_spaces and action_space not in spec.action_spaces:
         raise UserError(
