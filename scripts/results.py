@@ -81,7 +81,10 @@ def cmd_table(args) -> None:
     for (algo, dataset), found in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         cells = []
         for m in metrics:
-            values = [s[m] for s in found if s.get(m) is not None]
+            if args.at is not None:  # the evaluation at that step, from each run's history
+                values = [v for s in found for t, v in _curve(s, m) if t == args.at]
+            else:
+                values = [s[m] for s in found if s.get(m) is not None]
             cells.append(_fmt(values, args.scale))
         seeds = ",".join(str(s["seed"]) for s in sorted(found, key=lambda s: s["seed"]))
         steps = ",".join(sorted({str(s["steps"]) for s in found}))
@@ -107,6 +110,8 @@ def cmd_plot(args) -> None:
     if not runs:
         raise SystemExit(f"no runs under {root}")
     fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 3.6), squeeze=False)
+    names = sorted({algo for algos in runs.values() for algo in algos})
+    colors = {name: f"C{i % 10}" for i, name in enumerate(names)}  # one colour per algorithm in every panel
     for ax, (dataset, algos) in zip(axes[0], sorted(runs.items())):
         for algo, found in sorted(algos.items()):
             curves = [dict(_curve(s, args.metric)) for s in found]
@@ -114,8 +119,9 @@ def cmd_plot(args) -> None:
             if not steps:
                 continue
             values = [[c[t] * args.scale for c in curves] for t in steps]
-            ax.plot(steps, [statistics.fmean(v) for v in values], marker="o", ms=3, label=f"{algo} ({len(curves)})")
-            ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], alpha=0.15)
+            ax.plot(steps, [statistics.fmean(v) for v in values], marker="o", ms=3, color=colors[algo],
+                    label=f"{algo} ({len(curves)})")
+            ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], alpha=0.15, color=colors[algo])
         before = [s[args.baseline] for found in algos.values() for s in found if s.get(args.baseline) is not None]
         if before:
             ax.axhline(statistics.fmean(before) * args.scale, color="k", ls="--", lw=1, label="reference")
@@ -123,7 +129,8 @@ def cmd_plot(args) -> None:
         ax.set_xlabel("gradient step")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(args.ylabel or args.metric)
-    axes[0][-1].legend(fontsize="small", loc="best")
+    for ax in axes[0]:
+        ax.legend(fontsize="small", loc="best")
     fig.tight_layout()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out, dpi=100)
@@ -149,6 +156,7 @@ def main() -> None:
     p.add_argument("--root", default="runs/results")
     p.add_argument("--metric", default="normalized_score")
     p.add_argument("--scale", type=float, default=1.0, help="multiply values (100 for accuracies in %%)")
+    p.add_argument("--at", type=int, default=None, help="report the evaluation at this step instead of the last")
     p.set_defaults(func=cmd_table)
     p = sub.add_parser("plot", help="learning curves (mean over seeds, min-max band) of the runs under --root")
     p.add_argument("--root", default="runs/results")
