@@ -13,6 +13,8 @@ import json
 import pytest
 import torch
 
+from _cli_checks import fails_cleanly
+
 from offline_plugins.cli import main
 
 torch.set_num_threads(1)
@@ -35,16 +37,6 @@ def small_task_data(tmp_path_factory):
               cache_dir=tmp_path_factory.mktemp("pref-cache"))
     task = ArithmeticTask(digits=1)
     return {kind: task_preference_data(task, kind=kind, **kw) for kind in ("preference-pairs", "unpaired-feedback")}
-
-
-def _fails_cleanly(capsys, tmp_path, *args, match: str):
-    out = tmp_path / "run"
-    code = main(["train", *args, "--out", str(out), "--no-progress"])
-    err = capsys.readouterr().err.strip()
-    assert code == 2, err
-    assert len(err.splitlines()) == 1, err
-    assert err.startswith("offline-plugins: error:") and match in err, err
-    assert not out.exists()
 
 
 def test_dpo_on_a_jsonl_file_learns_the_preference_and_writes_the_run(capsys, tmp_path):
@@ -116,31 +108,31 @@ def test_kto_reads_a_paired_file_as_desirable_and_undesirable_rows(tmp_path):
 
 
 def test_preference_algorithm_on_a_minari_dataset(capsys, tmp_path):
-    _fails_cleanly(capsys, tmp_path, "dpo", "--dataset", "pendulum/medium-v0",
+    fails_cleanly(capsys, tmp_path, "dpo", "--dataset", "pendulum/medium-v0",
                    match="dpo trains on preference data, but 'pendulum/medium-v0' is not one")
 
 
 def test_offline_rl_algorithm_on_a_preference_dataset(capsys, tmp_path):
-    _fails_cleanly(capsys, tmp_path, "iql", "--dataset", "arithmetic/preference-v0",
+    fails_cleanly(capsys, tmp_path, "iql", "--dataset", "arithmetic/preference-v0",
                    match="is a preference dataset")
 
 
 def test_model_flag_for_an_offline_rl_algorithm(capsys, tmp_path):
-    _fails_cleanly(capsys, tmp_path, "iql", "--dataset", "pendulum/medium-v0", "--model", "tiny",
+    fails_cleanly(capsys, tmp_path, "iql", "--dataset", "pendulum/medium-v0", "--model", "tiny",
                    match="--model applies to preference algorithms")
 
 
 def test_missing_file_and_unpaired_rows_for_dpo(capsys, tmp_path):
-    _fails_cleanly(capsys, tmp_path, "dpo", "--dataset", str(tmp_path / "nope.jsonl"), match="does not exist")
+    fails_cleanly(capsys, tmp_path, "dpo", "--dataset", str(tmp_path / "nope.jsonl"), match="does not exist")
     rows = tmp_path / "unpaired.jsonl"
     rows.write_text(json.dumps({"prompt": "1+1=", "completion": "2", "label": True}) + "\n")
-    _fails_cleanly(capsys, tmp_path, "dpo", "--dataset", str(rows), match="holds unpaired (prompt, completion, label) rows")
+    fails_cleanly(capsys, tmp_path, "dpo", "--dataset", str(rows), match="holds unpaired (prompt, completion, label) rows")
 
 
 def test_bad_row_and_bad_model(capsys, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"prompt": "1+1=", "chosen": "2"}) + "\n")
-    _fails_cleanly(capsys, tmp_path, "dpo", "--dataset", str(bad), match="row 0 lacks field(s) ['rejected']")
+    fails_cleanly(capsys, tmp_path, "dpo", "--dataset", str(bad), match="row 0 lacks field(s) ['rejected']")
     good = _write_pairs(tmp_path / "good.jsonl", 4)
-    _fails_cleanly(capsys, tmp_path, "dpo", "--dataset", str(good), "--model", str(tmp_path / "no-model"),
+    fails_cleanly(capsys, tmp_path, "dpo", "--dataset", str(good), "--model", str(tmp_path / "no-model"),
                    match="cannot load model")

@@ -13,6 +13,8 @@ import json
 import pytest
 import torch
 
+from _cli_checks import fails_cleanly
+
 from offline_plugins.cli import main
 
 torch.set_num_threads(1)
@@ -25,46 +27,36 @@ def _offline(monkeypatch):
     monkeypatch.setenv("OFFLINE_PLUGINS_OFFLINE", "1")
 
 
-def _fails_cleanly(capsys, tmp_path, *args, match: str):
-    out = tmp_path / "run"
-    code = main(["train", *args, "--out", str(out), "--no-progress"])
-    err = capsys.readouterr().err.strip()
-    assert code == 2, err
-    assert len(err.splitlines()) == 1, err
-    assert err.startswith("offline-plugins: error:") and match in err, err
-    assert not out.exists()
-
-
 def test_unknown_algorithm(capsys, tmp_path):
-    _fails_cleanly(capsys, tmp_path, "iqll", "--dataset", DATASET, match="unknown algorithm 'iqll'; did you mean 'iql'")
+    fails_cleanly(capsys, tmp_path, "iqll", "--dataset", DATASET, match="unknown algorithm 'iqll'; did you mean 'iql'")
 
 
 def test_unknown_dataset(capsys, tmp_path, minari_store):
-    _fails_cleanly(capsys, tmp_path, "iql", "--dataset", "pendulum/nope-v0", match="unknown dataset 'pendulum/nope-v0'")
+    fails_cleanly(capsys, tmp_path, "iql", "--dataset", "pendulum/nope-v0", match="unknown dataset 'pendulum/nope-v0'")
 
 
 def test_action_space_mismatch(capsys, tmp_path, minari_store):
-    _fails_cleanly(
+    fails_cleanly(
         capsys, tmp_path, "cql-discrete", "--dataset", DATASET, match="needs discrete actions, but dataset"
     )
 
 
 def test_unknown_set_key(capsys, tmp_path, minari_store):
-    _fails_cleanly(capsys, tmp_path, "iql", "--dataset", DATASET, "--set", "lrr=1", match="unknown config key 'lrr'")
+    fails_cleanly(capsys, tmp_path, "iql", "--dataset", DATASET, "--set", "lrr=1", match="unknown config key 'lrr'")
 
 
 def test_malformed_set_and_bad_value(capsys, tmp_path, minari_store):
-    _fails_cleanly(capsys, tmp_path, "iql", "--dataset", DATASET, "--set", "actor_lr", match="--set expects key=value")
-    _fails_cleanly(capsys, tmp_path, "iql", "--dataset", DATASET, "--set", "actor_lr=fast", match="expects float")
+    fails_cleanly(capsys, tmp_path, "iql", "--dataset", DATASET, "--set", "actor_lr", match="--set expects key=value")
+    fails_cleanly(capsys, tmp_path, "iql", "--dataset", DATASET, "--set", "actor_lr=fast", match="expects float")
 
 
 def test_malformed_config_file(capsys, tmp_path, minari_store):
     bad = tmp_path / "bad.yaml"
     bad.write_text("actor_lr: [1e-3\n")
-    _fails_cleanly(capsys, tmp_path, "iql", "--dataset", DATASET, "--config", str(bad), match="is not valid YAML")
+    fails_cleanly(capsys, tmp_path, "iql", "--dataset", DATASET, "--config", str(bad), match="is not valid YAML")
     listing = tmp_path / "list.yaml"
     listing.write_text("- actor_lr\n")
-    _fails_cleanly(capsys, tmp_path, "iql", "--dataset", DATASET, "--config", str(listing), match="must hold a mapping")
+    fails_cleanly(capsys, tmp_path, "iql", "--dataset", DATASET, "--config", str(listing), match="must hold a mapping")
 
 
 def test_eval_of_a_missing_checkpoint(capsys, tmp_path):

@@ -123,7 +123,45 @@ class NonFiniteGuard(Callback):
         raise NonFiniteLossError(msg)
 
 
-class PolicyEvaluation(Callback):
+class _ScheduledEvaluation(Callback):
+    """Evaluate every ``every`` gradient steps (0: only at the end) and when training ends, on
+    global rank 0; keep the records in ``history`` (saved in checkpoints, so a resumed run's
+    learning curve continues). Subclasses define ``_score(trainer, pl_module)``, returning
+    ``(record fields, logged metrics)`` of an evaluation now."""
+
+    every: int
+    history: list
+
+    def evaluate(self, trainer, pl_module) -> Optional[dict]:
+        """Evaluate now; returns the logged record on rank 0, None elsewhere."""
+        step = int(trainer.global_step)
+        if self.history and self.history[-1]["step"] == step:
+            return self.history[-1]
+        if trainer.global_rank != 0:
+            return None
+        fields, metrics = self._score(trainer, pl_module)
+        record = {"step": step, **fields}
+        self.history.append(record)
+        # Lightning writes the 0-based index of the last step in the "step" column
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step - 1)
+        return record
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.every and trainer.global_step % self.every == 0:
+            self.evaluate(trainer, pl_module)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.evaluate(trainer, pl_module)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": list(self.history)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = list(state_dict.get("history", []))
+
+
+class PolicyEvaluation(_ScheduledEvaluation):
     """Evaluate the deterministic policy in the dataset's environment.
 
     Runs every ``every`` gradient steps (0: only at the end) and when training ends,
@@ -165,15 +203,9 @@ class PolicyEvaluation(Callback):
     def state_key(self) -> str:
         return "PolicyEvaluation"
 
-    def evaluate(self, trainer, pl_module) -> Optional[dict]:
-        """Roll the policy out now; returns the logged record on rank 0, None elsewhere."""
+    def _score(self, trainer, pl_module) -> tuple[dict, dict]:
         from offline_plugins.eval.rollout import evaluate_policy
 
-        step = int(trainer.global_step)
-        if self.history and self.history[-1]["step"] == step:
-            return self.history[-1]
-        if trainer.global_rank != 0:
-            return None
         result = evaluate_policy(
             pl_module.policy,
             self.make_env,
@@ -184,31 +216,13 @@ class PolicyEvaluation(Callback):
             score=self.score,
         )
         self.last = result
-        record = {"step": step, **{k: v for k, v in result.to_dict().items() if k != "returns"}}
-        self.history.append(record)
         metrics = {"eval/return_mean": result.return_mean, "eval/return_std": result.return_std}
         if result.normalized_score is not None:
             metrics["eval/normalized_score"] = result.normalized_score
-        # Lightning writes the 0-based index of the last step in the "step" column
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=step - 1)
-        return record
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.every and trainer.global_step % self.every == 0:
-            self.evaluate(trainer, pl_module)
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        self.evaluate(trainer, pl_module)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"history": list(self.history)}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.history = list(state_dict.get("history", []))
+        return {k: v for k, v in result.to_dict().items() if k != "returns"}, metrics
 
 
-class PreferenceEvaluation(Callback):
+class PreferenceEvaluation(_ScheduledEvaluation):
     """Score a preference-trained model on the held-out data every ``every`` steps and at the end.
 
     Logs ``eval/preference_accuracy``, ``eval/likelihood_accuracy``,
@@ -250,35 +264,18 @@ class PreferenceEvaluation(Callback):
         if self.before is None and trainer.global_rank == 0 and not hasattr(pl_module.policy, "rewards"):
             self.before = self._reference_scores(pl_module)
 
-    def evaluate(self, trainer, pl_module) -> Optional[dict]:
+    def _score(self, trainer, pl_module) -> tuple[dict, dict]:
         from offline_plugins.eval.preference import evaluate_preference_model
 
-        step = int(trainer.global_step)
-        if self.history and self.history[-1]["step"] == step:
-            return self.history[-1]
-        if trainer.global_rank != 0:
-            return None
         scores = evaluate_preference_model(pl_module.policy, self.data, model=pl_module.extra.get("model"),
                                            exact_match_n=self.exact_match_n)
-        record = {"step": step, **scores}
-        self.history.append(record)
-        metrics = {f"eval/{k}": v for k, v in scores.items() if v is not None}
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=step - 1)
-        return record
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.every and trainer.global_step % self.every == 0:
-            self.evaluate(trainer, pl_module)
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        self.evaluate(trainer, pl_module)
+        return scores, {f"eval/{k}": v for k, v in scores.items() if v is not None}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"history": list(self.history), "before": self.before}
+        return {**super().state_dict(), "before": self.before}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.history = list(state_dict.get("history", []))
+        super().load_state_dict(state_dict)
         self.before = state_dict.get("before")
 
 
