@@ -46,6 +46,7 @@ __all__ = [
     "PAIR_FIELDS",
     "UNPAIRED_FIELDS",
     "validate_rows",
+    "pairs_to_unpaired",
     "load_jsonl",
     "load_hf_dataset",
     "encode_example",
@@ -139,6 +140,15 @@ def validate_rows(rows: Iterable[Mapping[str, Any]], fields: Sequence[str], *, s
             clean[f] = v
         out.append(clean)
     return out
+
+
+def pairs_to_unpaired(rows: Iterable[Mapping[str, Any]]) -> list[dict]:
+    """Each ``(prompt, chosen, rejected)`` row as a desirable and an undesirable ``(prompt, completion, label)`` row.
+
+    >>> pairs_to_unpaired([{"prompt": "1+1=", "chosen": "2", "rejected": "3"}])
+    [{'prompt': '1+1=', 'completion': '2', 'label': True}, {'prompt': '1+1=', 'completion': '3', 'label': False}]
+    """
+    return [{"prompt": r["prompt"], "completion": r[k], "label": k == "chosen"} for r in rows for k in ("chosen", "rejected")]
 
 
 def load_jsonl(path: Union[str, Path], *, fields: Sequence[str] = PAIR_FIELDS) -> list[dict]:

@@ -101,10 +101,6 @@ def _model_context(model: Any, default: int = 512) -> int:
     return int(min(n, 1024)) if n else default
 
 
-def _split_pairs(rows: list[dict]) -> list[dict]:
-    return [{"prompt": r["prompt"], "completion": r[k], "label": k == "chosen"} for r in rows for k in ("chosen", "rejected")]
-
-
 def _layout(columns) -> str:
     return "unpaired" if "completion" in columns and "chosen" not in columns else "pairs"
 
@@ -180,6 +176,7 @@ def load_preference_source(
     from offline_plugins.data.preference import (
         PreferenceData,
         add_reference_log_probs,
+        pairs_to_unpaired,
         tokenize_pairs,
         tokenize_unpaired,
     )
@@ -217,7 +214,7 @@ def load_preference_source(
     if not train_rows:
         raise PreferenceSourceError(f"{resolved}: every row fell in the held-out split; give more rows")
     tok = tokenize_pairs if layout == "pairs" and kind == "preference-pairs" else tokenize_unpaired
-    to_rows = _split_pairs if layout == "pairs" and kind == "unpaired-feedback" else (lambda r: r)
+    to_rows = pairs_to_unpaired if layout == "pairs" and kind == "unpaired-feedback" else (lambda r: r)
     train, report = tok(to_rows(train_rows), tokenizer, max_length=max_length, source=resolved)
     test = test_pairs = None
     ref_cache = cache / "reference_log_probs"

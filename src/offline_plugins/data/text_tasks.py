@@ -141,11 +141,11 @@ def unpaired_rows(
     num_samples: int = 2, seed: int = 0,
 ) -> list[dict]:
     """``(prompt, completion, label)`` rows: each pair of :func:`preference_rows` split in two."""
-    out = []
-    for r in preference_rows(task, model, tokenizer, n_prompts, split=split, num_samples=num_samples, seed=seed):
-        out.append({"prompt": r["prompt"], "completion": r["chosen"], "label": True})
-        out.append({"prompt": r["prompt"], "completion": r["rejected"], "label": False})
-    return out
+    from offline_plugins.data.preference import pairs_to_unpaired
+
+    return pairs_to_unpaired(
+        preference_rows(task, model, tokenizer, n_prompts, split=split, num_samples=num_samples, seed=seed)
+    )
 
 
 def exact_match_accuracy(
@@ -241,6 +241,7 @@ def task_preference_data(
     from offline_plugins.data.preference import (
         PreferenceData,
         add_reference_log_probs,
+        pairs_to_unpaired,
         tokenize_pairs,
         tokenize_unpaired,
     )
@@ -271,11 +272,9 @@ def task_preference_data(
         train, report = tokenize_pairs(train_rows, tokenizer, max_length=max_length, source=task.name)
         test = test_pairs
     else:
-        split = lambda rows: [  # noqa: E731
-            {"prompt": r["prompt"], "completion": r[k], "label": k == "chosen"} for r in rows for k in ("chosen", "rejected")
-        ]
-        train, report = tokenize_unpaired(split(train_rows), tokenizer, max_length=max_length, source=task.name)
-        test, _ = tokenize_unpaired(split(test_rows), tokenizer, max_length=max_length, source=f"{task.name}/test")
+        train, report = tokenize_unpaired(pairs_to_unpaired(train_rows), tokenizer, max_length=max_length,
+                                          source=task.name)
+        test, _ = tokenize_unpaired(pairs_to_unpaired(test_rows), tokenizer, max_length=max_length, source=f"{task.name}/test")
     ref_cache = Path(cache_dir) / "reference_log_probs" if cache_dir is not None else None
     add_reference_log_probs(train, reference, cache_dir=ref_cache, dataset_id=task.name)
     add_reference_log_probs(test, reference, cache_dir=ref_cache, dataset_id=f"{task.name}-test")

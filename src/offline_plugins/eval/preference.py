@@ -109,6 +109,7 @@ def evaluate_preference_model(
     model: Optional[torch.nn.Module] = None,
     exact_match_n: int = 500,
     batch_size: int = 64,
+    kl: bool = True,
 ) -> dict[str, Optional[float]]:
     """All held-out scores of ``policy`` (a ``CausalLMLogProbs`` or ``CausalLMReward``) on ``data``.
 
@@ -119,6 +120,7 @@ def evaluate_preference_model(
     Keyword Args:
         model: the transformers model inside ``policy`` (for KL and generation).
         exact_match_n: held-out task prompts for exact match (built-in tasks only).
+        kl: compute the KL to the reference (False when ``policy`` is the reference).
 
     Returns:
         ``preference_accuracy``, ``likelihood_accuracy``, ``kl_to_reference`` and
@@ -136,7 +138,7 @@ def evaluate_preference_model(
             out.update(pairwise_scores(policy, pairs, batch_size=batch_size))
         is_reward = hasattr(policy, "rewards")
         held_out = pairs if pairs is not None else getattr(data, "test", None)
-        if not is_reward and model is not None and held_out is not None and held_out.batch_size[0]:
+        if kl and not is_reward and model is not None and held_out is not None and held_out.batch_size[0]:
             out["kl_to_reference"] = kl_to_reference(model, data.reference, held_out, batch_size=batch_size)
         task = getattr(data, "task", None)
         if not is_reward and model is not None and task is not None and exact_match_n > 0:

@@ -256,7 +256,7 @@ class PreferenceEvaluation(_ScheduledEvaluation):
 
         reference = self.data.reference
         scores = evaluate_preference_model(CausalLMLogProbs(reference), self.data, model=reference,
-                                           exact_match_n=self.exact_match_n)
+                                           exact_match_n=self.exact_match_n, kl=False)
         # the reference's implicit reward is 0 on every response, and its KL to itself 0
         return {"exact_match": scores["exact_match"], "likelihood_accuracy": scores["likelihood_accuracy"]}
 
