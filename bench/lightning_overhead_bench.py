@@ -44,7 +44,7 @@ def _plain_loop(parts, data, *, steps: int, warmup: int, batch_size: int, seed: 
             break
         torch.default_generator.manual_seed(step_seed(seed, 0, step, LOSS_STREAM))
         out = parts.loss(batch)
-        active = [g for g in groups if step % g.every == 0]
+        active = [g for g in groups if g.due(step)]
         keys = []
         for g in active:
             keys.extend(k for k in g.loss_keys if k not in keys)
@@ -55,7 +55,7 @@ def _plain_loop(parts, data, *, steps: int, warmup: int, batch_size: int, seed: 
             if g.max_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_(g.params, g.max_grad_norm, foreach=True)
         opt.step()
-        if parts.target_updater is not None and step % target_every == 0:
+        if parts.target_updater is not None and (step + 1) % target_every == 0:
             parts.target_updater.step()
         losses = torch.stack([out.get(k).detach().reshape(()) for k in keys_all])
         bad = ~torch.isfinite(losses)

@@ -217,13 +217,13 @@ class _Runner:
     def _one(self) -> None:
         step, opts = self.step, self.opts
         out = self.loss(self.sample())
-        keys = {k for _, ks, every in opts if step % every == 0 for k in ks}
+        keys = {k for _, ks, every in opts if (step + 1) % every == 0 for k in ks}
         total = sum(out[k] for k in keys)
         for opt, _, _ in opts:
             opt.zero_grad(set_to_none=True)
         total.backward()
         for opt, _, every in opts:
-            if step % every == 0:
+            if (step + 1) % every == 0:
                 opt.step()
         if self.updater is not None:
             self.updater.step()

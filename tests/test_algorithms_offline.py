@@ -70,7 +70,7 @@ def train(parts, batch, steps: int):
             opt.zero_grad()
         total.backward()
         for group, opt in optimizers:
-            if step % group.every == 0:
+            if group.due(step):
                 opt.step()
         if parts.target_updater is not None:
             parts.target_updater.step()

@@ -45,9 +45,9 @@ def test_training_reduces_the_loss_and_writes_the_run(tmp_path):
 
 
 def test_a_delayed_group_sits_out_and_targets_follow(tmp_path):
-    # actor_every=2: step 1 (0-based) moves the critic but not the actor
-    one = load_checkpoint(_run(tmp_path, "one", steps=1)["checkpoint"])["state_dict"]
-    two = load_checkpoint(_run(tmp_path, "two", steps=2)["checkpoint"])["state_dict"]
+    # actor_every=2, as TD3: the actor steps at 0-based steps 1, 3...; step 2 moves the critic only
+    one = load_checkpoint(_run(tmp_path, "one", steps=2)["checkpoint"])["state_dict"]
+    two = load_checkpoint(_run(tmp_path, "two", steps=3)["checkpoint"])["state_dict"]
     actor = [k for k in one if k.startswith("loss_module.actor_network_params")]
     critic = [k for k in one if k.startswith("loss_module.qvalue_network_params")]
     assert actor and critic
@@ -103,3 +103,55 @@ def test_eval_of_a_checkpoint_repeats_the_final_evaluation(tmp_path):
     assert result["episodes"] == 2 and result["step"] == 20
     assert result["return_mean"] == pytest.approx(summary["return_mean"])
     assert result["normalized_score"] == pytest.approx(summary["normalized_score"])
+
+
+def _sgd_critic_spec():
+    """tiny-td3bc whose critic group asks for SGD with momentum instead of Adam."""
+    import dataclasses
+
+    from _lightning_fixtures import build_tiny_td3bc
+    from offline_plugins.algorithms.base import OptimizerGroup
+
+    class SGDGroup(OptimizerGroup):
+        def make_optimizer(self):
+            return torch.optim.SGD(self.trainable(), lr=self.lr, momentum=0.9)
+
+    def build(config, data):
+        parts = build_tiny_td3bc(config, data)
+        critic = parts.optimizers[0]
+        parts.optimizers[0] = SGDGroup(critic.name, critic.params, 0.05, critic.loss_keys)
+        return parts
+
+    return dataclasses.replace(TINY_SPEC, name="tiny-td3bc-sgd", build=build)
+
+
+def test_a_group_that_overrides_make_optimizer_gets_its_optimizer_and_resumes_exactly(tmp_path):
+    spec = _sgd_critic_spec()
+    kw = dict(seed=1, eval_every=0)
+    train(spec, FakeOfflineData(), out_dir=tmp_path / "cut", steps=10, **QUIET, **kw)
+    resumed = train(spec, FakeOfflineData(), out_dir=tmp_path / "cut", steps=20, resume=True, **QUIET, **kw)
+    straight = train(spec, FakeOfflineData(), out_dir=tmp_path / "straight", steps=20, **QUIET, **kw)
+    a, b = load_checkpoint(resumed["checkpoint"]), load_checkpoint(straight["checkpoint"])
+    # one Lightning step per gradient step, though two optimisers stepped
+    assert a["global_step"] == b["global_step"] == 20
+    (saved,) = b["optimizer_states"]
+    sgd, adam = saved["optimizers"]
+    assert sgd["param_groups"][0]["momentum"] == 0.9 and sgd["param_groups"][0]["lr"] == 0.05
+    assert all("momentum_buffer" in s for s in sgd["state"].values())
+    assert all("exp_avg" in s for s in adam["state"].values())
+    for k in b["state_dict"]:
+        assert torch.equal(a["state_dict"][k], b["state_dict"][k]), k
+
+
+def test_ddp_zero_weighting_of_an_idle_group_changes_nothing(tmp_path, monkeypatch):
+    # Under DDP a group sitting a step out backpropagates with weight 0 and its gradients
+    # are dropped (no find_unused_parameters); forced on one process, the run is unchanged
+    from offline_plugins.lightning.module import OfflineAlgorithmModule
+
+    plain = load_checkpoint(_run(tmp_path, "plain", steps=5)["checkpoint"])
+    monkeypatch.setattr(OfflineAlgorithmModule, "on_fit_start", lambda self: setattr(self, "_zero_weight_idle", True))
+    zeroed = load_checkpoint(_run(tmp_path, "zeroed", steps=5)["checkpoint"])
+    for k, v in plain["state_dict"].items():
+        assert torch.equal(v, zeroed["state_dict"][k]), k
+    sa, sb = plain["optimizer_states"][0]["state"], zeroed["optimizer_states"][0]["state"]
+    assert all(torch.equal(sa[i]["exp_avg"], sb[i]["exp_avg"]) and sa[i]["step"] == sb[i]["step"] for i in sa)

@@ -15,7 +15,7 @@ import torch
 from tensordict.nn import TensorDictModuleBase
 from torchrl.objectives import LossModule
 
-__all__ = ["OptimizerGroup", "AlgorithmParts"]
+__all__ = ["OptimizerGroup", "AlgorithmParts", "adam_kernel"]
 
 
 @dataclass
@@ -27,7 +27,7 @@ class OptimizerGroup:
         params: the parameters it steps.
         lr: learning rate.
         loss_keys: the ``loss_*`` entries of the loss output whose sum it minimises.
-        every: step it every ``every`` gradient steps (TD3+BC's delayed actor).
+        every: step it every ``every`` gradient steps (TD3+BC's delayed actor); see :meth:`due`.
         weight_decay: Adam weight decay.
         max_grad_norm: clip gradients of ``params`` to this norm first (None: no clipping).
     """
@@ -40,20 +40,44 @@ class OptimizerGroup:
     weight_decay: float = 0.0
     max_grad_norm: Optional[float] = None
 
-    def make_optimizer(self) -> torch.optim.Optimizer:
+    def due(self, step: int) -> bool:
+        """Whether the group steps at the 0-based gradient step ``step``: on every
+        ``every``-th step, the first at ``step = every - 1``, as TD3's delayed actor
+        (``total_it += 1; if total_it % policy_freq == 0``).
+
+        >>> [OptimizerGroup("actor", [], 1e-3, ("loss_actor",), every=2).due(t) for t in range(4)]
+        [False, True, False, True]
+        """
+        return (step + 1) % self.every == 0
+
+    def trainable(self) -> list[torch.nn.Parameter]:
+        """The parameters that require gradients; raises when there are none."""
         params = [p for p in self.params if p.requires_grad]
         if not params:
             raise ValueError(f"optimiser group {self.name!r} has no trainable parameters")
-        kwargs: dict[str, Any] = {"lr": self.lr, "weight_decay": self.weight_decay}
-        # fused Adam (one kernel for every tensor) runs on CUDA and, since torch 2.4, on CPU,
-        # where it measured 3.6x faster than foreach for 2x256 MLPs (bench/offline_bench.py);
-        # it needs floating-point parameters all on one device type
-        devices = {p.device.type for p in params}
-        if len(devices) == 1 and devices <= {"cuda", "cpu"} and all(p.is_floating_point() for p in params):
-            kwargs["fused"] = True
-        else:
-            kwargs["foreach"] = True
-        return torch.optim.Adam(params, **kwargs)
+        return params
+
+    def make_optimizer(self) -> torch.optim.Optimizer:
+        """This group's optimiser: Adam with the group's learning rate and weight decay.
+
+        A subclass may return another optimiser; the Lightning shell then steps the
+        groups' own optimisers (:class:`~offline_plugins.lightning.module.OptimizerChain`)
+        instead of one grouped Adam.
+        """
+        params = self.trainable()
+        return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay, **adam_kernel(params))
+
+
+def adam_kernel(params: Sequence[torch.nn.Parameter]) -> dict[str, bool]:
+    """``{"fused": True}`` when Adam's fused kernel applies to ``params``, else ``{"foreach": True}``.
+
+    The fused kernel (one kernel for every tensor) runs on CUDA and, since torch 2.4, on
+    CPU, where it measured 3.6x faster than foreach for 2x256 MLPs
+    (bench/offline_bench.py); it needs floating-point parameters all on one device type.
+    """
+    devices = {p.device.type for p in params}
+    fused = len(devices) == 1 and devices <= {"cuda", "cpu"} and all(p.is_floating_point() for p in params)
+    return {"fused": True} if fused else {"foreach": True}
 
 
 @dataclass

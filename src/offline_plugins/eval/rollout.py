@@ -16,6 +16,7 @@ training data before the policy sees them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import time
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -39,6 +40,19 @@ class EvalResult:
     lengths: np.ndarray
     normalized: Optional[np.ndarray] = None
     extra: dict = field(default_factory=dict)
+    policy_s: float = 0.0
+    policy_calls: int = 0
+
+    @property
+    def ms_per_action(self) -> float:
+        """Policy time per action taken, averaged over every step of every episode (a planner
+        that plans every k-th step spreads its plans over k actions)."""
+        return 1000.0 * self.policy_s / max(int(np.sum(self.lengths)), 1)
+
+    @property
+    def ms_per_call(self) -> float:
+        """Policy time per batched call (one call acts in every live episode at once)."""
+        return 1000.0 * self.policy_s / max(self.policy_calls, 1)
 
     @property
     def return_mean(self) -> float:
@@ -65,6 +79,8 @@ class EvalResult:
             "normalized_score": self.normalized_score,
             "normalized_score_std": self.normalized_score_std,
             "length_mean": float(np.mean(self.lengths)),
+            "ms_per_action": round(self.ms_per_action, 3),
+            "ms_per_call": round(self.ms_per_call, 3),
             "returns": [float(r) for r in self.returns],
         }
 
@@ -127,6 +143,7 @@ def evaluate_policy(
     lengths = np.zeros(episodes, dtype=np.int64)
     last_reward = np.zeros(episodes, dtype=np.float32)
     live = list(range(episodes))
+    policy_s, calls = 0.0, 0
     # stateful policies (Decision Transformer's rolling context) start a new episode here
     if hasattr(policy, "reset"):
         policy.reset()
@@ -152,8 +169,11 @@ def evaluate_policy(
                 )
                 if lengths[live[0]] > 0:
                     td["reward"] = torch.as_tensor(last_reward[live], device=dev).unsqueeze(-1)
+                t0 = time.perf_counter()
                 action = policy(td)["action"]
-                act = actions_for_env(action, envs[live[0]].action_space)
+                act = actions_for_env(action, envs[live[0]].action_space)  # waits for the device
+                policy_s += time.perf_counter() - t0
+                calls += 1
                 still = []
                 for row, i in enumerate(live):
                     obs[i], reward, terminated, truncated, _ = envs[i].step(act[row])
@@ -171,4 +191,4 @@ def evaluate_policy(
     normalized = None
     if score is not None:
         normalized = np.asarray(score(returns), dtype=np.float64)
-    return EvalResult(returns=returns, lengths=lengths, normalized=normalized)
+    return EvalResult(returns=returns, lengths=lengths, normalized=normalized, policy_s=policy_s, policy_calls=calls)

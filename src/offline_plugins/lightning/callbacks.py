@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Any, Callable, Optional
 
 import torch
@@ -41,7 +42,8 @@ class TargetNetworkUpdate(Callback):
     """Step ``pl_module.target_updater`` after every ``every``-th gradient step.
 
     ``every`` defaults to the algorithm's ``extra["target_update_every"]``, else to the
-    slowest optimiser group's period (TD3+BC moves its targets with the delayed actor).
+    slowest optimiser group's period (TD3+BC moves its targets with the delayed actor, on
+    the same steps: the every-th, 2 every-th...).
     The updater's own progress (``HardUpdate``'s counter) is saved by the module.
     """
 
@@ -61,7 +63,7 @@ class TargetNetworkUpdate(Callback):
         if updater is None:
             return
         # global_step already counts this step; the step just taken is global_step - 1
-        if (trainer.global_step - 1) % self._period(pl_module) == 0:
+        if trainer.global_step % self._period(pl_module) == 0:
             updater.step()
 
 
@@ -139,8 +141,9 @@ class _ScheduledEvaluation(Callback):
             return self.history[-1]
         if trainer.global_rank != 0:
             return None
+        t0 = time.perf_counter()
         fields, metrics = self._score(trainer, pl_module)
-        record = {"step": step, **fields}
+        record = {"step": step, **fields, "eval_s": round(time.perf_counter() - t0, 3)}
         self.history.append(record)
         # Lightning writes the 0-based index of the last step in the "step" column
         for logger in trainer.loggers:

@@ -12,10 +12,10 @@ from typing import Any, Optional, Sequence
 import torch
 from lightning.pytorch import LightningModule
 
-from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
+from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup, adam_kernel
 from offline_plugins.lightning.data import LOSS_STREAM, step_seed
 
-__all__ = ["OfflineAlgorithmModule", "make_grouped_adam"]
+__all__ = ["OfflineAlgorithmModule", "OptimizerChain", "make_grouped_adam", "make_shell_optimizer"]
 
 
 def make_grouped_adam(groups: Sequence[OptimizerGroup]) -> torch.optim.Adam:
@@ -26,28 +26,89 @@ def make_grouped_adam(groups: Sequence[OptimizerGroup]) -> torch.optim.Adam:
     is per parameter, and a group that sits a step out (``every > 1``) has no
     gradient, so Adam leaves its parameters and moments alone.
     """
-    param_groups = []
-    all_params = []
-    for g in groups:
-        params = [p for p in g.params if p.requires_grad]
-        if not params:
-            raise ValueError(f"optimiser group {g.name!r} has no trainable parameters")
-        param_groups.append({"params": params, "lr": g.lr, "weight_decay": g.weight_decay, "name": g.name})
-        all_params.extend(params)
-    # fused Adam (one kernel for every tensor; on CPU too since torch 2.4) when the parameters
-    # are floating point on one device type, as OptimizerGroup.make_optimizer does; else foreach
-    devices = {p.device.type for p in all_params}
-    fused = len(devices) == 1 and devices <= {"cuda", "cpu"} and all(p.is_floating_point() for p in all_params)
-    return torch.optim.Adam(param_groups, **({"fused": True} if fused else {"foreach": True}))
+    param_groups = [
+        {"params": g.trainable(), "lr": g.lr, "weight_decay": g.weight_decay, "name": g.name} for g in groups
+    ]
+    return torch.optim.Adam(param_groups, **adam_kernel([p for pg in param_groups for p in pg["params"]]))
+
+
+class OptimizerChain(torch.optim.Optimizer):
+    """Several optimisers stepped, zeroed and saved as one.
+
+    Lightning counts every ``step()`` of every optimiser in ``global_step``; the shell
+    hands it this one optimiser so that a step stays one gradient step. Its
+    ``param_groups`` are the members' own group dicts, so a learning-rate scheduler
+    on the chain sets the members' rates.
+
+    >>> a, b = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+    >>> chain = OptimizerChain([torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.Adam(b.parameters(), lr=1e-3)])
+    >>> (a(torch.ones(1, 2)) + b(torch.ones(1, 2))).sum().backward()
+    >>> chain.step(); [g["lr"] for g in chain.param_groups]
+    [0.1, 0.001]
+    """
+
+    def __init__(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        self.optimizers = list(optimizers)
+        if not self.optimizers:
+            raise ValueError("OptimizerChain needs at least one optimiser")
+        params = [p for o in self.optimizers for g in o.param_groups for p in g["params"]]
+        super().__init__(params, {})
+        self.param_groups = [g for o in self.optimizers for g in o.param_groups]
+
+    @property
+    def state(self) -> dict:
+        """The members' per-parameter states (their own dicts: changes to a value reach them)."""
+        merged: dict = {}
+        for o in getattr(self, "optimizers", ()):
+            merged.update(o.state)
+        return merged
+
+    @state.setter
+    def state(self, value) -> None:  # torch.optim.Optimizer.__init__ assigns an empty state
+        pass
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for o in self.optimizers:
+            o.step()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return {"optimizers": [o.state_dict() for o in self.optimizers]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        saved = state_dict["optimizers"]
+        if len(saved) != len(self.optimizers):
+            raise ValueError(f"the state holds {len(saved)} optimisers, this chain has {len(self.optimizers)}")
+        for o, s in zip(self.optimizers, saved):
+            o.load_state_dict(s)
+
+
+def make_shell_optimizer(groups: Sequence[OptimizerGroup]) -> torch.optim.Optimizer:
+    """The shell's one optimiser: :func:`make_grouped_adam` when every group is a plain
+    :class:`OptimizerGroup`, else an :class:`OptimizerChain` of each group's own
+    ``make_optimizer()`` (a group that overrides it gets the optimiser it asks for)."""
+    if all(type(g).make_optimizer is OptimizerGroup.make_optimizer for g in groups):
+        return make_grouped_adam(groups)
+    return OptimizerChain([g.make_optimizer() for g in groups])
 
 
 class OfflineAlgorithmModule(LightningModule):
     """Trains the loss of an :class:`~offline_plugins.algorithms.base.AlgorithmParts`.
 
-    Manual optimisation: at step ``t`` the terms of every group with ``t % every == 0``
+    Manual optimisation: at step ``t`` the terms of every group due then
+    (:meth:`~offline_plugins.algorithms.base.OptimizerGroup.due`)
     are summed and backpropagated once (TorchRL losses detach what a term must not
     move, as in TorchRL's own training scripts); each group's gradients are clipped
-    to its ``max_grad_norm``; one Adam steps them all.
+    to its ``max_grad_norm``; one optimiser (:func:`make_shell_optimizer`) steps them all.
 
     The loss's random draws at step ``t`` on rank ``r`` come from the default
     generators reseeded from ``(seed, r, t)``, so a resumed run repeats the
@@ -92,31 +153,44 @@ class OfflineAlgorithmModule(LightningModule):
             raise ValueError(f"algorithm {algorithm!r} declared no optimiser groups")
         self._active_cache: dict[tuple[bool, ...], tuple[list[str], list[OptimizerGroup]]] = {}
         self._checked_keys = False
+        self._zero_weight_idle = False
         self.last_logged: dict[str, float] = {}
 
     # -- training -----------------------------------------------------------------
     def configure_optimizers(self):
-        """One Adam over every group, plus the schedulers in ``parts.extra["lr_schedulers"]``.
+        """One optimiser over every group (:func:`make_shell_optimizer`), plus the schedulers
+        in ``parts.extra["lr_schedulers"]``.
 
         Each scheduler entry is a callable ``make(optimizer) -> LRScheduler``; it is
         stepped once per gradient step and saved in checkpoints.
         """
-        optimizer = make_grouped_adam(self.optimizer_groups)
+        optimizer = make_shell_optimizer(self.optimizer_groups)
         makers = list(self.extra.get("lr_schedulers", ()) or ())
         if not makers:
             return optimizer
         return [optimizer], [{"scheduler": make(optimizer), "interval": "step"} for make in makers]
 
-    def _active(self, step: int) -> tuple[list[str], list[OptimizerGroup]]:
-        due = tuple(step % g.every == 0 for g in self.optimizer_groups)
+    def _active(self, step: int) -> tuple[list[str], list[OptimizerGroup], list[str], list[OptimizerGroup]]:
+        """The loss keys and groups due at ``step``, and the keys and groups sitting it out."""
+        due = tuple(g.due(step) for g in self.optimizer_groups)
         hit = self._active_cache.get(due)
         if hit is None:
             groups = [g for g, d in zip(self.optimizer_groups, due) if d]
+            idle = [g for g, d in zip(self.optimizer_groups, due) if not d]
             keys: list[str] = []
             for g in groups:
                 keys.extend(k for k in g.loss_keys if k not in keys)
-            hit = self._active_cache[due] = (keys, groups)
+            idle_keys = [k for g in idle for k in g.loss_keys if k not in keys]
+            hit = self._active_cache[due] = (keys, groups, list(dict.fromkeys(idle_keys)), idle)
         return hit
+
+    def on_fit_start(self) -> None:
+        # Under DDP every parameter must take part in every backward, or the reducer needs
+        # find_unused_parameters (an extra graph traversal per step, and a warning on the
+        # steps where nothing is unused). So with several processes a group sitting a step
+        # out still backpropagates its terms with weight 0, and its zero gradients are
+        # dropped after the all-reduce: Adam then leaves it alone, as on one process.
+        self._zero_weight_idle = self.trainer.world_size > 1
 
     def _seed_step(self, step: int) -> None:
         seed = step_seed(self.seed, self.global_rank, step, LOSS_STREAM)
@@ -140,13 +214,21 @@ class OfflineAlgorithmModule(LightningModule):
         out = self.loss_module(batch)
         if not self._checked_keys:
             self._check_keys(out)
-        keys, groups = self._active(step)
+        keys, groups, idle_keys, idle = self._active(step)
         total = out.get(keys[0])
         for k in keys[1:]:
             total = total + out.get(k)
+        zero_weight = self._zero_weight_idle and bool(idle_keys)
+        if zero_weight:
+            for k in idle_keys:
+                total = total + 0.0 * out.get(k)
         opt = self.optimizers()
         opt.zero_grad(set_to_none=True)
         self.manual_backward(total)
+        if zero_weight:
+            for g in idle:
+                for p in g.params:
+                    p.grad = None
         for g in groups:
             if g.max_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_(g.params, g.max_grad_norm, foreach=True)

@@ -207,9 +207,10 @@ def _is_launched_rank() -> bool:
 
 
 def _needs_unused_parameters(parts) -> bool:
+    # groups that sit steps out still backpropagate (with weight 0) under DDP, see
+    # OfflineAlgorithmModule.on_fit_start; parameters no group steps never get a gradient
     grouped = {id(p) for g in parts.optimizers for p in g.params}
-    trainable = [p for p in parts.loss.parameters() if p.requires_grad]
-    return any(g.every > 1 for g in parts.optimizers) or any(id(p) not in grouped for p in trainable)
+    return any(id(p) not in grouped for p in parts.loss.parameters() if p.requires_grad)
 
 
 def _strategy(devices, num_nodes: int, parts, strategy):
@@ -220,8 +221,6 @@ def _strategy(devices, num_nodes: int, parts, strategy):
         return "auto"
     from lightning.pytorch.strategies import DDPStrategy
 
-    # groups that sit steps out (TD3+BC's delayed actor) leave parameters without
-    # gradients on those steps, which DDP must be told about
     return DDPStrategy(find_unused_parameters=_needs_unused_parameters(parts))
 
 
@@ -284,7 +283,9 @@ def train(
     Returns:
         The summary written to ``summary.json``: ``algorithm``, ``dataset``, ``steps``,
         ``seed``, ``return_mean``, ``return_std``, ``normalized_score``,
-        ``normalized_score_std``, ``eval_episodes``, ``wall_s``, ``train_s``,
+        ``normalized_score_std``, ``eval_episodes``, ``ms_per_action`` (the policy's time per
+        action in the last evaluation: a planner's planning cost), ``eval_s`` (all
+        evaluations), ``wall_s``, ``train_s`` (the fit, evaluations included),
         ``steps_per_s``, ``world_size``, ``losses``, ``eval_history``, ``config``,
         ``checkpoint``, ``metrics_csv``, ``learning_curve``, ``out_dir``. Preference
         algorithms report ``preference_accuracy``, ``likelihood_accuracy``,
@@ -421,6 +422,12 @@ def train(
         warnings.filterwarnings("ignore", message=".*LeafSpec.*")
         # CSVLogger appends to an existing metrics.csv, whatever this warning says
         warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
+        # a resumed run rebuilds its ModelCheckpoint; a new --steps changes its default period,
+        # which Lightning reports as a missing callback
+        warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks used to create")
+        # TorchRL's stacked critic weights [n, 1, w] get gradients whose size-1 dimension has
+        # another stride; both are contiguous, so DDP's copy into its bucket costs the same
+        warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
         trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=False)
     train_s = time.perf_counter() - fit_started
     if not trainer.is_global_zero:
@@ -439,6 +446,8 @@ def train(
         "normalized_score": last.get("normalized_score"),
         "normalized_score_std": last.get("normalized_score_std"),
         "eval_episodes": eval_episodes,
+        "ms_per_action": last.get("ms_per_action"),
+        "eval_s": round(sum(r.get("eval_s", 0.0) for r in evaluation.history), 3),
         "wall_s": round(time.perf_counter() - started, 3),
         "train_s": round(train_s, 3),
         "steps_per_s": round((trainer.global_step - _start_step(ckpt_path)) / max(train_s, 1e-9), 2),
