@@ -5,7 +5,7 @@ Each (algorithm, dataset, seed) trains in its own process with ``--threads 1`` u
 skipped, so a grid can be stopped and continued. ``--jobs N`` runs N at a time.
 
   python scripts/results.py run --algos iql,bc --datasets pendulum/medium-v0 --seeds 0,1,2 --steps 20000
-  python scripts/results.py table --root runs/results [--metric normalized_score]
+  python scripts/results.py table --root runs/results[,runs/other] [--metric normalized_score] [--algos A,B] [--datasets ID]
   python scripts/results.py plot --root runs/results --out docs/img/results.png
 
 ``table`` prints one markdown row per (algorithm, dataset): the mean and the standard
@@ -69,13 +69,23 @@ def _fmt(values: list[float], scale: float) -> str:
     return f"{mean:.1f} ± {sd:.1f}"
 
 
+def _summaries(args):
+    """``(dataset folder, summary)`` of every finished run under the comma-separated ``--root``
+    folders, kept to ``--algos`` and ``--datasets`` when given."""
+    algos = set(args.algos.split(",")) if args.algos else None
+    datasets = {d.replace("/", "_") for d in args.datasets.split(",")} if args.datasets else None
+    for root in args.root.split(","):
+        for path in sorted(Path(root).glob("*/*/s*/summary.json")):
+            summary, dataset = json.loads(path.read_text()), path.parent.parent.name
+            if (algos is None or summary["algorithm"] in algos) and (datasets is None or dataset in datasets):
+                yield dataset, summary
+
+
 def cmd_table(args) -> None:
-    root = Path(args.root)
     metrics = args.metric.split(",")
     rows: dict[tuple[str, str], list[dict]] = {}
-    for path in sorted(root.glob("*/*/s*/summary.json")):
-        summary = json.loads(path.read_text())
-        rows.setdefault((summary["algorithm"], path.parent.parent.name), []).append(summary)
+    for dataset, summary in _summaries(args):
+        rows.setdefault((summary["algorithm"], dataset), []).append(summary)
     print("| algorithm | dataset | " + " | ".join(metrics) + " | seeds | steps |")
     print("|---|---|" + "---|" * len(metrics) + "---|---|")
     for (algo, dataset), found in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
@@ -102,13 +112,11 @@ def cmd_plot(args) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    root = Path(args.root)
     runs: dict[str, dict[str, list[dict]]] = {}
-    for path in sorted(root.glob("*/*/s*/summary.json")):
-        summary = json.loads(path.read_text())
-        runs.setdefault(path.parent.parent.name, {}).setdefault(summary["algorithm"], []).append(summary)
+    for dataset, summary in _summaries(args):
+        runs.setdefault(dataset, {}).setdefault(summary["algorithm"], []).append(summary)
     if not runs:
-        raise SystemExit(f"no runs under {root}")
+        raise SystemExit(f"no runs under {args.root}")
     fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 3.6), squeeze=False)
     names = sorted({algo for algos in runs.values() for algo in algos})
     colors = {name: f"C{i % 10}" for i, name in enumerate(names)}  # one colour per algorithm in every panel
@@ -153,13 +161,17 @@ def main() -> None:
     p.add_argument("--root", default="runs/results")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("table", help="markdown table of the runs under --root")
-    p.add_argument("--root", default="runs/results")
+    p.add_argument("--root", default="runs/results", help="one folder, or several separated by commas")
+    p.add_argument("--algos", default=None, help="only these algorithms (comma-separated)")
+    p.add_argument("--datasets", default=None, help="only these dataset ids (comma-separated)")
     p.add_argument("--metric", default="normalized_score")
     p.add_argument("--scale", type=float, default=1.0, help="multiply values (100 for accuracies in %%)")
     p.add_argument("--at", type=int, default=None, help="report the evaluation at this step instead of the last")
     p.set_defaults(func=cmd_table)
     p = sub.add_parser("plot", help="learning curves (mean over seeds, min-max band) of the runs under --root")
-    p.add_argument("--root", default="runs/results")
+    p.add_argument("--root", default="runs/results", help="one folder, or several separated by commas")
+    p.add_argument("--algos", default=None, help="only these algorithms (comma-separated)")
+    p.add_argument("--datasets", default=None, help="only these dataset ids (comma-separated)")
     p.add_argument("--metric", default="normalized_score")
     p.add_argument("--scale", type=float, default=1.0)
     p.add_argument("--ylabel", default=None)
