@@ -432,3 +432,31 @@ def test_ensemble_per_member_path_equals_the_batched_one():
     grads_l = torch.autograd.grad(looped.square().sum(), params)
     for a, b in zip(grads_l, grads_b):
         torch.testing.assert_close(a, b)
+
+
+def test_fused_soft_update_matches_torchrl_soft_update():
+    # TD3+BC has two target networks (actor and critics); both updaters see the same moves
+    from offline_plugins.objectives.target import FusedSoftUpdate
+
+    def build():
+        torch.manual_seed(0)
+        return TD3BCLoss(nets.make_deterministic_actor(3, SPEC, H), nets.make_qvalue(3, 2, H), action_spec=SPEC)
+
+    ours, theirs = build(), build()
+    fused, reference = FusedSoftUpdate(ours, tau=0.1), trl.SoftUpdate(theirs, tau=0.1)
+    assert isinstance(fused, trl.SoftUpdate)
+    for step in range(3):
+        with torch.no_grad():
+            for loss in (ours, theirs):
+                for p in loss.parameters():
+                    if p.requires_grad:
+                        p.add_(0.01 * (step + 1))
+        fused.step()
+        reference.step()
+    a, b = ours.state_dict(), theirs.state_dict()
+    targets = [k for k in a if "target_" in k]
+    assert any("actor" in k for k in targets) and any("qvalue" in k for k in targets)
+    for k in targets:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-7)
+        if k.endswith("weight"):  # the targets moved, towards but not onto the online weights
+            assert not torch.equal(a[k], a[k.replace("target_", "")]), k

@@ -92,7 +92,8 @@ def params(*modules) -> list:
 
 
 def soft_updater(loss, tau: float):
-    """TorchRL's Polyak ``SoftUpdate`` bound to ``loss``: ``target <- (1 - tau) target + tau online``."""
-    from torchrl.objectives import SoftUpdate
+    """TorchRL's Polyak ``SoftUpdate`` bound to ``loss``: ``target <- (1 - tau) target + tau online``,
+    stepped in one fused call (:class:`~offline_plugins.objectives.target.FusedSoftUpdate`)."""
+    from offline_plugins.objectives.target import FusedSoftUpdate
 
-    return SoftUpdate(loss, tau=tau)
+    return FusedSoftUpdate(loss, tau=tau)
