@@ -73,6 +73,7 @@ def test_train_then_eval_iql_on_pendulum(capsys, tmp_path, minari_store):
     assert main(args + ["--no-progress", "--threads", "1", "--log-every", "5"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith("iql on offline-plugins/pendulum/medium-replay-v0, 30 steps, seed 1: normalised score")
+    assert " ms per action) in " in line  # the policy's acting cost (a planner's planning cost)
 
     summary = json.loads((out / "summary.json").read_text())
     for key in ("algorithm", "dataset", "steps", "seed", "return_mean", "return_std", "normalized_score", "wall_s"):

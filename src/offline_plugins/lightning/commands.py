@@ -162,9 +162,15 @@ def cmd_train(args) -> int:
         f"{summary['algorithm']} on {summary['dataset']}, {summary['steps']} steps, seed {summary['seed']}: "
         f"normalised score {_fmt(summary['normalized_score'])} "
         f"(return {_fmt(summary['return_mean'])} +- {_fmt(summary['return_std'])} over {summary['eval_episodes']} "
-        f"episodes) in {summary['wall_s']:.0f} s; wrote {summary['out_dir']}"
+        f"episodes{_acting(summary)}) in {summary['wall_s']:.0f} s; wrote {summary['out_dir']}"
     )
     return 0
+
+
+def _acting(result: dict) -> str:
+    # the policy's time per action: a planner's (tt, diffuser) planning cost
+    ms = result.get("ms_per_action")
+    return "" if ms is None else f", {ms:.1f} ms per action"
 
 
 def _pct(x) -> str:
@@ -202,6 +208,6 @@ def cmd_eval(args) -> int:
     print(
         f"{result['algorithm']} on {result['dataset']} (step {result['step']}): normalised score "
         f"{_fmt(result['normalized_score'])} (return {_fmt(result['return_mean'])} +- {_fmt(result['return_std'])} "
-        f"over {result['episodes']} episodes)"
+        f"over {result['episodes']} episodes{_acting(result)})"
     )
     return 0
