@@ -127,3 +127,36 @@ def test_plan_every_executes_the_kept_plan_between_planning_steps():
     torch.testing.assert_close(second, plan[:, 1, :1] * planner.scale[:1] + planner.loc[:1])
     planner(obs.clone())  # a new plan
     assert not torch.equal(planner.last_plan_normalized, plan)
+
+
+def test_denoised_plans_are_clipped_to_the_data_range():
+    # the noisiest reverse step divides by sqrt(abar) ~ 0: unclipped, an untrained denoiser
+    # sends actions far outside anything in the data; clipped, they stay in its range
+    from offline_plugins.modules.sequence.unet import TemporalUnet, ValueUnet
+
+    keys = ["noisy_trajectory", "diffusion_step"]
+    obs = torch.randn(4, 3)
+    actions = {}
+    for clip in (False, True):
+        torch.manual_seed(0)
+        bounds = dict(low=-torch.ones(4), high=torch.ones(4)) if clip else {}
+        planner = DiffuserPlanner(TensorDictModule(TemporalUnet(4, dim=8, dim_mults=(1, 2)), keys, ["model_output"]),
+                                  TensorDictModule(ValueUnet(4, dim=8, dim_mults=(1, 2)), keys, ["value"]),
+                                  DDPMSchedule(10), observation_dim=3, action_dim=1, horizon=8, n_samples=4,
+                                  guide_scale=0.0, **bounds)
+        actions[clip] = planner(TensorDict({"observation": obs}, [4]))["action"]
+    assert actions[False].abs().max() > 1.5
+    assert actions[True].abs().max() <= 1.0 + 1e-5
+    # the clip bounds are rebuilt from the data, not saved: old checkpoints still load
+    assert "x0_low" not in planner.state_dict()
+
+
+def test_diffuser_build_clips_to_the_data_range_unless_told_not_to():
+    data = make_data(lengths=(40, 40))
+    parts = build(dataclasses.replace(DiffuserConfig(), slice_len=8, batch_size=16, dim=8), data)
+    planner = parts.extra["planner"]
+    table = torch.cat([data.td["action"], data.td["observation"]], -1)
+    torch.testing.assert_close(planner.x0_low * planner.scale + planner.loc, table.amin(0))
+    assert planner._clip
+    off = build(dataclasses.replace(DiffuserConfig(), slice_len=8, batch_size=16, dim=8, clip_denoised=False), make_data(lengths=(40, 40)))
+    assert not off.extra["planner"]._clip

@@ -43,6 +43,7 @@ class DiffuserConfig:
     guide_scale: float = config_field(0.1, "step size of the value guidance (0: unguided)")
     n_guide_steps: int = config_field(2, "guidance steps per denoising step")
     t_stopgrad: int = config_field(2, "no guidance at the last t_stopgrad denoising steps")
+    clip_denoised: bool = config_field(True, "clip each reverse step's predicted clean plan to the data's range per channel (the reference's clip_denoised)")
     plan_every: int = config_field(1, "plan every k-th step, executing the best plan's actions in between (1: the reference)")
     drop_short_episodes: bool = config_field(False, "train on the episodes of at least slice_len steps only")
     normalize_observations: bool = config_field(True, "standardise observations with dataset statistics (data layer)")
@@ -118,6 +119,8 @@ def build(config: DiffuserConfig, data: Any):
         horizon=H,
         loc=loc,
         scale=scale,
+        low=table.amin(0) if config.clip_denoised else None,
+        high=table.amax(0) if config.clip_denoised else None,
         n_samples=config.n_samples,
         guide_scale=config.guide_scale,
         n_guide_steps=config.n_guide_steps,

@@ -54,6 +54,9 @@ class DiffuserPlanner(TensorDictModuleBase):
         observation_dim, action_dim: widths.
         horizon: planned steps (the training window length).
         loc, scale: the losses' standardisation of ``[action, observation]``.
+        low, high: the data's per-channel range of ``[action, observation]`` (raw units);
+            every reverse step clips its predicted clean plan to it, as the reference
+            clips to ``[-1, 1]`` after scaling the data's range there (None: no clipping).
         n_samples: plans per environment (reference: 64).
         guide_scale: step size of the value guidance (reference: 0.1; 0 turns it off).
         n_guide_steps: guidance steps per reverse step (reference: 2).
@@ -76,6 +79,8 @@ class DiffuserPlanner(TensorDictModuleBase):
         horizon: int,
         loc: Optional[torch.Tensor] = None,
         scale: Optional[torch.Tensor] = None,
+        low: Optional[torch.Tensor] = None,
+        high: Optional[torch.Tensor] = None,
         n_samples: int = 16,
         guide_scale: float = 0.1,
         n_guide_steps: int = 2,
@@ -93,6 +98,11 @@ class DiffuserPlanner(TensorDictModuleBase):
         C = self.obs_dim + self.act_dim
         self.register_buffer("loc", torch.zeros(C) if loc is None else torch.as_tensor(loc, dtype=torch.float32))
         self.register_buffer("scale", torch.ones(C) if scale is None else torch.as_tensor(scale, dtype=torch.float32))
+        # standardised clipping bounds: rebuilt from the data, so not in checkpoints
+        self._clip = low is not None and high is not None
+        bounds = [torch.as_tensor(b, dtype=torch.float32) if b is not None else torch.zeros(C) for b in (low, high)]
+        self.register_buffer("x0_low", (bounds[0] - self.loc) / self.scale, persistent=False)
+        self.register_buffer("x0_high", (bounds[1] - self.loc) / self.scale, persistent=False)
         self.n_samples, self.guide_scale = int(n_samples), float(guide_scale)
         self.n_guide_steps, self.t_stopgrad = int(n_guide_steps), int(t_stopgrad)
         self.predict_epsilon = bool(predict_epsilon)
@@ -152,7 +162,14 @@ class DiffuserPlanner(TensorDictModuleBase):
                     x = self._condition(x + self.guide_scale * var * grad, cond)
             with torch.no_grad():
                 out = self._call(self.denoiser, x, t, "model_output")
-                mean, log_var = self.schedule.p_mean_variance(x, t, out, predict_epsilon=self.predict_epsilon)
+                mean, log_var = self.schedule.p_mean_variance(
+                    x,
+                    t,
+                    out,
+                    predict_epsilon=self.predict_epsilon,
+                    x0_low=self.x0_low if self._clip else None,
+                    x0_high=self.x0_high if self._clip else None,
+                )
                 noise = torch.randn_like(x) if i > 0 else torch.zeros_like(x)
                 x = self._condition(mean + (0.5 * log_var).exp() * noise, cond)
         with torch.no_grad():

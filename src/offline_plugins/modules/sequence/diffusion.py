@@ -16,6 +16,7 @@ True
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 from torch import nn
@@ -75,8 +76,24 @@ class DDPMSchedule(nn.Module):
     def predict_start_from_noise(self, xt: torch.Tensor, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         return self._at(self.sqrt_recip_alphas_cumprod, t, xt) * xt - self._at(self.sqrt_recipm1_alphas_cumprod, t, xt) * noise
 
-    def p_mean_variance(self, xt: torch.Tensor, t: torch.Tensor, model_output: torch.Tensor, *, predict_epsilon: bool = True):
-        """Mean and log-variance of ``p(x_{t-1} | x_t)`` from the model's noise (or ``x_0``) prediction."""
+    def p_mean_variance(
+        self,
+        xt: torch.Tensor,
+        t: torch.Tensor,
+        model_output: torch.Tensor,
+        *,
+        predict_epsilon: bool = True,
+        x0_low: Optional[torch.Tensor] = None,
+        x0_high: Optional[torch.Tensor] = None,
+    ):
+        """Mean and log-variance of ``p(x_{t-1} | x_t)`` from the model's noise (or ``x_0``) prediction.
+
+        ``x0_low``/``x0_high`` (broadcastable to ``xt``) clip the predicted clean sample
+        first, as DDPM samplers do (``clip_denoised``): at the noisiest steps
+        ``x_0 = (x_t - sqrt(1 - abar) eps) / sqrt(abar)`` divides by a tiny ``sqrt(abar)``.
+        """
         x0 = self.predict_start_from_noise(xt, t, model_output) if predict_epsilon else model_output
+        if x0_low is not None:
+            x0 = torch.maximum(torch.minimum(x0, x0_high), x0_low)
         mean = self._at(self.posterior_mean_coef1, t, xt) * x0 + self._at(self.posterior_mean_coef2, t, xt) * xt
         return mean, self._at(self.posterior_log_variance_clipped, t, xt)
