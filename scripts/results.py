@@ -86,6 +86,9 @@ def cmd_table(args) -> None:
     rows: dict[tuple[str, str], list[dict]] = {}
     for dataset, summary in _summaries(args):
         rows.setdefault((summary["algorithm"], dataset), []).append(summary)
+    if args.pivot:
+        _pivot(rows, metrics[0], args)
+        return
     print("| algorithm | dataset | " + " | ".join(metrics) + " | seeds | steps |")
     print("|---|---|" + "---|" * len(metrics) + "---|---|")
     for (algo, dataset), found in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
@@ -99,6 +102,22 @@ def cmd_table(args) -> None:
         seeds = ",".join(str(s["seed"]) for s in sorted(found, key=lambda s: s["seed"]))
         steps = ",".join(sorted({str(s["steps"]) for s in found}))
         print(f"| {algo} | {dataset} | " + " | ".join(cells) + f" | {seeds} | {steps} |")
+
+
+def _pivot(rows: dict, metric: str, args) -> None:
+    """One row per algorithm, one column per dataset: mean ± sd of ``metric`` (seeds, steps)."""
+    datasets = sorted({d for _, d in rows})
+    algos = sorted({a for a, _ in rows})
+    print("| algorithm | " + " | ".join(datasets) + " |")
+    print("|---|" + "---|" * len(datasets))
+    for algo in algos:
+        cells = []
+        for d in datasets:
+            found = rows.get((algo, d), [])
+            values = [s[metric] for s in found if s.get(metric) is not None]
+            steps = "/".join(sorted({str(s["steps"]) for s in found}))
+            cells.append(f"{_fmt(values, args.scale)} ({len(values)}, {steps})" if values else "-")
+        print(f"| {algo} | " + " | ".join(cells) + " |")
 
 
 def _curve(summary: dict, metric: str) -> list[tuple[int, float]]:
@@ -167,6 +186,7 @@ def main() -> None:
     p.add_argument("--metric", default="normalized_score")
     p.add_argument("--scale", type=float, default=1.0, help="multiply values (100 for accuracies in %%)")
     p.add_argument("--at", type=int, default=None, help="report the evaluation at this step instead of the last")
+    p.add_argument("--pivot", action="store_true", help="one row per algorithm, one column per dataset (first --metric; cells: mean ± sd (seeds, steps))")
     p.set_defaults(func=cmd_table)
     p = sub.add_parser("plot", help="learning curves (mean over seeds, min-max band) of the runs under --root")
     p.add_argument("--root", default="runs/results", help="one folder, or several separated by commas")
