@@ -114,8 +114,12 @@ def _pivot(rows: dict, metric: str, args) -> None:
         cells = []
         for d in datasets:
             found = rows.get((algo, d), [])
-            values = [s[metric] for s in found if s.get(metric) is not None]
-            steps = "/".join(sorted({str(s["steps"]) for s in found}))
+            if args.at is not None:
+                values = [v for s in found for t, v in _curve(s, metric) if t == args.at]
+                steps = str(args.at)
+            else:
+                values = [s[metric] for s in found if s.get(metric) is not None]
+                steps = "/".join(sorted({str(s["steps"]) for s in found}))
             cells.append(f"{_fmt(values, args.scale)} ({len(values)}, {steps})" if values else "-")
         print(f"| {algo} | " + " | ".join(cells) + " |")
 
