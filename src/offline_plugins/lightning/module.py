@@ -151,7 +151,7 @@ class OfflineAlgorithmModule(LightningModule):
         self.loss_keys: tuple[str, ...] = parts.loss_keys()
         if not self.optimizer_groups:
             raise ValueError(f"algorithm {algorithm!r} declared no optimiser groups")
-        self._active_cache: dict[tuple[bool, ...], tuple[list[str], list[OptimizerGroup]]] = {}
+        self._active_cache: dict[tuple[bool, ...], tuple[list[str], list[OptimizerGroup], list[str], list[OptimizerGroup]]] = {}
         self._checked_keys = False
         self._zero_weight_idle = False
         self.last_logged: dict[str, float] = {}
