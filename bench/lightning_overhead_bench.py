@@ -43,11 +43,11 @@ def _plain_loop(parts, data, *, steps: int, warmup: int, batch_size: int, seed: 
         if step == steps:
             break
         torch.default_generator.manual_seed(step_seed(seed, 0, step, LOSS_STREAM))
-        out = parts.loss(batch)
         active = [g for g in groups if g.due(step)]
         keys = []
         for g in active:
             keys.extend(k for k in g.loss_keys if k not in keys)
+        out = parts.compute(batch, keys)
         total = sum(out.get(k) for k in keys)
         opt.zero_grad(set_to_none=True)
         total.backward()
@@ -57,8 +57,8 @@ def _plain_loop(parts, data, *, steps: int, warmup: int, batch_size: int, seed: 
         opt.step()
         if parts.target_updater is not None and (step + 1) % target_every == 0:
             parts.target_updater.step()
-        losses = torch.stack([out.get(k).detach().reshape(()) for k in keys_all])
-        bad = ~torch.isfinite(losses)
+        losses = torch.stack([out.get(k).detach().reshape(()) for k in keys_all if k in keys])
+        bad = (~torch.isfinite(losses)).any()
         first_bad = bad if first_bad is None else first_bad | bad
     assert first_bad is not None and not bool(first_bad.any())
     return (steps - warmup) / (time.process_time() - started)

@@ -5,10 +5,13 @@ Gradient steps per second, side by side in one run, on the same synthetic data
 2x256 networks, one CPU thread. For each algorithm:
 
 * ``torchrl``: TorchRL's loss (``IQLLoss``, ``TD3BCLoss``, ``CQLLoss``) on networks built as
-  TorchRL's ``sota-implementations`` build them, one Adam per network, ``SoftUpdate``;
-* ``ours``: ``build(config, data)`` of our registered algorithm, stepped as a trainer steps
-  ``AlgorithmParts`` (sum the ``loss_*`` terms, one backward, step each due group,
-  ``SoftUpdate``);
+  TorchRL's ``sota-implementations`` build them, one Adam per network, ``SoftUpdate``; for
+  TD3+BC, as its ``td3_bc`` script: the critic term (``qvalue_loss``) every step, ``actor_loss`` and the target
+  update on the delayed actor's steps only;
+* ``ours``: ``build(config, data)`` of our registered algorithm, stepped as the training
+  shell steps ``AlgorithmParts`` (only the due ``loss_*`` terms, ``compute_terms``; their
+  sum, one backward, the shell's one fused Adam over all groups; the algorithm's target
+  updater on the slowest group's steps);
 * ``d3rlpy`` (with ``--d3rlpy-python``, a separate venv with d3rlpy 2.x): the same
   algorithm's ``update`` on a ``TransitionMiniBatch`` of the same shapes.
 
@@ -18,13 +21,15 @@ so a load spike on a shared machine hits all of them alike.
 With ``--plain`` a hand-written plain PyTorch IQL (no TensorDict, no TorchRL) joins the IQL turns.
 
 Run: ``python bench/offline_bench.py [--steps 300] [--rounds 5] [--algos iql,td3-bc,cql]
-[--d3rlpy-python /path/to/venv/bin/python] [--compile] [--plain]``. Prints a markdown table and a
+[--d3rlpy-python /path/to/venv/bin/python] [--compile] [--plain]``; ``--compile`` adds ours
+through ``torch.compile`` (``train --compile``) as a further contender. Prints a markdown table and a
 JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
@@ -126,23 +131,37 @@ def _reference(name: str, data):
     opts = []
     for params, keys, every in groups:
         plist = list(params.parameters()) if hasattr(params, "parameters") else list(params)
-        opts.append((torch.optim.Adam(plist, lr=3e-4), keys, every))
-    return loss, opts, SoftUpdate(loss, tau=0.005)
+        opts.append((torch.optim.Adam(plist, lr=3e-4), every))
+    def compute(batch, keys):
+        return loss(batch)
+
+    if name == "td3-bc":
+        # as TorchRL's sota-implementations/td3_bc loop: the actor term only on the actor's steps
+        def compute(batch, keys):  # noqa: F811
+            out = {"loss_qvalue": loss.qvalue_loss(batch)[0]}
+            if "loss_actor" in keys:
+                out["loss_actor"] = loss.actor_loss(batch)[0]
+            return out
+    terms = [(keys, every) for _, keys, every in groups]
+    return compute, terms, opts, SoftUpdate(loss, tau=0.005), max(every for _, _, every in groups)
 
 
 def _ours(name: str, data, compile_: bool):
+    from offline_plugins.algorithms.base import compute_terms
+    from offline_plugins.lightning.module import compile_terms, make_shell_optimizer
     from offline_plugins.plugins.manager import load_registry
 
     spec = load_registry().algorithm(name)
     config = spec.default_config()
     parts = spec.load_build()(config, data)
-    opts = [(g.make_optimizer(), g.loss_keys, g.every) for g in parts.optimizers]
-    loss = parts.loss
-    if compile_:
-        import torch
-
-        loss = torch.compile(loss)
-    return loss, opts, parts.target_updater
+    terms = [(g.loss_keys, g.every) for g in parts.optimizers]
+    # the training shell's optimiser: one fused Adam over every group (a group not due has
+    # no gradients that step, and Adam leaves it alone)
+    opts = [(make_shell_optimizer(parts.optimizers), 1)]
+    # as the training shell (``train --compile``): only the due terms, through torch.compile if asked
+    compute = compile_terms(parts.loss) if compile_ else functools.partial(compute_terms, parts.loss)
+    target_every = parts.extra.get("target_update_every", max(g.every for g in parts.optimizers))
+    return compute, terms, opts, parts.target_updater, target_every
 
 
 class _PlainIQL:
@@ -209,23 +228,26 @@ class _PlainIQL:
 class _Runner:
     """Steps one contender in chunks, so contenders can take turns under the same machine load."""
 
-    def __init__(self, loss, opts, updater, sample, warmup: int = 20) -> None:
-        self.loss, self.opts, self.updater, self.sample = loss, opts, updater, sample
+    def __init__(self, compute, terms, opts, updater, target_every, sample, warmup: int = 20) -> None:
+        """``terms``: ``[(loss keys, every)]`` per group; ``opts``: ``[(optimizer, every)]``."""
+        self.compute, self.terms, self.opts, self.updater, self.sample = compute, terms, opts, updater, sample
+        self.target_every = target_every
         self.step = 0
         self.run(warmup)
 
     def _one(self) -> None:
         step, opts = self.step, self.opts
-        out = self.loss(self.sample())
-        keys = {k for _, ks, every in opts if (step + 1) % every == 0 for k in ks}
+        keys = [k for ks, every in self.terms if (step + 1) % every == 0 for k in ks]
+        out = self.compute(self.sample(), keys)
         total = sum(out[k] for k in keys)
-        for opt, _, _ in opts:
+        for opt, _ in opts:
             opt.zero_grad(set_to_none=True)
         total.backward()
-        for opt, _, every in opts:
+        for opt, every in opts:
             if (step + 1) % every == 0:
                 opt.step()
-        if self.updater is not None:
+        # targets move on the slowest group's steps (TD3+BC: with the delayed actor)
+        if self.updater is not None and (step + 1) % self.target_every == 0:
             self.updater.step()
         self.step += 1
 
@@ -310,7 +332,8 @@ def main(argv=None) -> None:
     parser.add_argument("--obs-dim", type=int, default=11)
     parser.add_argument("--act-dim", type=int, default=3)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--compile", action="store_true", help="torch.compile our loss (opt-in)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time ours through torch.compile, as `train --compile` (opt-in)")
     parser.add_argument("--d3rlpy-python", default=None, help="python of a venv with d3rlpy 2.x")
     parser.add_argument("--plain", action="store_true", help="also time a hand-written plain PyTorch IQL")
     args = parser.parse_args(argv)
@@ -325,7 +348,9 @@ def main(argv=None) -> None:
     rows = []
     for name in args.algos.split(","):
         with torch.device(device):
-            runners = {"torchrl": _Runner(*_reference(name, data), sample), "ours": _Runner(*_ours(name, data, args.compile), sample)}
+            runners = {"torchrl": _Runner(*_reference(name, data), sample), "ours": _Runner(*_ours(name, data, False), sample)}
+            if args.compile:
+                runners["compiled"] = _Runner(*_ours(name, data, True), sample)
             if name == "iql" and args.plain:
                 runners["plain"] = _PlainIQL(args.obs_dim, args.act_dim, sample)
         d3_err = "not run"
@@ -348,6 +373,9 @@ def main(argv=None) -> None:
         rows.append({"algo": name, "ours": med["ours"], "torchrl": med["torchrl"], "d3rlpy": d3,
                      "plain": med.get("plain"), "ours/plain": med["ours"] / med["plain"] if "plain" in med else None,
                      "ours/torchrl": med["ours"] / med["torchrl"], "ours/d3rlpy": med["ours"] / d3 if d3 else None,
+                     "compiled": med.get("compiled"),
+                     "compiled/torchrl": med["compiled"] / med["torchrl"] if "compiled" in med else None,
+                     "compiled/d3rlpy": med["compiled"] / d3 if d3 and "compiled" in med else None,
                      "d3rlpy_error": d3_err, "chunks": speeds})
     print("| algorithm | ours (steps/s) | TorchRL loop | d3rlpy | ours / TorchRL | ours / d3rlpy |")
     print("|---|---|---|---|---|---|")
@@ -355,6 +383,9 @@ def main(argv=None) -> None:
         d3 = f"{r['d3rlpy']:.1f}" if r["d3rlpy"] else "-"
         rd = f"{r['ours/d3rlpy']:.2f}x" if r["ours/d3rlpy"] else "-"
         print(f"| {r['algo']} | {r['ours']:.1f} | {r['torchrl']:.1f} | {d3} | {r['ours/torchrl']:.2f}x | {rd} |")
+        if r["compiled"]:
+            cd = f", {r['compiled/d3rlpy']:.2f}x d3rlpy" if r["compiled/d3rlpy"] else ""
+            print(f"\n{r['algo']}: ours with --compile {r['compiled']:.1f} steps/s; {r['compiled/torchrl']:.2f}x TorchRL{cd}")
         if r["plain"]:
             print(f"\n{r['algo']}: hand-written plain PyTorch {r['plain']:.1f} steps/s; ours / plain {r['ours/plain']:.2f}x")
     print(json.dumps({"device": str(device), "compile": args.compile, "steps": args.steps, "rows": rows}))

@@ -25,7 +25,7 @@ def _column(path, key):
 
 def _run(tmp_path, name, **kw):
     kw = {**QUIET, "seed": 0, "eval_every": 0, **kw}
-    return train(TINY_SPEC, kw.pop("data", None) or FakeOfflineData(), out_dir=tmp_path / name, **kw)
+    return train(kw.pop("algorithm", TINY_SPEC), kw.pop("data", None) or FakeOfflineData(), out_dir=tmp_path / name, **kw)
 
 
 def test_training_reduces_the_loss_and_writes_the_run(tmp_path):
@@ -155,3 +155,47 @@ def test_ddp_zero_weighting_of_an_idle_group_changes_nothing(tmp_path, monkeypat
         assert torch.equal(v, zeroed["state_dict"][k]), k
     sa, sb = plain["optimizer_states"][0]["state"], zeroed["optimizer_states"][0]["state"]
     assert all(torch.equal(sa[i]["exp_avg"], sb[i]["exp_avg"]) and sa[i]["step"] == sb[i]["step"] for i in sa)
+
+
+def test_td3bc_skips_the_actor_on_critic_only_steps_without_changing_the_run(tmp_path, monkeypatch):
+    # The shell asks the loss for the due terms only (compute_terms): TD3+BC's critic-only
+    # steps skip the actor's forward. The run must equal one computing every term each step
+    # (forced here through the DDP zero-weight path, which needs all terms).
+    from offline_plugins.lightning.module import OfflineAlgorithmModule
+    from offline_plugins.objectives.td3_bc import TD3BCLoss
+    from offline_plugins.plugins import load_registry
+
+    spec = load_registry().algorithm("td3-bc")
+    asked = []
+    original = TD3BCLoss.loss_terms
+    monkeypatch.setattr(TD3BCLoss, "loss_terms", lambda self, td, keys: asked.append(tuple(keys)) or original(self, td, keys))
+    kw = dict(algorithm=spec, steps=4, overrides=["hidden=[16,16]", "batch_size=32"], log_every=1)
+    partial = _run(tmp_path, "partial", data=FakeOfflineData(), **kw)
+    assert asked == [("loss_qvalue",), ("loss_qvalue", "loss_actor")] * 2
+    rows = [r for r in csv.DictReader(open(tmp_path / "partial" / "metrics.csv", newline="")) if r.get("train/loss_qvalue")]
+    # a skipped term is logged at its last value (not before its first step), never as NaN
+    actor_logged = [float(r["train/loss_actor"]) for r in rows if r.get("train/loss_actor")]
+    assert len(rows) == 4 and len(actor_logged) == 3 and actor_logged[1] == actor_logged[0]
+    monkeypatch.setattr(OfflineAlgorithmModule, "on_fit_start", lambda self: setattr(self, "_zero_weight_idle", True))
+    full = _run(tmp_path, "full", data=FakeOfflineData(), **kw)
+    a, b = load_checkpoint(partial["checkpoint"]), load_checkpoint(full["checkpoint"])
+    for k, v in a["state_dict"].items():
+        assert torch.equal(v, b["state_dict"][k]), k
+
+
+@pytest.mark.slow
+def test_compiled_loss_trains_as_the_eager_one(tmp_path):
+    # train(compile=True): the loss terms run through torch.compile (both TD3+BC step kinds);
+    # the run follows the eager one: same loss values step by step, up to floating-point
+    # reordering (parameters are not compared: Adam's first steps turn a rounding-level
+    # difference in a near-zero gradient into a full step)
+    from offline_plugins.plugins import load_registry
+
+    kw = dict(algorithm=load_registry().algorithm("td3-bc"), steps=6, log_every=1,
+              overrides=["hidden=[16,16]", "batch_size=32"])
+    _run(tmp_path, "eager", **kw)
+    _run(tmp_path, "compiled", compile=True, **kw)
+    for key in ("train/loss_qvalue", "train/loss_actor"):
+        eager, compiled = _column(tmp_path / "eager" / "metrics.csv", key), _column(tmp_path / "compiled" / "metrics.csv", key)
+        assert len(eager) >= 5
+        assert compiled == pytest.approx(eager, rel=1e-3, abs=1e-5), key

@@ -111,6 +111,32 @@ def test_td3bc_agrees_with_torchrl(fused):
     _agree(ours, theirs, _batch())
 
 
+def test_td3bc_critic_only_terms_skip_the_actor_and_match_the_full_loss():
+    # TD3's critic-only steps: loss_terms without loss_actor gives the same critic term and
+    # gradients as the full forward, from the same random draws, and leaves the actor alone
+    actor, q = nets.make_deterministic_actor(3, SPEC, H), nets.make_qvalue(3, 2, H)
+    loss = TD3BCLoss(actor, q, action_spec=SPEC)
+    loss.make_value_estimator(gamma=0.99)
+    batch = _batch()
+    torch.manual_seed(3)
+    full = loss(batch.clone())
+    full["loss_qvalue"].backward()
+    expected = {n: p.grad.clone() for n, p in loss.named_parameters() if p.grad is not None}
+    loss.zero_grad(set_to_none=True)
+    torch.manual_seed(3)
+    part = loss.loss_terms(batch.clone(), ["loss_qvalue"])
+    assert "loss_actor" not in part.keys() and "lmbd" not in part.keys()
+    torch.testing.assert_close(part["loss_qvalue"], full["loss_qvalue"])
+    part["loss_qvalue"].backward()
+    got = {n: p.grad for n, p in loss.named_parameters() if p.grad is not None}
+    assert set(got) == set(expected) and not any("actor" in n for n in got)
+    for n in got:
+        torch.testing.assert_close(got[n], expected[n], msg=n)
+    torch.manual_seed(3)
+    both = loss.loss_terms(batch.clone(), ["loss_qvalue", "loss_actor"])
+    torch.testing.assert_close(both["loss_actor"], full["loss_actor"])
+
+
 def _same_state_batch():
     """A batch whose next observation is the observation: there TorchRL's estimator and the
     paper's coincide when each source has one sample."""

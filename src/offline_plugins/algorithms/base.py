@@ -15,7 +15,7 @@ import torch
 from tensordict.nn import TensorDictModuleBase
 from torchrl.objectives import LossModule
 
-__all__ = ["OptimizerGroup", "AlgorithmParts", "adam_kernel"]
+__all__ = ["OptimizerGroup", "AlgorithmParts", "adam_kernel", "compute_terms"]
 
 
 @dataclass
@@ -80,6 +80,17 @@ def adam_kernel(params: Sequence[torch.nn.Parameter]) -> dict[str, bool]:
     return {"fused": True} if fused else {"foreach": True}
 
 
+def compute_terms(loss: LossModule, batch, keys: Optional[Sequence[str]] = None):
+    """``loss(batch)``; with ``keys``, ``loss.loss_terms(batch, keys)`` where the loss offers it.
+
+    ``loss_terms`` is an optional method of a loss whose terms are stepped at different
+    rates: it computes the ``loss_*`` terms in ``keys`` (and may skip the rest), e.g.
+    TD3+BC's critic-only steps without the actor's forward.
+    """
+    terms = getattr(loss, "loss_terms", None) if keys is not None else None
+    return loss(batch) if terms is None else terms(batch, keys)
+
+
 @dataclass
 class AlgorithmParts:
     """Everything built for one algorithm on one dataset.
@@ -99,6 +110,12 @@ class AlgorithmParts:
     optimizers: list[OptimizerGroup]
     target_updater: Optional[Any] = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def compute(self, batch, keys: Optional[Sequence[str]] = None):
+        """``loss(batch)``, or with ``keys`` (the ``loss_*`` terms a trainer will step), what a
+        loss that offers ``loss_terms(batch, keys)`` computes for those terms only (TD3+BC's
+        critic-only steps skip the actor). The output may then lack the other terms."""
+        return compute_terms(self.loss, batch, keys)
 
     def loss_keys(self) -> tuple[str, ...]:
         keys: list[str] = []

@@ -88,6 +88,10 @@ def add_parsers(subparsers) -> None:
         "--threads", type=_positive, default=None, metavar="N",
         help="torch CPU threads per process (default: torch's choice; 1 is fastest for small networks on a busy machine)",
     )
+    p.add_argument(
+        "--compile", action="store_true",
+        help="run the loss through torch.compile (opt-in; the first steps wait for the compilation)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=cmd_train)
@@ -147,6 +151,7 @@ def cmd_train(args) -> int:
         log_every=args.log_every,
         progress=not args.no_progress,
         threads=args.threads,
+        compile=args.compile,
         registry=registry,
     )
     if not summary:  # a DDP rank other than 0

@@ -7,12 +7,13 @@ are callbacks (:mod:`offline_plugins.lightning.callbacks`).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional, Sequence
 
 import torch
 from lightning.pytorch import LightningModule
 
-from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup, adam_kernel
+from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup, adam_kernel, compute_terms
 from offline_plugins.lightning.data import LOSS_STREAM, step_seed
 
 __all__ = ["OfflineAlgorithmModule", "OptimizerChain", "make_grouped_adam", "make_shell_optimizer"]
@@ -101,6 +102,18 @@ def make_shell_optimizer(groups: Sequence[OptimizerGroup]) -> torch.optim.Optimi
     return OptimizerChain([g.make_optimizer() for g in groups])
 
 
+def compile_terms(loss):
+    """:func:`~offline_plugins.algorithms.base.compute_terms` of ``loss`` through ``torch.compile``.
+
+    Dynamo specialises on the requested terms, so TD3+BC's critic-only and full steps get a
+    graph each. The compiled function shares the loss module's parameters: nothing about
+    optimisers, target updates or checkpoints changes. Random draws fall back to eager's
+    generators (inductor's ``fallback_random``), so a seeded run draws the same noise with
+    or without compilation, and resumes exactly either way.
+    """
+    return torch.compile(functools.partial(compute_terms, loss), options={"fallback_random": True})
+
+
 class OfflineAlgorithmModule(LightningModule):
     """Trains the loss of an :class:`~offline_plugins.algorithms.base.AlgorithmParts`.
 
@@ -125,6 +138,8 @@ class OfflineAlgorithmModule(LightningModule):
         data_state: the dataset's normalisation and reward statistics
             (``data.state_dict()``), saved in the checkpoint for evaluation.
         run: other run settings to save (batch size, eval settings...).
+        compile_loss: compute the loss terms through ``torch.compile`` (one graph per set of
+            due terms; the parameters and checkpoints are the loss module's own).
     """
 
     def __init__(
@@ -137,6 +152,7 @@ class OfflineAlgorithmModule(LightningModule):
         seed: int = 0,
         data_state: Optional[dict] = None,
         run: Optional[dict] = None,
+        compile_loss: bool = False,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
@@ -153,6 +169,11 @@ class OfflineAlgorithmModule(LightningModule):
             raise ValueError(f"algorithm {algorithm!r} declared no optimiser groups")
         self._active_cache: dict[tuple[bool, ...], tuple[list[str], list[OptimizerGroup], list[str], list[OptimizerGroup]]] = {}
         self._checked_keys = False
+        self._seen_keys: set[str] = set()
+        # losses that can skip terms not due (TD3+BC's actor on critic-only steps)
+        self._partial_terms = hasattr(self.loss_module, "loss_terms") and any(g.every > 1 for g in self.optimizer_groups)
+        self._last_terms: dict[str, torch.Tensor] = {}
+        self._terms = compile_terms(self.loss_module) if compile_loss else functools.partial(compute_terms, self.loss_module)
         self._zero_weight_idle = False
         self.last_logged: dict[str, float] = {}
 
@@ -198,27 +219,51 @@ class OfflineAlgorithmModule(LightningModule):
         if self.device.type == "cuda":
             torch.cuda.default_generators[self.device.index or 0].manual_seed(seed)
 
-    def _check_keys(self, out) -> None:
-        missing = [k for k in self.loss_keys if k not in out.keys()]
+    def _check_keys(self, out, due: list[str]) -> None:
+        """Every due term must be in ``out``; checked until each group's terms were seen once."""
+        present = set(out.keys())
+        missing = [k for k in due if k not in present]
         if missing:
-            have = sorted(k for k in out.keys() if isinstance(k, str) and k.startswith("loss_"))
+            have = sorted(k for k in present if isinstance(k, str) and k.startswith("loss_"))
             raise KeyError(
                 f"the optimiser groups minimise {', '.join(missing)}, which the loss "
                 f"{type(self.loss_module).__name__} does not return (it returns {', '.join(have) or 'no loss_* terms'})"
             )
-        self._checked_keys = True
+        self._seen_keys.update(due)
+        self._checked_keys = self._seen_keys.issuperset(self.loss_keys)
+
+    def _stack_losses(self, out) -> torch.Tensor:
+        """Every group's term as one detached vector (the non-finite guard's and the logs' input).
+
+        A term the loss skipped this step (not due) holds its last computed value, or 0
+        before the first; no host sync either way.
+        """
+        values = []
+        for k in self.loss_keys:
+            v = out.get(k, None)
+            if v is None:
+                v = self._last_terms.get(k)
+                if v is None:
+                    v = torch.zeros((), device=self.device)
+            else:
+                v = v.detach().reshape(())
+                if self._partial_terms:
+                    self._last_terms[k] = v
+            values.append(v)
+        return torch.stack(values)
 
     def training_step(self, batch, batch_idx: int) -> dict[str, torch.Tensor]:
         step = self.trainer.global_step  # 0-based index of this step
         self._seed_step(step)
-        out = self.loss_module(batch)
-        if not self._checked_keys:
-            self._check_keys(out)
         keys, groups, idle_keys, idle = self._active(step)
+        zero_weight = self._zero_weight_idle and bool(idle_keys)
+        # under DDP's zero-weight scheme every term takes part in the backward
+        out = self._terms(batch, None if zero_weight else keys)
+        if not self._checked_keys:
+            self._check_keys(out, keys)
         total = out.get(keys[0])
         for k in keys[1:]:
             total = total + out.get(k)
-        zero_weight = self._zero_weight_idle and bool(idle_keys)
         if zero_weight:
             for k in idle_keys:
                 total = total + 0.0 * out.get(k)
@@ -236,7 +281,7 @@ class OfflineAlgorithmModule(LightningModule):
         if self._has_schedulers:
             for scheduler in self._schedulers():
                 scheduler.step()
-        losses = torch.stack([out.get(k).detach().reshape(()) for k in self.loss_keys])
+        losses = self._stack_losses(out)
         if (step + 1) % max(1, self.trainer.log_every_n_steps) == 0:
             self._log_terms(out, losses)
         return {"losses": losses}
@@ -258,6 +303,11 @@ class OfflineAlgorithmModule(LightningModule):
         # host sync every log_every steps.
         names = [f"train/{k}" for k in self.loss_keys]
         values = [losses]
+        if self._partial_terms and len(self._last_terms) < len(self.loss_keys):
+            # a term not computed yet (the delayed actor before its first step) is not logged
+            keep = [i for i, k in enumerate(self.loss_keys) if k in self._last_terms]
+            names = [names[i] for i in keep]
+            values = [losses[keep]]
         for key, value in out.items():
             if (
                 isinstance(key, str)

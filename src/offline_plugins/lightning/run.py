@@ -244,6 +244,7 @@ def train(
     log_every: int = 50,
     progress: bool = True,
     threads: Optional[int] = None,
+    compile: bool = False,
     registry=None,
     callbacks: Sequence[Any] = (),
     plan: Optional[RunPlan] = None,
@@ -274,6 +275,8 @@ def train(
         progress: show the progress bar.
         threads: CPU threads per process for torch (None: torch's default). Small
             networks on a busy machine train several times faster with 1.
+        compile: run the loss through ``torch.compile`` (opt-in: the first steps wait for
+            the compilation, about a minute on a CPU; see docs/benchmarks.md for the gain).
         registry: plugin registry (default: discover installed plugins).
         callbacks: extra Lightning callbacks.
         plan: an already checked :class:`RunPlan` (skips :func:`plan_run`).
@@ -364,6 +367,7 @@ def train(
         seed=seed,
         data_state=plan.data.state_dict() if hasattr(plan.data, "state_dict") else {},
         run=run_settings,
+        compile_loss=compile,
     )
     datamodule = OfflineDataModule(
         plan.data, batch_size=plan.batch_size, seed=seed, sampler=plan.sampler, slice_len=plan.slice_len

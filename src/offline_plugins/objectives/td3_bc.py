@@ -135,19 +135,26 @@ class TD3BCLoss(_TorchRLTD3BCLoss):
             return None
         return plan
 
-    def _fused_forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+    def _fused_forward(self, tensordict: TensorDictBase, actor: bool = True) -> TensorDictBase:
         plan, keys = self._plan, self.tensor_keys
         tensordict, obs, action, next_obs, reward, not_terminal = _fused.transition(tensordict, keys, plan["obs"])
         squash = plan["squash"]
         q_layers = _fused.chain_params(self.qvalue_network_params, plan["q"])
+        terms = {}
 
-        # actor term: Q_1 with frozen critic parameters, as TorchRL's actor_loss
-        pi = squash(_fused.run_chain(_fused.chain_params(self.actor_network_params, plan["actor"]), obs))
-        q1_layers = [(w[0].detach(), b[0].detach()) for w, b in q_layers]
-        q_pi = _fused.run_chain(q1_layers, torch.cat([obs, pi], -1)).squeeze(-1)
-        bc_loss = torch.nn.functional.mse_loss(pi, action)
-        lmbd = self.alpha / q_pi.abs().mean().detach()
-        loss_actor = (-lmbd * q_pi).mean() + bc_loss
+        if actor:
+            # actor term: Q_1 with frozen critic parameters, as TorchRL's actor_loss
+            pi = squash(_fused.run_chain(_fused.chain_params(self.actor_network_params, plan["actor"]), obs))
+            q1_layers = [(w[0].detach(), b[0].detach()) for w, b in q_layers]
+            q_pi = _fused.run_chain(q1_layers, torch.cat([obs, pi], -1)).squeeze(-1)
+            bc_loss = torch.nn.functional.mse_loss(pi, action)
+            lmbd = self.alpha / q_pi.abs().mean().detach()
+            terms = {
+                "loss_actor": (-lmbd * q_pi).mean() + bc_loss,
+                "bc_loss": bc_loss.detach(),
+                "lmbd": lmbd,
+                "state_action_value_actor": q_pi.detach(),
+            }
 
         # critic term; the noise is drawn first, as TorchRL does, so seeded runs match
         noise = (torch.randn_like(action) * self.policy_noise).clamp(-self.noise_clip, self.noise_clip)
@@ -165,11 +172,8 @@ class TD3BCLoss(_TorchRLTD3BCLoss):
         tensordict.set(keys.priority, (q.detach() - target).pow(2).max(0).values)
         return TensorDict(
             {
-                "loss_actor": loss_actor,
+                **terms,
                 "loss_qvalue": loss_qvalue,
-                "bc_loss": bc_loss.detach(),
-                "lmbd": lmbd,
-                "state_action_value_actor": q_pi.detach(),
                 "pred_value": q.detach(),
                 "next_state_value": q_next,
                 "target_value": target,
@@ -178,11 +182,44 @@ class TD3BCLoss(_TorchRLTD3BCLoss):
 
     @dispatch
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        return self._forward(tensordict, actor=True)
+
+    def loss_terms(self, tensordict: TensorDictBase, keys) -> TensorDictBase:
+        """The output of :meth:`forward` restricted to the ``loss_*`` terms in ``keys`` (and
+        their diagnostics), for a trainer that knows which terms it will step.
+
+        Without ``"loss_actor"`` the actor's forward and its pass through the critic are
+        skipped: on TD3's critic-only steps (``policy_freq - 1`` of every ``policy_freq``) that
+        is the work TorchRL's ``sota-implementations/td3_bc`` loop and d3rlpy skip too. The
+        random draws are the same either way (the actor term draws none), so a run that asks
+        for every term and one that asks only for the due ones follow the same trajectory.
+        On TorchRL's code path (``fused=False`` or prioritised weights) every term is computed.
+
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import Bounded
+        >>> from offline_plugins.modules.networks import make_deterministic_actor, make_qvalue
+        >>> spec = Bounded(-torch.ones(2), torch.ones(2), (2,))
+        >>> loss = TD3BCLoss(make_deterministic_actor(3, spec, (8,)), make_qvalue(3, 2, (8,)), action_spec=spec)
+        >>> loss.make_value_estimator(gamma=0.99)
+        >>> batch = TensorDict({"observation": torch.randn(4, 3), "action": spec.rand((4,)),
+        ...     ("next", "observation"): torch.randn(4, 3), ("next", "reward"): torch.randn(4, 1),
+        ...     ("next", "done"): torch.zeros(4, 1, dtype=torch.bool),
+        ...     ("next", "terminated"): torch.zeros(4, 1, dtype=torch.bool)}, [4])
+        >>> sorted(k for k in loss.loss_terms(batch, ["loss_qvalue"]).keys() if k.startswith("loss_"))
+        ['loss_qvalue']
+        """
+        return self._forward(tensordict, actor="loss_actor" in keys)
+
+    def _forward(self, tensordict: TensorDictBase, actor: bool) -> TensorDictBase:
         keys = self.tensor_keys
         check_batch_keys(tensordict, transition_keys(self.actor_network.in_keys, keys), "TD3BCLoss")
         # prioritised-replay weights are TorchRL's business: its code path applies them
         weighted = tensordict.get(keys.priority_weight, None) is not None
-        out = super().forward(tensordict) if self._plan is None or weighted else self._fused_forward(tensordict)
+        if self._plan is None or weighted:
+            out = super().forward(tensordict)
+        else:
+            out = self._fused_forward(tensordict, actor=actor)
         if self.diagnostics and self.reduction != "none":
             with torch.no_grad():
                 q_data = out.get("pred_value").min(0).values
