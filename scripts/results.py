@@ -43,6 +43,8 @@ def _one(args, algo: str, dataset: str, seed: int) -> str:
         cmd += ["--eval-every", str(args.eval_every)]
     if args.model:
         cmd += ["--model", args.model]
+    if args.compile:
+        cmd += ["--compile"]
     for kv in args.overrides:
         cmd += ["--set", kv]
     t0 = time.perf_counter()
@@ -180,6 +182,7 @@ def main() -> None:
     p.add_argument("--eval-episodes", type=int, default=10)
     p.add_argument("--model", default=None)
     p.add_argument("--set", dest="overrides", action="append", default=[])
+    p.add_argument("--compile", action="store_true", help="train --compile (the loss through torch.compile)")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--root", default="runs/results")
     p.set_defaults(func=cmd_run)

@@ -97,6 +97,28 @@ def test_non_finite_guard_names_the_step_and_the_term(tmp_path):
         _run(tmp_path, "nan", steps=20, data=FakeOfflineData(nan_reward=True))
 
 
+@pytest.mark.parametrize("bad_step, end", [(237, 300), (250, 262), (3, 3)])
+def test_non_finite_guard_finds_the_earliest_bad_term_across_windows(bad_step, end):
+    # the guard's ring buffer is read every check_every steps and at the end: the message
+    # names the first bad step and term, also after earlier windows passed their check
+    from types import SimpleNamespace
+
+    from offline_plugins.lightning.callbacks import NonFiniteGuard
+
+    guard = NonFiniteGuard(check_every=100)
+    strategy = SimpleNamespace(reduce_boolean_decision=lambda found, all: found)
+    module = SimpleNamespace(loss_keys=("loss_a", "loss_b", "loss_c"))
+    with pytest.raises(NonFiniteLossError, match=rf"step {bad_step}: loss_b = inf"):
+        for step in range(1, end + 1):
+            trainer = SimpleNamespace(global_step=step, strategy=strategy, world_size=1, global_rank=0)
+            losses = torch.tensor([1.0, float(step), 2.0])
+            if step >= bad_step:
+                losses[1] = float("inf")
+                losses[2] = float("nan") if step > bad_step else 2.0
+            guard.on_train_batch_end(trainer, module, {"losses": losses}, None, step - 1)
+        guard.on_train_end(trainer, module)
+
+
 def test_eval_of_a_checkpoint_repeats_the_final_evaluation(tmp_path):
     summary = _run(tmp_path, "run", steps=20, eval_episodes=2)
     result = evaluate_checkpoint(summary["checkpoint"], spec=TINY_SPEC, data=FakeOfflineData())

@@ -70,9 +70,11 @@ class TargetNetworkUpdate(Callback):
 class NonFiniteGuard(Callback):
     """Stop at the first non-finite loss term, naming the step and the term.
 
-    Each step's loss terms are folded into a device tensor that remembers, per
-    term, the first step it went bad; that tensor is read (one sync) every
-    ``check_every`` steps and at the end, so the hot path never waits on the device.
+    Each step's loss terms are copied into a row of a device ring buffer of
+    ``check_every`` rows (one copy per step, no host sync); every ``check_every``
+    steps and at the end the buffer is read once, and the earliest non-finite entry
+    names the step and the term. Rows of earlier windows passed their check, so a bad
+    entry is always from the window just ended.
 
     Raises:
         NonFiniteLossError: on every rank, once any rank saw a bad term.
@@ -80,20 +82,19 @@ class NonFiniteGuard(Callback):
 
     def __init__(self, check_every: int = 100) -> None:
         self.check_every = max(1, int(check_every))
-        self._first: Optional[torch.Tensor] = None
-        self._value: Optional[torch.Tensor] = None
+        self._ring: Optional[torch.Tensor] = None
+        self._step = 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         losses = outputs.get("losses") if isinstance(outputs, dict) else None
         if losses is None:
             return
         step = trainer.global_step  # 1-based number of the step just taken
-        if self._first is None or self._first.device != losses.device:
-            self._first = torch.zeros(losses.shape, dtype=torch.long, device=losses.device)
-            self._value = torch.zeros_like(losses)
-        new = torch.isfinite(losses).logical_not_().logical_and_(self._first == 0)
-        self._first.masked_fill_(new, step)
-        self._value = torch.where(new, losses, self._value)
+        ring = self._ring
+        if ring is None or ring.device != losses.device or ring.shape[1:] != losses.shape:
+            ring = self._ring = torch.zeros((self.check_every, *losses.shape), dtype=losses.dtype, device=losses.device)
+        ring[(step - 1) % self.check_every].copy_(losses)
+        self._step = step
         if step % self.check_every == 0:
             self.check(trainer, pl_module)
 
@@ -101,23 +102,29 @@ class NonFiniteGuard(Callback):
         self.check(trainer, pl_module)
 
     def check(self, trainer, pl_module) -> None:
-        """Raise if a term went non-finite since the run started (syncs once)."""
-        if self._first is None:
+        """Raise if a term went non-finite since the last check (syncs once)."""
+        if self._ring is None:
             return
-        found_here = bool((self._first > 0).any())
+        bad = ~torch.isfinite(self._ring.reshape(self.check_every, -1))
+        found_here = bool(bad.any())
         found = trainer.strategy.reduce_boolean_decision(found_here, all=False)
         if not found:
             return
         keys = list(getattr(pl_module, "loss_keys", ()))
         if found_here:
-            first = self._first.cpu()
-            steps = torch.where(first > 0, first, torch.full_like(first, 2**62))
-            i = int(steps.argmin())
-            value = float(self._value.cpu()[i])
+            bad = bad.cpu()
+            now, n = self._step, self.check_every
+            # row r holds the latest step s <= now with (s - 1) % n == r
+            rows = torch.arange(n)
+            steps = now - (now - 1 - rows) % n
+            steps = torch.where(bad.any(1), steps, torch.full_like(steps, 2**62))
+            r = int(steps.argmin())
+            i = int(bad[r].nonzero()[0])
+            value = float(self._ring.reshape(n, -1)[r, i].cpu())
             term = keys[i] if i < len(keys) else f"term {i}"
             where = f" on rank {trainer.global_rank}" if trainer.world_size > 1 else ""
             msg = (
-                f"non-finite loss at step {int(first[i])}{where}: {term} = {value}; "
+                f"non-finite loss at step {int(steps[r])}{where}: {term} = {value}; "
                 "lower the learning rate (--set ...lr=), clip gradients, or check the data for NaN/inf"
             )
         else:

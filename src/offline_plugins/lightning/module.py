@@ -111,6 +111,9 @@ def compile_terms(loss):
     generators (inductor's ``fallback_random``), so a seeded run draws the same noise with
     or without compilation, and resumes exactly either way.
     """
+    # TorchRL losses fill some attributes on first use (``in_keys``); filled now, they do not
+    # change under the compiled graph's guards and force a recompilation
+    getattr(loss, "in_keys", None)
     return torch.compile(functools.partial(compute_terms, loss), options={"fallback_random": True})
 
 

@@ -122,6 +122,10 @@ class CQLLoss(_TorchRLCQLLoss):
             loss_function=loss_function,
             **kwargs,
         )
+        # resolved here, not on first use, so a compiled loss sees a fixed attribute
+        # (a lazily set one makes torch.compile recompile)
+        self._q_chain = False
+        self._critic_chain()
 
     @property
     def _alpha_prime(self) -> torch.Tensor:
@@ -136,7 +140,7 @@ class CQLLoss(_TorchRLCQLLoss):
         CPU, one ``baddbmm`` on a GPU), not TorchRL's ``vmap`` (a ``bmm`` and a separate
         bias add per layer).
         """
-        if not hasattr(self, "_q_chain"):
+        if self._q_chain is False:
             from offline_plugins.modules.networks import QValueNet
 
             net = getattr(self.qvalue_network, "module", None)
