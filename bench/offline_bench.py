@@ -393,7 +393,40 @@ def main(argv=None) -> None:
             print(f"\n{r['algo']}: ours with --compile {r['compiled']:.1f} steps/s; {r['compiled/torchrl']:.2f}x TorchRL{cd}")
         if r["plain"]:
             print(f"\n{r['algo']}: hand-written plain PyTorch {r['plain']:.1f} steps/s; ours / plain {r['ours/plain']:.2f}x")
-    print(json.dumps({"device": str(device), "compile": args.compile, "steps": args.steps, "rows": rows}))
+    ceiling = _cql_ceiling(args.obs_dim, args.act_dim, device) if "cql" in args.algos.split(",") else None
+    if ceiling:
+        print(f"\ncql: arithmetic floor {ceiling['floor_ms']:.0f} ms per step at the measured GEMM rate "
+              f"({ceiling['gflops']:.0f} GFLOP/s), so at most {ceiling['max_steps_per_s']:.1f} steps/s for anyone")
+    print(json.dumps({"device": str(device), "compile": args.compile, "steps": args.steps, "rows": rows,
+                      "cql_ceiling": ceiling}))
+
+
+def _cql_ceiling(obs_dim: int, act_dim: int, device) -> dict:
+    """The least time a CQL step can take here: the conservative term's critic passes alone.
+
+    Per state, both critics score 3 x 10 sampled actions (forward, and backward to the
+    weights: about 3x the forward's multiply-adds, minus the first layer's input
+    gradient). Timed as plain GEMMs of the same sizes at the machine's own rate.
+    """
+    import torch
+
+    rows, h1, h2 = BATCH * 30, HIDDEN[0], HIDDEN[1]
+    x, w = torch.randn(rows, h1, device=device), torch.randn(h1, h2, device=device)
+    for _ in range(3):
+        x @ w
+    reps = 10
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        x @ w
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    gflops = 2 * rows * h1 * h2 * reps / (time.perf_counter() - t0) / 1e9
+    macs_fwd = rows * ((obs_dim + act_dim) * h1 + h1 * h2 + h2)  # one critic
+    flops = 2 * 2 * macs_fwd * 3  # two critics, forward + backward
+    floor = flops / (gflops * 1e9)
+    return {"gflops": gflops, "gflop_per_step": flops / 1e9, "floor_ms": floor * 1e3, "max_steps_per_s": 1 / floor}
 
 
 if __name__ == "__main__":
