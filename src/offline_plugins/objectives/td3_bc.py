@@ -65,6 +65,8 @@ class TD3BCLoss(_TorchRLTD3BCLoss):
         ['loss_actor', 'loss_qvalue']
         >>> "q_data_minus_mc" in out.keys()
         True
+        >>> sorted(k for k in loss.loss_terms(batch, ["loss_qvalue"]).keys() if k.startswith("loss_"))
+        ['loss_qvalue']
     """
 
     @dataclass
@@ -194,20 +196,7 @@ class TD3BCLoss(_TorchRLTD3BCLoss):
         random draws are the same either way (the actor term draws none), so a run that asks
         for every term and one that asks only for the due ones follow the same trajectory.
         On TorchRL's code path (``fused=False`` or prioritised weights) every term is computed.
-
-        >>> import torch
-        >>> from tensordict import TensorDict
-        >>> from torchrl.data import Bounded
-        >>> from offline_plugins.modules.networks import make_deterministic_actor, make_qvalue
-        >>> spec = Bounded(-torch.ones(2), torch.ones(2), (2,))
-        >>> loss = TD3BCLoss(make_deterministic_actor(3, spec, (8,)), make_qvalue(3, 2, (8,)), action_spec=spec)
-        >>> loss.make_value_estimator(gamma=0.99)
-        >>> batch = TensorDict({"observation": torch.randn(4, 3), "action": spec.rand((4,)),
-        ...     ("next", "observation"): torch.randn(4, 3), ("next", "reward"): torch.randn(4, 1),
-        ...     ("next", "done"): torch.zeros(4, 1, dtype=torch.bool),
-        ...     ("next", "terminated"): torch.zeros(4, 1, dtype=torch.bool)}, [4])
-        >>> sorted(k for k in loss.loss_terms(batch, ["loss_qvalue"]).keys() if k.startswith("loss_"))
-        ['loss_qvalue']
+        The class example shows a critic-only call.
         """
         return self._forward(tensordict, actor="loss_actor" in keys)
 
