@@ -221,3 +221,18 @@ def test_compiled_loss_trains_as_the_eager_one(tmp_path):
         eager, compiled = _column(tmp_path / "eager" / "metrics.csv", key), _column(tmp_path / "compiled" / "metrics.csv", key)
         assert len(eager) >= 5
         assert compiled == pytest.approx(eager, rel=1e-3, abs=1e-5), key
+
+
+@pytest.mark.gpu
+def test_the_shell_trains_on_cuda_and_its_checkpoint_evaluates(tmp_path):
+    # device-agnostic shell: the same run on one GPU (batches moved by Lightning, fused
+    # losses, fused Adam and target updates on the device) ends finite and evaluates
+    from offline_plugins.plugins import load_registry
+
+    summary = _run(tmp_path, "cuda", algorithm=load_registry().algorithm("td3-bc"), steps=6, accelerator="gpu",
+                   devices=1, log_every=1, overrides=["hidden=[16,16]", "batch_size=32"])
+    assert summary["return_mean"] is not None
+    state = load_checkpoint(summary["checkpoint"])["state_dict"]
+    assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
+    loss_q = _column(tmp_path / "cuda" / "metrics.csv", "train/loss_qvalue")
+    assert len(loss_q) == 6 and all(x == x for x in loss_q)
