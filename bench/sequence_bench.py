@@ -21,7 +21,7 @@ reported. Planning: default configs of ``tt`` and ``diffuser`` (untrained networ
 latency does not depend on the weights), one call per environment step for
 ``--envs`` environments at once.
 
-    python bench/sequence_bench.py [--rounds 3] [--steps 10] [--json] [--only dt|plan]
+    python bench/sequence_bench.py [--rounds 3] [--steps 10] [--json] [--only dt|plan] [--device cuda]
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def synthetic_data(obs_dim: int, act_dim: int, episodes: int, length: int, seed:
     )
 
 
-def ours_dt(data, windows: int, context: int):
+def ours_dt(data, windows: int, context: int, device="cpu"):
     """Our DT step: slice-sampled windows, our GPT, TorchRL's DTLoss, Adam + warm-up + clipping."""
     import torch
 
@@ -87,10 +87,11 @@ def ours_dt(data, windows: int, context: int):
 
     cfg = dataclasses.replace(DTConfig(), context_len=context, batch_size=windows * context, target_return=float(data.episode_returns.max()))
     parts = build(cfg, data)
+    parts.loss.to(device)
     group = parts.optimizers[0]
     opt = group.make_optimizer()
     sched = parts.extra["lr_schedulers"][0](opt)
-    buffer = data.replay_buffer(windows * context, sampler="slice", slice_len=context, seed=0)
+    buffer = data.replay_buffer(windows * context, sampler="slice", slice_len=context, seed=0, device=device)
     params = [p for p in group.params if p.requires_grad]
     loss_module = parts.loss
 
@@ -105,7 +106,7 @@ def ours_dt(data, windows: int, context: int):
     return step, sum(p.numel() for p in params)
 
 
-def torchrl_dt(data, windows: int, context: int):
+def torchrl_dt(data, windows: int, context: int, device="cpu"):
     """TorchRL's sota DT step on the same data (see the module docstring)."""
     import torch
     from tensordict.nn import TensorDictModule
@@ -117,8 +118,8 @@ def torchrl_dt(data, windows: int, context: int):
     from torchrl.objectives import DTLoss
 
     td = data.td.exclude("next").clone()
-    split = split_trajectories(td, trajectory_key="episode")  # [episodes, max_len], with a "mask"
-    loc, std = td["observation"].mean(0), td["observation"].std(0)
+    split = split_trajectories(td, trajectory_key="episode").to(device)  # [episodes, max_len], with a "mask"
+    loc, std = td["observation"].mean(0).to(device), td["observation"].std(0).to(device)
     transforms = Compose(
         RandomCropTensorDict(sub_seq_len=context, sample_dim=-1, mask_key=("collector", "mask")),
         RewardScaling(loc=0, scale=0.001, in_keys=["return_to_go"], standard_normal=False),
@@ -138,7 +139,7 @@ def torchrl_dt(data, windows: int, context: int):
         spec=spec, in_keys=["param"], out_keys=["action"], module=module, distribution_class=TanhDelta,
         distribution_kwargs={"low": spec.space.low, "high": spec.space.high}, return_log_prob=False,
     )
-    loss_module = DTLoss(actor, loss_function="l2")
+    loss_module = DTLoss(actor, loss_function="l2").to(device)
     loss_module.set_keys(action_target="action_cat")
     params = list(loss_module.actor_network_params.flatten_keys().values())
     opt = torch.optim.Adam(params, lr=1e-4, weight_decay=1e-4, eps=1e-8)
@@ -156,8 +157,12 @@ def torchrl_dt(data, windows: int, context: int):
 
 
 def bench_dt(args) -> dict:
+    import torch
+
     data = synthetic_data(args.obs_dim, args.act_dim, args.episodes, args.length)
-    loops = {"ours": ours_dt(data, args.windows, args.context), "torchrl": torchrl_dt(data, args.windows, args.context)}
+    loops = {"ours": ours_dt(data, args.windows, args.context, args.device),
+             "torchrl": torchrl_dt(data, args.windows, args.context, args.device)}
+    sync = torch.cuda.synchronize if str(args.device).startswith("cuda") else (lambda: None)
     for step, _ in loops.values():
         for _ in range(args.warmup):
             step()
@@ -165,9 +170,11 @@ def bench_dt(args) -> dict:
     tokens = 3 * args.windows * args.context
     for _ in range(args.rounds):
         for name, (step, _) in loops.items():
+            sync()
             t0 = time.perf_counter()
             for _ in range(args.steps):
                 step()
+            sync()
             rates[name].append(tokens * args.steps / (time.perf_counter() - t0))
     ours, theirs = statistics.median(rates["ours"]), statistics.median(rates["torchrl"])
     return {
@@ -192,14 +199,14 @@ def bench_planning(args) -> dict:
     data = synthetic_data(args.obs_dim, args.act_dim, args.episodes, args.length)
     out = {}
     for name, parts in (("tt", build_tt(TTConfig(), data)), ("diffuser", build_diffuser(DiffuserConfig(), data))):
-        planner = parts.policy
+        planner = parts.policy.to(args.device)
         planner.eval()
-        obs = data.td["observation"][: args.envs]
+        obs = data.td["observation"][: args.envs].to(args.device)
         with torch.no_grad():
             planner(TensorDict({"observation": obs}, [args.envs]))  # warm-up
             planner.planning_seconds, planner.planning_calls, planner.planned_actions = 0.0, 0, 0
             for _ in range(args.plan_steps):
-                planner(TensorDict({"observation": obs, "reward": torch.zeros(args.envs, 1)}, [args.envs]))
+                planner(TensorDict({"observation": obs, "reward": torch.zeros(args.envs, 1, device=obs.device)}, [args.envs]))
         stats = planner.planning_stats()
         out[f"{name}_plan_ms_per_step"] = stats["plan_ms_per_step"]
         out[f"{name}_plan_ms_per_action"] = stats["plan_ms_per_action"]
@@ -222,6 +229,7 @@ def main() -> None:
     p.add_argument("--envs", type=int, default=1, help="environments planned for at once")
     p.add_argument("--plan-steps", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="where both DT loops and the planners run (cpu, cuda)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
 
@@ -229,7 +237,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    result: dict = {"threads": args.threads}
+    result: dict = {"threads": args.threads, "device": args.device}
     if args.only in (None, "dt"):
         result.update(bench_dt(args))
     if args.only in (None, "plan"):
