@@ -27,13 +27,14 @@ import torch
 
 def _plain_loop(parts, data, *, steps: int, warmup: int, batch_size: int, seed: int) -> float:
     """Steps per second of a hand-written loop doing the shell's work, after ``warmup`` steps."""
+    from offline_plugins.algorithms.base import compute_terms, target_update_period
     from offline_plugins.lightning.data import LOSS_STREAM, ReplayBufferStream, step_seed
     from offline_plugins.lightning.module import make_grouped_adam
 
     stream = ReplayBufferStream(data.replay_buffer(batch_size, seed=seed), seed=seed)
     opt = make_grouped_adam(parts.optimizers)
     groups = parts.optimizers
-    target_every = max(g.every for g in groups)
+    target_every = target_update_period(parts.extra, groups)
     keys_all = parts.loss_keys()
     first_bad = None
     started = None
@@ -47,7 +48,7 @@ def _plain_loop(parts, data, *, steps: int, warmup: int, batch_size: int, seed: 
         keys = []
         for g in active:
             keys.extend(k for k in g.loss_keys if k not in keys)
-        out = parts.compute(batch, keys)
+        out = compute_terms(parts.loss, batch, keys)
         total = sum(out.get(k) for k in keys)
         opt.zero_grad(set_to_none=True)
         total.backward()

@@ -135,21 +135,20 @@ def _reference(name: str, data):
         plist = list(params.parameters()) if hasattr(params, "parameters") else list(params)
         opts.append((torch.optim.Adam(plist, lr=3e-4), every))
     def compute(batch, keys):
-        return loss(batch)
-
-    if name == "td3-bc":
+        if name != "td3-bc":
+            return loss(batch)
         # as TorchRL's sota-implementations/td3_bc loop: the actor term only on the actor's steps
-        def compute(batch, keys):  # noqa: F811
-            out = {"loss_qvalue": loss.qvalue_loss(batch)[0]}
-            if "loss_actor" in keys:
-                out["loss_actor"] = loss.actor_loss(batch)[0]
-            return out
+        out = {"loss_qvalue": loss.qvalue_loss(batch)[0]}
+        if "loss_actor" in keys:
+            out["loss_actor"] = loss.actor_loss(batch)[0]
+        return out
+
     terms = [(keys, every) for _, keys, every in groups]
     return compute, terms, opts, SoftUpdate(loss, tau=0.005), max(every for _, _, every in groups)
 
 
 def _ours(name: str, data, compile_: bool):
-    from offline_plugins.algorithms.base import compute_terms
+    from offline_plugins.algorithms.base import compute_terms, target_update_period
     from offline_plugins.lightning.module import compile_terms, make_shell_optimizer
     from offline_plugins.plugins.manager import load_registry
 
@@ -162,7 +161,7 @@ def _ours(name: str, data, compile_: bool):
     opts = [(make_shell_optimizer(parts.optimizers), 1)]
     # as the training shell (``train --compile``): only the due terms, through torch.compile if asked
     compute = compile_terms(parts.loss) if compile_ else functools.partial(compute_terms, parts.loss)
-    target_every = parts.extra.get("target_update_every", max(g.every for g in parts.optimizers))
+    target_every = target_update_period(parts.extra, parts.optimizers)
     return compute, terms, opts, parts.target_updater, target_every
 
 

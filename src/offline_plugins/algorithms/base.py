@@ -15,7 +15,7 @@ import torch
 from tensordict.nn import TensorDictModuleBase
 from torchrl.objectives import LossModule
 
-__all__ = ["OptimizerGroup", "AlgorithmParts", "adam_kernel", "compute_terms"]
+__all__ = ["OptimizerGroup", "AlgorithmParts", "adam_kernel", "compute_terms", "target_update_period"]
 
 
 @dataclass
@@ -91,6 +91,20 @@ def compute_terms(loss: LossModule, batch, keys: Optional[Sequence[str]] = None)
     return loss(batch) if terms is None else terms(batch, keys)
 
 
+def target_update_period(extra: dict, groups: Sequence[OptimizerGroup]) -> int:
+    """Gradient steps between target-network updates: ``extra["target_update_every"]`` if the
+    algorithm set it, else the slowest group's ``every`` (TD3+BC moves its targets with the
+    delayed actor).
+
+    >>> target_update_period({}, [OptimizerGroup("critic", [], 1e-3, ("loss_qvalue",)),
+    ...                           OptimizerGroup("actor", [], 1e-3, ("loss_actor",), every=2)])
+    2
+    """
+    if "target_update_every" in (extra or {}):
+        return int(extra["target_update_every"])
+    return max(g.every for g in groups)
+
+
 @dataclass
 class AlgorithmParts:
     """Everything built for one algorithm on one dataset.
@@ -110,12 +124,6 @@ class AlgorithmParts:
     optimizers: list[OptimizerGroup]
     target_updater: Optional[Any] = None
     extra: dict[str, Any] = field(default_factory=dict)
-
-    def compute(self, batch, keys: Optional[Sequence[str]] = None):
-        """``loss(batch)``, or with ``keys`` (the ``loss_*`` terms a trainer will step), what a
-        loss that offers ``loss_terms(batch, keys)`` computes for those terms only (TD3+BC's
-        critic-only steps skip the actor). The output may then lack the other terms."""
-        return compute_terms(self.loss, batch, keys)
 
     def loss_keys(self) -> tuple[str, ...]:
         keys: list[str] = []

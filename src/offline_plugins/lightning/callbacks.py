@@ -53,10 +53,9 @@ class TargetNetworkUpdate(Callback):
     def _period(self, pl_module) -> int:
         if self.every is not None:
             return int(self.every)
-        extra = getattr(pl_module, "extra", {}) or {}
-        if "target_update_every" in extra:
-            return int(extra["target_update_every"])
-        return max(g.every for g in pl_module.optimizer_groups)
+        from offline_plugins.algorithms.base import target_update_period
+
+        return target_update_period(getattr(pl_module, "extra", {}) or {}, pl_module.optimizer_groups)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         updater = getattr(pl_module, "target_updater", None)
