@@ -8,11 +8,9 @@ seeded with ``seed``, so a dataset is a pure function of (recipe, seed).
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import warnings
-from typing import Any, Optional
+from typing import Optional
 
 from offline_plugins.data.errors import DatasetError
 
@@ -114,9 +112,12 @@ def make_recipe_dataset(
     data_format: Optional[str] = None,
     force: bool = False,
     save_as: Optional[str] = None,
-    **unknown: Any,
 ):
     """Make the Minari dataset of recipe ``spec`` in the local Minari store.
+
+    The dataset is built beside the store and renamed into place when complete (see
+    :func:`~offline_plugins.data.store.build_atomically`): an interrupted build leaves
+    nothing, and ``force`` keeps the old dataset until the new one is done.
 
     Args:
         spec: the :class:`~offline_plugins.plugins.registry.DatasetSpec`.
@@ -134,34 +135,30 @@ def make_recipe_dataset(
     Returns:
         the new ``minari.MinariDataset``.
     """
-    if unknown:
-        raise DatasetError(
-            f"dataset recipe {spec.id!r}: unknown option(s) {', '.join(sorted(unknown))}; "
-            "known: seed, steps, episodes, data_format, force, save_as"
-        )
+    from offline_plugins.data.store import build_atomically
+
+    dataset_id = save_as or spec.id
+    if spec.tier not in TIERS:
+        raise DatasetError(f"dataset recipe {spec.id!r}: tier {spec.tier!r} is not one of {', '.join(TIERS)}")
+    if data_format not in (None, "hdf5", "arrow"):
+        raise DatasetError(f"dataset {dataset_id!r}: data_format must be 'hdf5' or 'arrow', got {data_format!r}")
+    def build():
+        return _build(spec, dataset_id, seed=seed, progress=progress, steps=steps, episodes=episodes, data_format=data_format)
+
+    return build_atomically(dataset_id, build, force=force)
+
+
+def _build(spec, dataset_id: str, *, seed: int, progress: bool, steps, episodes, data_format):
+    """Roll out the recipe and write ``dataset_id`` into the current Minari store (which lacks it)."""
     import gymnasium as gym
     import minari
     import torch
     from tqdm.auto import tqdm
 
     from offline_plugins.data.behaviour import load_policy_file
-    from offline_plugins.data.store import is_local
 
-    dataset_id = save_as or spec.id
     options = dict(spec.options)
     tier = spec.tier
-    if tier not in TIERS:
-        raise DatasetError(f"dataset recipe {spec.id!r}: tier {tier!r} is not one of {', '.join(TIERS)}")
-    if data_format not in (None, "hdf5", "arrow"):
-        raise DatasetError(f"dataset {dataset_id!r}: data_format must be 'hdf5' or 'arrow', got {data_format!r}")
-    if is_local(dataset_id):
-        if not force:
-            raise DatasetError(
-                f"dataset {dataset_id!r} already exists in {minari.storage.get_dataset_path()}; "
-                "pass force=True (CLI: --force) to rebuild it"
-            )
-        with contextlib.redirect_stdout(io.StringIO()):  # Minari prints "Dataset ... deleted!"
-            minari.delete_dataset(dataset_id)
     try:
         gym.make(spec.env_id).close()
     except (ImportError, gym.error.DependencyNotInstalled, ModuleNotFoundError) as exc:

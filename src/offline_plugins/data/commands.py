@@ -233,7 +233,9 @@ def add_parsers(subparsers) -> None:
     q = sub.add_parser("make", help="make a recipe's dataset in the local Minari store")
     q.add_argument("id", help="recipe id, e.g. offline-plugins/pendulum/medium-v0 (or pendulum/medium-v0)")
     q.add_argument("--seed", type=int, default=0, help="seed of env resets and action noise (default 0)")
-    q.add_argument("--force", action="store_true", help="replace the dataset if it exists")
+    q.add_argument(
+        "--force", action="store_true", help="replace the dataset if it exists (the old one is kept until the new one is complete)"
+    )
     q.add_argument("--steps", type=int, help="collect at least this many steps (default: the recipe's)")
     q.add_argument("--episodes", type=int, help="stop after this many episodes")
     q.add_argument("--format", choices=("hdf5", "arrow"), help="Minari storage format (default: Minari's)")

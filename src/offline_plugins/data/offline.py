@@ -280,8 +280,9 @@ class OfflineData:
             if dataset.spec.env_spec is None and getattr(dataset, "_eval_env_spec", None) is None:
                 raise DatasetError(
                     f"dataset {self.dataset_id!r} records no environment in its Minari metadata "
-                    "(env_spec is None), so the evaluation env cannot be recovered; pass one: "
-                    "data.make_env(env_id='Pendulum-v1') (CLI: --env ENV_ID)"
+                    "(env_spec is None), so the evaluation env cannot be recovered; in Python pass one: "
+                    "data.make_env(env_id='Pendulum-v1'); the CLI has no env option, so to train or evaluate "
+                    "there remake the dataset with its env (minari.create_dataset_from_buffers(..., env=ENV_ID))"
                 )
             try:
                 env = dataset.recover_environment(eval_env=True, **kwargs)
@@ -384,7 +385,8 @@ def load_offline_data(
                 f"dataset {minari_id!r} is not in the local Minari store; make it with "
                 f"'offline-plugins data make {minari_id}' or pass make_if_missing=True"
             )
-        make_dataset(minari_id, registry, progress=progress)
+        # exist_ok: another process may make it while this one waits for the dataset's lock
+        make_dataset(minari_id, registry, progress=progress, exist_ok=True)
     dataset = open_minari_dataset(minari_id)
     episodes = read_minari_episodes(dataset, minari_id)
     return _to_offline_data(

@@ -2,15 +2,26 @@
 
 Every failure is a :class:`~offline_plugins.data.errors.DatasetError` naming the
 dataset, the problem and the fix.
+
+Datasets are made by :func:`build_atomically`: under a per-dataset lock file
+(``STORE/.locks/ID.lock``, ``fcntl.flock``), a build writes into a private Minari root
+``STORE/.building/ID+PID-RANDOM/store`` and its finished folder is renamed into place,
+so a killed or failed build never leaves a partial dataset and a rebuild never loses
+the old one. Hidden (``.``) folders are skipped by Minari and by :func:`local_dataset_ids`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import os
+import shutil
+import sys
+import uuid
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Iterator, Optional
+from urllib.parse import quote, unquote
 
 from offline_plugins.data.errors import DatasetError
 
@@ -20,6 +31,7 @@ __all__ = [
     "is_local",
     "resolve_dataset_id",
     "make_dataset",
+    "build_atomically",
     "open_minari_dataset",
     "dataset_size_bytes",
 ]
@@ -135,8 +147,29 @@ def _try_download(dataset_id: str) -> Optional[str]:
     return None if is_local(dataset_id) else "the download left no dataset"
 
 
-def make_dataset(dataset_id: str, registry=None, *, seed: int = 0, progress: bool = True, force: bool = False, **options):
-    """Make a recipe's dataset in the local store; returns the ``minari.MinariDataset``."""
+def make_dataset(
+    dataset_id: str,
+    registry=None,
+    *,
+    seed: int = 0,
+    progress: bool = True,
+    force: bool = False,
+    exist_ok: bool = False,
+    **options,
+):
+    """Make a recipe's dataset in the local store; returns the ``minari.MinariDataset``.
+
+    The recipe runs inside :func:`build_atomically`: concurrent makes of one id wait for
+    each other, and the dataset appears only when complete.
+
+    Keyword Args:
+        seed, progress, **options: passed to the recipe's ``make``.
+        force: replace the dataset if it exists (the old one stays until the new one is done).
+        exist_ok: return the existing dataset instead of raising when it exists (also
+            when another process made it while this one waited for the lock).
+    """
+    import inspect
+
     minari_id, recipe = resolve_dataset_id(dataset_id, registry, allow_download=False)
     if recipe is None:
         raise DatasetError(
@@ -149,7 +182,199 @@ def make_dataset(dataset_id: str, registry=None, *, seed: int = 0, progress: boo
             f"dataset recipe {minari_id!r} needs the {', '.join(missing)} extra; "
             f"install it with: pip install 'offline-plugins[{','.join(missing)}]'"
         )
-    return recipe.load_make()(recipe, seed=seed, progress=progress, force=force, **options)
+    make = recipe.load_make()
+    kwargs = dict(seed=seed, progress=progress, force=force, **options)
+    try:  # a typo in an option is reported before waiting for a lock or finding the dataset exists
+        params = inspect.signature(make).parameters
+    except (TypeError, ValueError):  # builtins and some C callables have no signature
+        params = {}
+    if params and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        unknown = sorted(set(kwargs) - set(params))
+        if unknown:
+            known = list(params)[1:]  # the first is the recipe's spec
+            raise DatasetError(
+                f"dataset recipe {minari_id!r}: unknown option(s) {', '.join(unknown)}; known: {', '.join(known)}"
+            )
+    target = options.get("save_as") or minari_id
+    return build_atomically(target, lambda: make(recipe, **kwargs), force=force, exist_ok=exist_ok)
+
+
+_BUILDING = ".building"
+_LOCKS = ".locks"
+_BUILD_NOTE = "build.json"
+
+
+def _key(dataset_id: str) -> str:
+    """``dataset_id`` as one file name ('/' and '+' escaped, so '+' can separate fields)."""
+    return quote(dataset_id, safe="")
+
+
+def _build_owner(folder: Path) -> Optional[str]:
+    """The dataset id a build folder ``STORE/.building/ID+PID-RANDOM`` belongs to, or None."""
+    try:
+        return json.loads((folder / _BUILD_NOTE).read_text())["dataset_id"]
+    except (OSError, ValueError, KeyError, TypeError):
+        key = folder.name.split("+", 1)[0]
+        return unquote(key) if "+" in folder.name else None
+
+
+def _inside_build(dataset_id: str) -> bool:
+    """Whether the current Minari root is the private root of a build of ``dataset_id``."""
+    root = store_path()
+    return root.name == "store" and root.parent.parent.name == _BUILDING and _build_owner(root.parent) == dataset_id
+
+
+@contextlib.contextmanager
+def _dataset_lock(root: Path, dataset_id: str, *, wait: bool = True) -> Iterator[bool]:
+    """Hold the inter-process lock of ``dataset_id`` in store ``root``; yields whether it is held.
+
+    With ``wait=False`` it yields False at once when another process holds it. Without
+    ``fcntl`` (not POSIX) there is no lock and it yields True.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: builds of one id are not serialised
+        yield True
+        return
+    path = root / _LOCKS / f"{_key(dataset_id)}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not wait:
+                yield False
+                return
+            print(
+                f"offline-plugins: waiting for another process building dataset {dataset_id!r} (lock {path})",
+                file=sys.stderr,
+                flush=True,
+            )
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield True  # the kernel drops the lock when the process dies, so a killed build never blocks
+    finally:
+        os.close(fd)
+
+
+def _discard_build(root: Path, folder: Path, dataset_id: Optional[str]) -> None:
+    """Remove a build folder, first putting back a dataset it had moved aside and not replaced."""
+    if dataset_id is not None:
+        previous = folder / "previous" / dataset_id
+        target = root / dataset_id
+        if previous.is_dir() and not target.exists():
+            try:
+                os.rename(previous, target)
+            except OSError:
+                pass
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _sweep_stale_builds(root: Path, dataset_id: str) -> None:
+    """Remove the build folders of killed processes (called holding ``dataset_id``'s lock).
+
+    A build folder is stale when nobody holds its dataset's lock: the lock dies with its
+    process, so this needs no pid check (and is not fooled by a reused pid).
+    """
+    try:
+        import fcntl  # noqa: F401
+    except ImportError:  # pragma: no cover - without locks a live build cannot be told from a dead one
+        return
+    building = root / _BUILDING
+    if not building.is_dir():
+        return
+    for folder in sorted(building.iterdir()):
+        owner = _build_owner(folder)
+        if owner == dataset_id:
+            _discard_build(root, folder, owner)
+        elif owner is not None:
+            with _dataset_lock(root, owner, wait=False) as free:
+                if free:
+                    _discard_build(root, folder, owner)
+
+
+def _exists_error(dataset_id: str, root: Path) -> DatasetError:
+    return DatasetError(f"dataset {dataset_id!r} already exists in {root}; pass force=True (CLI: --force) to rebuild it")
+
+
+def build_atomically(dataset_id: str, build: Callable[[], object], *, force: bool = False, exist_ok: bool = False):
+    """Run ``build()``, which writes ``dataset_id`` with Minari, so that the dataset appears whole or not at all.
+
+    Holding ``dataset_id``'s lock, ``build`` runs with ``MINARI_DATASETS_PATH`` set to a
+    private root inside the store (restored afterwards); the finished folder is then
+    renamed into place, and an old dataset (``force``) is deleted only after that. On
+    any failure (also ``KeyboardInterrupt``) the old dataset stays and the build folder
+    is removed. Inside a build of ``dataset_id`` (a recipe calling this again) it just
+    runs ``build``.
+
+    Returns the dataset, opened at its final place.
+
+    Raises:
+        DatasetError: the dataset exists and neither ``force`` nor ``exist_ok`` is set,
+            or ``build`` wrote no dataset.
+    """
+    if _inside_build(dataset_id):
+        return build()
+    root = store_path()
+    if is_local(dataset_id) and not force:
+        if exist_ok:
+            return open_minari_dataset(dataset_id)
+        raise _exists_error(dataset_id, root)
+    with _dataset_lock(root, dataset_id):
+        _sweep_stale_builds(root, dataset_id)
+        if is_local(dataset_id) and not force:  # another process made it while this one waited
+            if exist_ok:
+                return open_minari_dataset(dataset_id)
+            raise _exists_error(dataset_id, root)
+        folder = root / _BUILDING / f"{_key(dataset_id)}+{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        private = folder / "store"
+        target = root / dataset_id
+        previous = folder / "previous" / dataset_id
+        private.mkdir(parents=True)
+        try:
+            (folder / _BUILD_NOTE).write_text(json.dumps({"dataset_id": dataset_id, "pid": os.getpid()}))
+            saved = os.environ.get("MINARI_DATASETS_PATH")
+            os.environ["MINARI_DATASETS_PATH"] = str(private)
+            try:
+                build()
+            finally:
+                if saved is None:
+                    os.environ.pop("MINARI_DATASETS_PATH", None)
+                else:
+                    os.environ["MINARI_DATASETS_PATH"] = saved
+            built = private / dataset_id
+            if not (built / "data" / "metadata.json").is_file():
+                raise DatasetError(
+                    f"dataset {dataset_id!r}: its recipe finished without writing the dataset (no "
+                    f"{built / 'data' / 'metadata.json'}); the recipe's make must write it with Minari under this id"
+                )
+            _copy_namespaces(private, root, dataset_id)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.exists():
+                previous.parent.mkdir(parents=True, exist_ok=True)
+                os.rename(target, previous)
+            os.rename(built, target)
+        except BaseException:
+            _discard_build(root, folder, dataset_id)
+            raise
+        shutil.rmtree(folder, ignore_errors=True)
+    return open_minari_dataset(dataset_id)
+
+
+def _copy_namespaces(private: Path, root: Path, dataset_id: str) -> None:
+    """Give ``root`` the Minari namespace metadata files the build wrote and ``root`` lacks."""
+    from minari.namespace import NAMESPACE_METADATA_FILENAME
+
+    parts = dataset_id.split("/")[:-1]
+    for depth in range(1, len(parts) + 1):
+        namespace = "/".join(parts[:depth])
+        source = private / namespace / NAMESPACE_METADATA_FILENAME
+        dest = root / namespace / NAMESPACE_METADATA_FILENAME
+        if source.is_file() and not dest.exists():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            partial = dest.with_name(f".{dest.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            shutil.copyfile(source, partial)
+            os.replace(partial, dest)  # whole or absent, also when two builds write it at once
 
 
 def _extra_available(extra: str) -> bool:
