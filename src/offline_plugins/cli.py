@@ -130,13 +130,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None, _default=None) -> None:
+    """Our own warnings as one ``offline-plugins: warning:`` line; others as Python prints them."""
+    from offline_plugins.plugins.manager import UnknownPluginWarning
+
+    if issubclass(category, UnknownPluginWarning):
+        print(f"offline-plugins: warning: {message}", file=file or sys.stderr)
+    elif _default is not None:
+        _default(message, category, filename, lineno, file, line)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    import functools
+    import warnings
+
+    if not getattr(warnings.showwarning, "_offline_plugins", False):
+        shown = functools.partial(_show_warning, _default=warnings.showwarning)
+        shown._offline_plugins = True  # type: ignore[attr-defined]
+        warnings.showwarning = shown
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except UserError as exc:
-        print(f"offline-plugins: error: {exc}", file=sys.stderr)
+        # an interruption (exit 130) is not the user's error: it says what was saved and how to go on
+        kind = "" if exc.exit_code == 130 else "error: "
+        print(f"offline-plugins: {kind}{exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("offline-plugins: interrupted", file=sys.stderr)

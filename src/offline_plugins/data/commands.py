@@ -190,8 +190,20 @@ def dataset_info(dataset_id: str, registry=None, *, drop_nonfinite: bool = False
         "data_format": minari_dataset.storage.metadata.get("data_format", "hdf5"),
         "size_bytes": dataset_size_bytes(data.dataset_id),
         "algorithm": minari_dataset.storage.metadata.get("algorithm_name"),
+        "dropped": dict(data.dropped),
     }
     return info
+
+
+def _dropped_text(dropped: dict) -> str:
+    """``3 episodes (412 steps) with NaN/inf values, 1 zero-length episode``, or ``nothing``."""
+    parts = []
+    if dropped.get("nonfinite_episodes"):
+        parts.append(f"{dropped['nonfinite_episodes']} episode(s) ({dropped['nonfinite_steps']} non-finite step(s)) "
+                     "with NaN/inf values")
+    if dropped.get("empty_episodes"):
+        parts.append(f"{dropped['empty_episodes']} zero-length episode(s)")
+    return ", ".join(parts) or "nothing"
 
 
 def cmd_data_info(args) -> int:
@@ -217,6 +229,8 @@ def cmd_data_info(args) -> int:
     print(f"  storage:           {info['data_format']}, {_human_size(info['size_bytes'])}")
     if info["algorithm"]:
         print(f"  made by:           {info['algorithm']}")
+    if args.drop_nonfinite or args.drop_empty:
+        print(f"  dropped:           {_dropped_text(info['dropped'])}")
     return 0
 
 

@@ -127,6 +127,8 @@ class OfflineData:
         stats: the :class:`DataStatistics` (normalisation, reward scaling, reference scores).
         episode_returns, episode_lengths: raw (unscaled) return and length of each episode.
         device: where ``td`` lives.
+        dropped: what loading left out on request: ``empty_episodes`` (``drop_empty_episodes``),
+            ``nonfinite_episodes`` and their ``nonfinite_steps`` (``drop_nonfinite``).
     """
 
     td: TensorDict
@@ -140,6 +142,7 @@ class OfflineData:
     episode_lengths: torch.Tensor
     device: torch.device = torch.device("cpu")
     dict_observation_keys: Optional[list] = None
+    dropped: dict = field(default_factory=lambda: {"empty_episodes": 0, "nonfinite_episodes": 0, "nonfinite_steps": 0})
     _storages: dict = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
@@ -431,12 +434,14 @@ def _to_offline_data(
         )
 
     empty = [ep["id"] for ep in episodes if len(ep["rewards"]) == 0]
+    dropped = {"empty_episodes": 0, "nonfinite_episodes": 0, "nonfinite_steps": 0}
     if empty:
         if not drop_empty_episodes:
             raise DatasetError(
                 f"dataset {dataset_id!r} has {len(empty)} zero-length episode(s) (first: episode {empty[0]}); "
-                "pass drop_empty_episodes=True (CLI: --drop-empty) to skip them"
+                "pass drop_empty_episodes=True (CLI: --drop-empty on 'train' and 'data info') to skip them"
             )
+        dropped["empty_episodes"] = len(empty)
         warnings.warn(f"dataset {dataset_id!r}: dropped {len(empty)} zero-length episode(s)", stacklevel=3)
         episodes = [ep for ep in episodes if len(ep["rewards"]) > 0]
         if not episodes:
@@ -480,8 +485,9 @@ def _to_offline_data(
             raise DatasetError(
                 f"dataset {dataset_id!r} has NaN or infinite observations, actions or rewards in {steps} step(s) "
                 f"of {len(bad)} episode(s) (first: episode {bad[0][0]}); pass drop_nonfinite=True "
-                "(CLI: --drop-nonfinite) to drop those episodes, or rebuild the dataset"
+                "(CLI: --drop-nonfinite on 'train' and 'data info') to drop those episodes, or rebuild the dataset"
             )
+        dropped.update(nonfinite_episodes=len(bad), nonfinite_steps=steps)
         warnings.warn(
             f"dataset {dataset_id!r}: dropped {len(bad)} episode(s) with non-finite values "
             f"(first: episode {bad[0][0]})",
@@ -598,6 +604,7 @@ def _to_offline_data(
         episode_lengths=torch.from_numpy(lengths),
         device=device,
         dict_observation_keys=dict_keys,
+        dropped=dropped,
     )
 
 

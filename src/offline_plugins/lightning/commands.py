@@ -92,7 +92,13 @@ def add_parsers(subparsers) -> None:
         "--compile", action="store_true",
         help="run the loss through torch.compile (opt-in; the first steps wait for the compilation)",
     )
+    p.add_argument(
+        "--drop-nonfinite", action="store_true",
+        help="drop dataset episodes with NaN/inf observations, actions or rewards (counted in the summary)",
+    )
+    p.add_argument("--drop-empty", action="store_true", help="drop zero-length dataset episodes (counted)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--verbose", action="store_true", help="also show Lightning's own info lines")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=cmd_train)
 
@@ -122,8 +128,13 @@ def _fmt(x) -> str:
 
 def cmd_train(args) -> int:
     """``offline-plugins train``: check everything, then train and print the final evaluation."""
+    from offline_plugins.lightning.guards import check_devices, check_out_dir
     from offline_plugins.lightning.run import plan_run, train
 
+    # what the machine and the file system can refuse, before a dataset is loaded or made
+    check_devices(args.devices, args.accelerator, args.num_nodes)
+    if args.out is not None:
+        check_out_dir(args.out)
     registry = _registry(args)
     plan = plan_run(
         args.algorithm,
@@ -133,6 +144,8 @@ def cmd_train(args) -> int:
         registry=registry,
         progress=not args.no_progress,
         model=args.model,
+        drop_nonfinite=args.drop_nonfinite,
+        drop_empty=args.drop_empty,
     )
     summary = train(
         plan.spec,
@@ -153,6 +166,7 @@ def cmd_train(args) -> int:
         threads=args.threads,
         compile=args.compile,
         registry=registry,
+        verbose=args.verbose,
     )
     if not summary:  # a DDP rank other than 0
         return 0
@@ -160,6 +174,11 @@ def cmd_train(args) -> int:
         print(json.dumps(summary, indent=2, default=str))
         return 0
     sys.stderr.flush()
+    dropped = summary.get("dropped") or {}
+    if any(dropped.values()):
+        from offline_plugins.data.commands import _dropped_text
+
+        print(f"dropped from {summary['dataset']}: {_dropped_text(dropped)}")
     if "preference_accuracy" in summary:
         print(_preference_line(summary))
         return 0
@@ -199,11 +218,13 @@ def _preference_line(summary: dict) -> str:
 
 def cmd_eval(args) -> int:
     """``offline-plugins eval``: roll out a checkpoint's policy."""
+    from offline_plugins.lightning.guards import quiet_lightning
     from offline_plugins.lightning.run import evaluate_checkpoint
 
-    result = evaluate_checkpoint(
-        args.checkpoint, episodes=args.episodes, seed=args.seed, device=args.device, registry=_registry(args)
-    )
+    with quiet_lightning():
+        result = evaluate_checkpoint(
+            args.checkpoint, episodes=args.episodes, seed=args.seed, device=args.device, registry=_registry(args)
+        )
     if args.json:
         print(json.dumps(result, indent=2, default=str))
         return 0

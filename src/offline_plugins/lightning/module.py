@@ -340,6 +340,8 @@ class OfflineAlgorithmModule(LightningModule):
             "run": self.hparams.get("run") or {},
             "data_state": self.data_state,
             "target_updater": _updater_state(self.target_updater),
+            # who provides the algorithm: what to install to evaluate the checkpoint elsewhere
+            **getattr(self, "provenance", {}),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -9,7 +9,15 @@ it creates the output folder; then it trains with Lightning's ``Trainer`` and wr
 Algorithm configs may carry these fields, which ``train`` reads (all optional):
 ``batch_size`` (default 256), ``slice_len`` (trajectory windows), and
 ``normalize_observations``, ``reward_scale``, ``reward_shift``, ``discrete_actions``,
-``drop_nonfinite``, which are passed to ``load_offline_data``.
+``drop_nonfinite``, which are passed to ``load_offline_data``. ``train``'s own
+``drop_nonfinite``/``drop_empty`` arguments (CLI ``--drop-nonfinite``/``--drop-empty``) do
+the same for any algorithm.
+
+What a run guarantees (see docs/training.md): checkpoints are read with
+``weights_only=True`` only; one run per output folder at a time; SIGINT/SIGTERM stop at
+a step boundary with ``last.ckpt`` and a partial ``summary.json`` saved; a resume that
+does not fit the checkpoint is refused naming what differs. The guards live in
+:mod:`offline_plugins.lightning.guards`.
 """
 
 from __future__ import annotations
@@ -24,16 +32,34 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from offline_plugins.errors import UserError
+from offline_plugins.lightning.guards import (
+    GracefulInterrupt,
+    RunError,
+    RunFolderLock,
+    RunInterrupted,
+    algorithm_of_checkpoint,
+    check_checkpoint,
+    check_devices,
+    check_out_dir,
+    check_resume,
+    quiet_lightning,
+    read_checkpoint,
+)
 
-__all__ = ["RunPlan", "plan_run", "train", "evaluate_checkpoint", "load_checkpoint", "plot_learning_curve", "RunError"]
+__all__ = [
+    "RunPlan",
+    "plan_run",
+    "train",
+    "evaluate_checkpoint",
+    "load_checkpoint",
+    "plot_learning_curve",
+    "RunError",
+    "RunInterrupted",
+]
 
 _DATA_KEYS = ("normalize_observations", "reward_scale", "reward_shift", "discrete_actions", "drop_nonfinite")
 _TRAINABLE_KINDS = ("transitions", "trajectories")
 _PREFERENCE_KINDS = ("preference-pairs", "unpaired-feedback")
-
-
-class RunError(UserError):
-    """A run that cannot start as asked (output folder in use, bad step counts, bad checkpoint)."""
 
 
 @dataclasses.dataclass
@@ -107,6 +133,8 @@ def plan_run(
     device: str = "cpu",
     progress: bool = True,
     model: Optional[str] = None,
+    drop_nonfinite: bool = False,
+    drop_empty: bool = False,
 ) -> RunPlan:
     """Resolve, check and load everything a run needs; raises a ``UserError`` on bad input.
 
@@ -124,6 +152,9 @@ def plan_run(
         progress: show a progress bar when a dataset is made.
         model: preference algorithms: ``"tiny"`` (default), a ``save_pretrained``
             directory or a hub id, the model the reference is made from.
+        drop_nonfinite: Minari datasets: drop episodes with NaN/inf values instead of
+            refusing the dataset (``OfflineData.dropped`` counts them).
+        drop_empty: Minari datasets: drop zero-length episodes instead of refusing.
     """
     from offline_plugins.config import apply_overrides
     from offline_plugins.plugins.registry import AlgorithmSpec
@@ -134,6 +165,12 @@ def plan_run(
         registry = load_registry()
     spec = algorithm if isinstance(algorithm, AlgorithmSpec) else registry.algorithm(algorithm)
     preference = spec.data in _PREFERENCE_KINDS
+    if (drop_nonfinite or drop_empty) and preference:
+        flag = "--drop-nonfinite" if drop_nonfinite else "--drop-empty"
+        raise UserError(
+            f"{flag} applies to Minari datasets of environment steps; {spec.name!r} reads preference data, whose "
+            f"loader refuses bad rows by name instead: drop {flag}"
+        )
     if model is not None and not preference:
         raise UserError(
             f"--model applies to preference algorithms (dpo, kto, reward-model...); {spec.name!r} learns its "
@@ -162,6 +199,10 @@ def plan_run(
     cfg = apply_overrides(spec.default_config(), _as_overrides(config, overrides))
 
     data_kwargs = {k: getattr(cfg, k) for k in _DATA_KEYS if hasattr(cfg, k)}
+    if drop_nonfinite:
+        data_kwargs["drop_nonfinite"] = True
+    if drop_empty:
+        data_kwargs["drop_empty_episodes"] = True
     if isinstance(dataset, str) and preference:
         from offline_plugins.data.preference_sources import load_preference_source
 
@@ -249,6 +290,9 @@ def train(
     callbacks: Sequence[Any] = (),
     plan: Optional[RunPlan] = None,
     model: Optional[str] = None,
+    drop_nonfinite: bool = False,
+    drop_empty: bool = False,
+    verbose: bool = False,
 ) -> dict[str, Any]:
     """Train ``algorithm`` on ``dataset``, evaluate it, and write the run to ``out_dir``.
 
@@ -282,6 +326,14 @@ def train(
         plan: an already checked :class:`RunPlan` (skips :func:`plan_run`).
         model: preference algorithms: the model the reference is made from
             (``"tiny"``, a ``save_pretrained`` directory or a hub id).
+        drop_nonfinite, drop_empty: drop episodes with NaN/inf values, or of zero length,
+            instead of refusing the dataset (counted in the summary's ``dropped``).
+        verbose: show Lightning's own info lines (accelerator banner and the like).
+
+    Raises:
+        RunInterrupted: SIGINT or SIGTERM stopped the run at a step boundary, after
+            ``last.ckpt`` and a partial ``summary.json`` (``"interrupted": true``) were written;
+            the message says how to resume.
 
     Returns:
         The summary written to ``summary.json``: ``algorithm``, ``dataset``, ``steps``,
@@ -290,7 +342,7 @@ def train(
         action in the last evaluation: a planner's planning cost), ``eval_s`` (all
         evaluations), ``wall_s``, ``train_s`` (the fit, evaluations included),
         ``steps_per_s``, ``world_size``, ``losses``, ``eval_history``, ``config``,
-        ``checkpoint``, ``metrics_csv``, ``learning_curve``, ``out_dir``. Preference
+        ``checkpoint``, ``metrics_csv``, ``learning_curve``, ``out_dir``, ``dropped``. Preference
         algorithms report ``preference_accuracy``, ``likelihood_accuracy``,
         ``kl_to_reference``, ``exact_match_before`` and ``exact_match_after`` (held out;
         see :mod:`offline_plugins.eval.preference`) instead of returns, and save the
@@ -303,6 +355,9 @@ def train(
         raise RunError(f"--eval-episodes must be at least 1, got {eval_episodes}")
     if eval_every is not None and eval_every < 0:
         raise RunError(f"--eval-every must be 0 (only at the end) or positive, got {eval_every}")
+    check_devices(devices, accelerator, num_nodes)
+    if out_dir is not None:
+        check_out_dir(out_dir)
     import torch
 
     if threads is not None:
@@ -311,30 +366,74 @@ def train(
         os.environ["OMP_NUM_THREADS"] = str(int(threads))
     if plan is None:
         plan = plan_run(algorithm, dataset, config=config, overrides=overrides, registry=registry, progress=progress,
-                        model=model)
+                        model=model, drop_nonfinite=drop_nonfinite, drop_empty=drop_empty)
     preference = plan.spec.data in _PREFERENCE_KINDS
+    launched = _is_launched_rank()
     if out_dir is not None:
         out = Path(out_dir)
-    elif _is_launched_rank() and os.environ.get("OFFLINE_PLUGINS_RUN_DIR"):
+    elif launched and os.environ.get("OFFLINE_PLUGINS_RUN_DIR"):
         out = Path(os.environ["OFFLINE_PLUGINS_RUN_DIR"])  # the folder rank 0 chose
     else:
         out = _default_out_dir(plan.spec.name, plan.dataset_id, seed)
+    ckpt_path = _resume_path(resume, out)
+    ckpt = None
+    if ckpt_path is not None:
+        ckpt = read_checkpoint(ckpt_path)
+        check_checkpoint(ckpt, ckpt_path, for_resume=True)
+    default = (plan.spec.name, plan.dataset_id, seed) if out_dir is None and ckpt_path is None else None
+    lock = None if launched else _lock_run_folder(out, default=default)
+    try:
+        out = lock.folder if lock is not None else out
         # DDP's launcher re-runs this command for the other ranks: they must use the same folder
         os.environ["OFFLINE_PLUGINS_RUN_DIR"] = str(out)
-    ckpt_path = _resume_path(resume, out)
-    if ckpt_path is None and not _is_launched_rank():
-        _check_fresh(out)
-    if ckpt_path is not None and eval_every is None:
+        if ckpt_path is None and not launched:
+            _check_fresh(out)
+        return _fit(plan, out, ckpt_path, ckpt, steps=steps, seed=seed, eval_every=eval_every,
+                    eval_episodes=eval_episodes, devices=devices, accelerator=accelerator, num_nodes=num_nodes,
+                    strategy=strategy, checkpoint_every=checkpoint_every, log_every=log_every, progress=progress,
+                    compile=compile, callbacks=callbacks, model=model, started=started, verbose=verbose,
+                    preference=preference)
+    except BaseException as exc:
+        if lock is not None:
+            # a run refused before it wrote anything leaves no folder behind
+            lock.release(remove_if_unused=isinstance(exc, UserError) and not isinstance(exc, RunInterrupted))
+        raise
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _lock_run_folder(out: Path, *, default: Optional[tuple]) -> RunFolderLock:
+    """Lock ``out``; when ``out`` is the default folder (``default``: its algorithm, dataset, seed)
+    and another run holds it, take the next free number instead."""
+    for _ in range(100):
+        try:
+            return RunFolderLock(out).acquire()
+        except RunError:
+            if default is None:
+                raise
+            out = _default_out_dir(*default)  # the held folder is not empty (its lock file), so it is skipped
+    return RunFolderLock(out).acquire()
+
+
+def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dict], *, steps: int, seed: int,
+         eval_every: Optional[int], eval_episodes: int, devices, accelerator: str, num_nodes: int, strategy,
+         checkpoint_every: Optional[int], log_every: int, progress: bool, compile: bool, callbacks,
+         model: Optional[str], started: float, verbose: bool, preference: bool) -> dict[str, Any]:
+    """Build the module, the data module and the callbacks, fit, and write the run's files."""
+    if ckpt is not None and eval_every is None:
         # keep the interrupted run's evaluation schedule (its default depended on its --steps)
-        eval_every = load_checkpoint(ckpt_path)["offline_plugins"].get("run", {}).get("eval_every")
+        eval_every = ckpt["offline_plugins"].get("run", {}).get("eval_every")
 
     from lightning.pytorch import Trainer, seed_everything
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from offline_plugins.config import config_to_dict
     from offline_plugins.lightning.callbacks import (
         FinalCheckpoint,
+        InterruptCheckpoint,
         NonFiniteGuard,
         PolicyEvaluation,
         PreferenceEvaluation,
@@ -369,6 +468,11 @@ def train(
         run=run_settings,
         compile_loss=compile,
     )
+    module.provenance = {"provider": plan.spec.provider, "provider_version": plan.spec.version,
+                         "plugin": plan.spec.plugin}
+    if ckpt is not None:
+        check_resume(ckpt, ckpt_path, algorithm=plan.spec.name, dataset=plan.dataset_id,
+                     config=config_to_dict(plan.config), module=module)
     datamodule = OfflineDataModule(
         plan.data, batch_size=plan.batch_size, seed=seed, sampler=plan.sampler, slice_len=plan.slice_len
     )
@@ -384,60 +488,79 @@ def train(
             score=getattr(plan.data, "normalized_score", None),
         )
     every_ckpt = checkpoint_every or eval_every or steps
+    last_ckpt = out / "checkpoints" / "last.ckpt"
     checkpoint = ModelCheckpoint(
         dirpath=out / "checkpoints", save_last=True, save_top_k=0, every_n_train_steps=every_ckpt, enable_version_counter=False
     )
     guard = NonFiniteGuard(check_every=math.gcd(eval_every, 100) if eval_every else 100)
+    interrupt = GracefulInterrupt()
     out.mkdir(parents=True, exist_ok=True)
     earlier_metrics = None
+    start_step = int(ckpt.get("global_step", 0)) if ckpt is not None else 0
     if ckpt_path is not None and (out / "metrics.csv").is_file() and not _is_launched_rank():
         # CSVLogger deletes an existing metrics.csv; keep the earlier rows and merge them back
         earlier_metrics = out / "metrics.before-resume.csv"
         (out / "metrics.csv").replace(earlier_metrics)
-    trainer = Trainer(
-        accelerator=accelerator,
-        devices=devices,
-        num_nodes=num_nodes,
-        strategy=_strategy(devices, num_nodes, parts, strategy),
-        max_steps=steps,
-        max_epochs=-1,
-        logger=CSVLogger(save_dir=str(out), name="", version=""),
-        callbacks=[
-            *([StepProgressBar(refresh_rate=max(1, min(50, steps // 100)))] if progress else []),
-            guard,
-            TargetNetworkUpdate(),
-            evaluation,
-            FinalCheckpoint(out / "checkpoints" / "last.ckpt"),
-            checkpoint,
-            *callbacks,
-        ],
-        log_every_n_steps=log_every,
-        enable_progress_bar=progress,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        use_distributed_sampler=False,
-        default_root_dir=str(out),
-    )
-    fit_started = time.perf_counter()
-    with warnings.catch_warnings():
-        # saving the post-step state is what resuming needs; the LeafSpec note is Lightning's own
-        warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
-        warnings.filterwarnings("ignore", message=".*LeafSpec.*")
-        # CSVLogger appends to an existing metrics.csv, whatever this warning says
-        warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
-        # a resumed run rebuilds its ModelCheckpoint; a new --steps changes its default period,
-        # which Lightning reports as a missing callback
-        warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks used to create")
-        # TorchRL's stacked critic weights [n, 1, w] get gradients whose size-1 dimension has
-        # another stride; both are contiguous, so DDP's copy into its bucket costs the same
-        warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
-        trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=False)
+    with quiet_lightning(verbose):
+        trainer = Trainer(
+            accelerator=accelerator,
+            devices=devices,
+            num_nodes=num_nodes,
+            strategy=_strategy(devices, num_nodes, parts, strategy),
+            max_steps=steps,
+            max_epochs=-1,
+            logger=CSVLogger(save_dir=str(out), name="", version=""),
+            callbacks=[
+                *([StepProgressBar(refresh_rate=max(1, min(50, steps // 100)))] if progress else []),
+                guard,
+                TargetNetworkUpdate(),
+                evaluation,
+                FinalCheckpoint(last_ckpt),
+                InterruptCheckpoint(last_ckpt),
+                checkpoint,
+                *callbacks,
+            ],
+            log_every_n_steps=log_every,
+            enable_progress_bar=progress,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
+            use_distributed_sampler=False,
+            default_root_dir=str(out),
+        )
+        fit_started = time.perf_counter()
+        interrupted = None
+        with warnings.catch_warnings(), interrupt.installed(trainer):
+            # saving the post-step state is what resuming needs; the LeafSpec note is Lightning's own
+            warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+            # CSVLogger appends to an existing metrics.csv, whatever this warning says
+            warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
+            # a resumed run rebuilds its ModelCheckpoint; a new --steps changes its default period,
+            # which Lightning reports as a missing callback
+            warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks used to create")
+            # TorchRL's stacked critic weights [n, 1, w] get gradients whose size-1 dimension has
+            # another stride; both are contiguous, so DDP's copy into its bucket costs the same
+            warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
+            try:
+                # the checkpoint was read with weights_only=True above; Lightning reads it the same way
+                trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt_path) if ckpt_path else None,
+                            weights_only=True)
+            except SIGTERMException:
+                interrupt.note_sigterm()
+                interrupted = interrupt.signal
+            except SystemExit:
+                # Lightning exits 1 after a KeyboardInterrupt it caught (a second Ctrl-C)
+                if interrupt.signal is None:
+                    raise
+                interrupted = f"{interrupt.signal} twice"
     train_s = time.perf_counter() - fit_started
     if not trainer.is_global_zero:
+        if interrupted:
+            raise RunInterrupted(f"rank {trainer.global_rank} interrupted by {interrupted}")
         return {}
     if earlier_metrics is not None:
-        _merge_metrics(earlier_metrics, out / "metrics.csv", before_step=_start_step(ckpt_path))
+        _merge_metrics(earlier_metrics, out / "metrics.csv", before_step=start_step)
     last = evaluation.history[-1] if evaluation.history else {}
     summary = {
         "algorithm": plan.spec.name,
@@ -454,22 +577,43 @@ def train(
         "eval_s": round(sum(r.get("eval_s", 0.0) for r in evaluation.history), 3),
         "wall_s": round(time.perf_counter() - started, 3),
         "train_s": round(train_s, 3),
-        "steps_per_s": round((trainer.global_step - _start_step(ckpt_path)) / max(train_s, 1e-9), 2),
+        "steps_per_s": round((trainer.global_step - start_step) / max(train_s, 1e-9), 2),
         "world_size": trainer.world_size,
         "resumed_from": str(ckpt_path) if ckpt_path else None,
+        "dropped": dict(getattr(plan.data, "dropped", None) or {}),
         "losses": dict(module.last_logged),
         "eval_history": evaluation.history,
         "config": config_to_dict(plan.config),
-        "checkpoint": str(out / "checkpoints" / "last.ckpt"),
+        "checkpoint": str(last_ckpt),
         "metrics_csv": str(out / "metrics.csv"),
         "learning_curve": str(out / "learning_curve.png"),
         "out_dir": str(out),
     }
-    if preference:
+    if interrupted:
+        summary["interrupted"] = True
+        summary["interrupted_by"] = interrupted
+        summary["steps_requested"] = steps
+        if interrupted.endswith("twice"):  # stopped mid-step: the last checkpoint is the periodic one
+            summary["checkpoint"] = str(last_ckpt) if last_ckpt.is_file() else None
+    elif preference:
         summary.update(_preference_summary(evaluation, last, parts, out))
     plot_learning_curve(out / "metrics.csv", out / "learning_curve.png", title=f"{plan.spec.name} on {plan.dataset_id}")
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    if interrupted:
+        raise RunInterrupted(_interrupted_message(summary, plan, out))
     return summary
+
+
+def _interrupted_message(summary: dict, plan: RunPlan, out: Path) -> str:
+    where = (f"saved {summary['checkpoint']} at step {summary['steps']}" if summary.get("checkpoint")
+             else "no checkpoint was saved")
+    again = f"offline-plugins train {plan.spec.name} --dataset {plan.dataset_id} --steps {summary['steps_requested']} " \
+            f"--out {out} --resume"
+    if not summary.get("checkpoint"):
+        return (f"interrupted by {summary['interrupted_by']} at step {summary['steps']}; {where}; wrote a partial "
+                f"{out / 'summary.json'}; start again without --resume")
+    return (f"interrupted by {summary['interrupted_by']} at step {summary['steps']} of {summary['steps_requested']}; "
+            f"{where} and a partial {out / 'summary.json'}; continue with: {again} (and the same --config/--set)")
 
 
 def _preference_summary(evaluation, last: dict, parts, out: Path) -> dict[str, Any]:
@@ -484,6 +628,8 @@ def _preference_summary(evaluation, last: dict, parts, out: Path) -> dict[str, A
         "exact_match_after": last.get("exact_match"),
         "model_dir": None,
     }
+    # what the evaluation itself adds (split sizes, training-split accuracy beside the held-out one)
+    extra.update(getattr(evaluation, "summary_extra", dict)() or {})
     model, tokenizer = parts.extra.get("model"), parts.extra.get("tokenizer")
     if not hasattr(parts.policy, "rewards") and hasattr(model, "save_pretrained"):
         # transformers shows a progress bar per shard; a run's one small file needs none
@@ -515,20 +661,21 @@ def _merge_metrics(earlier: Path, current: Path, *, before_step: int) -> None:
 
     old_keys, old_rows = read(earlier)
     new_keys, new_rows = read(current)
-    # the "step" column is the 0-based index of the last step; later rows were redone
-    old_rows = [r for r in old_rows if r.get("step") and int(float(r["step"])) < before_step]
+    # evaluation rows carry the 0-based index of the last step, training rows (logged after the
+    # optimiser step) the 1-based count; rows after the checkpoint's step were redone
+    def kept(row: dict) -> bool:
+        if not row.get("step"):
+            return False
+        trained = any(k.startswith("train/") and row.get(k) not in ("", None) for k in row)
+        return int(float(row["step"])) < before_step + (1 if trained else 0)
+
+    old_rows = [r for r in old_rows if kept(r)]
     keys = sorted(set(old_keys) | set(new_keys))
     with current.open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=keys)
         writer.writeheader()
         writer.writerows(old_rows + new_rows)
     earlier.unlink()
-
-
-def _start_step(ckpt_path: Optional[Path]) -> int:
-    if ckpt_path is None:
-        return 0
-    return int(load_checkpoint(ckpt_path).get("global_step", 0))
 
 
 def _resume_path(resume, out: Path) -> Optional[Path]:
@@ -549,19 +696,14 @@ def _check_fresh(out: Path) -> None:
         )
 
 
-def load_checkpoint(path: Union[str, os.PathLike]) -> dict[str, Any]:
-    """Read a checkpoint written by :func:`train` (a Lightning checkpoint with our extras)."""
-    import torch
+def load_checkpoint(path: Union[str, os.PathLike], *, for_resume: bool = False) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`train` (a Lightning checkpoint with our extras).
 
-    p = Path(path)
-    if not p.is_file():
-        raise RunError(f"checkpoint {str(p)!r} does not exist; runs keep theirs in OUT/checkpoints/last.ckpt")
-    try:
-        ckpt = torch.load(p, map_location="cpu", weights_only=False)
-    except Exception as exc:
-        raise RunError(f"checkpoint {str(p)!r} could not be read ({type(exc).__name__}: {exc})") from None
-    if not isinstance(ckpt, dict) or "offline_plugins" not in ckpt or "state_dict" not in ckpt:
-        raise RunError(f"{str(p)!r} is not an offline-plugins training checkpoint (no 'offline_plugins' entry)")
+    Opened with ``torch.load(weights_only=True)``: a file carrying pickled code is refused
+    (:class:`RunError`) and nothing in it runs. Its metadata is checked before use.
+    """
+    ckpt = read_checkpoint(path)
+    check_checkpoint(ckpt, path, for_resume=for_resume)
     return ckpt
 
 
@@ -600,7 +742,7 @@ def evaluate_checkpoint(
         from offline_plugins.plugins import load_registry
 
         registry = load_registry()
-    algo = spec if spec is not None else registry.algorithm(info["algorithm"])
+    algo = spec if spec is not None else algorithm_of_checkpoint(info, registry, path)
     algo = algo if isinstance(algo, AlgorithmSpec) else registry.algorithm(algo)
     preference = algo.data in _PREFERENCE_KINDS
     plan = plan_run(
@@ -615,7 +757,12 @@ def evaluate_checkpoint(
         plan.data.load_state_dict(info["data_state"])
     parts = _build_parts(plan, seed)
     module = OfflineAlgorithmModule(parts, algorithm=plan.spec.name, dataset=plan.dataset_id, seed=seed)
-    module.load_state_dict(ckpt["state_dict"])
+    try:
+        module.load_state_dict(ckpt["state_dict"])
+    except RuntimeError as exc:  # hand-edited or another version's tensors
+        first = str(exc).splitlines()[0][:200]
+        raise RunError(f"checkpoint {str(path)!r} ({plan.spec.name} on {plan.dataset_id}) does not fit the networks "
+                       f"its own config builds ({first}); the file was edited or written by another version") from None
     module.to(device)
     if preference:
         from offline_plugins.eval.preference import evaluate_preference_model

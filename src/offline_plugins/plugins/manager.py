@@ -155,7 +155,29 @@ def make_plugin_manager(
             host.register(plugin, ep.name, provider, version)
 
     host.check_pending()
+    _warn_unknown_blocked(blocked, set(BUILTIN_PLUGINS if builtins is None else builtins) | set(host.providers)
+                          | {ep.name for ep in (metadata.entry_points(group=ENTRY_POINT_GROUP) if entry_points else ())})
     return host
+
+
+class UnknownPluginWarning(UserWarning):
+    """``OFFLINE_PLUGINS_DISABLE`` / ``--disable`` names a plugin that is not installed."""
+
+
+def _warn_unknown_blocked(blocked: set[str], known: set[str]) -> None:
+    import difflib
+    import warnings
+
+    for name in sorted(blocked - known):
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        warnings.warn(
+            UnknownPluginWarning(
+                f"OFFLINE_PLUGINS_DISABLE/--disable names {name!r}, which is no installed plugin, so it switches "
+                f"nothing off{hint} (plugin names: 'offline-plugins list --json --all', or the entry-point names)"
+            ),
+            stacklevel=3,
+        )
 
 
 def load_registry(

@@ -1,0 +1,421 @@
+"""The run-level guards of :func:`~offline_plugins.lightning.run.train`.
+
+Everything here either refuses a run before it starts (with a
+:class:`~offline_plugins.errors.UserError` naming the input and the fix) or keeps a
+started run from leaving something broken behind:
+
+- :func:`check_devices`: ``--devices``/``--accelerator`` against what the machine has,
+  before a single DDP rank is spawned.
+- :func:`check_out_dir`: ``--out`` must be (or be creatable as) a folder we can write.
+- :class:`RunFolderLock`: one run per output folder at a time (an ``flock`` on
+  ``OUT/.run.lock``, released by the kernel if the process dies).
+- :func:`read_checkpoint` / :func:`check_resume`: checkpoints open with
+  ``torch.load(weights_only=True)`` only, their metadata is validated before use, and a
+  resume that does not fit the run says what differs.
+- :class:`GracefulInterrupt`: SIGINT/SIGTERM stop training at the next step boundary,
+  save ``last.ckpt`` there and let ``train`` write a partial summary.
+- :func:`quiet_lightning`: Lightning's banner lines at warning level unless ``verbose``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Iterator, Optional, Union
+
+from offline_plugins.errors import UserError
+
+__all__ = [
+    "RunError",
+    "RunInterrupted",
+    "check_devices",
+    "check_out_dir",
+    "RunFolderLock",
+    "read_checkpoint",
+    "check_checkpoint",
+    "check_resume",
+    "GracefulInterrupt",
+    "quiet_lightning",
+]
+
+
+class RunError(UserError):
+    """A run that cannot start as asked (output folder in use, bad step counts, bad checkpoint)."""
+
+
+class RunInterrupted(UserError):
+    """Training was stopped by SIGINT/SIGTERM; ``last.ckpt`` and a partial summary were saved."""
+
+    exit_code = 130
+
+
+_ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
+def check_devices(devices: Union[int, str, list, None], accelerator: str = "auto", num_nodes: int = 1) -> None:
+    """Refuse ``devices``/``accelerator`` this machine cannot give, before anything is spawned.
+
+    ``--devices N`` above the CPU cores (CPU training: one DDP process per device) or
+    the visible GPUs, and ``--accelerator gpu`` without CUDA, are one-line errors.
+
+    >>> check_devices(1, "cpu")
+    >>> check_devices(10_000, "cpu")
+    Traceback (most recent call last):
+    ...
+    offline_plugins.lightning.guards.RunError: --devices 10000 asks for 10000 CPU processes, ...
+    """
+    import torch
+
+    acc = str(accelerator or "auto").lower()
+    if acc not in _ACCELERATORS:
+        raise RunError(f"--accelerator {accelerator!r} is not one this package trains on; use one of "
+                       f"{', '.join(_ACCELERATORS)}")
+    if int(num_nodes) < 1:
+        raise RunError(f"--num-nodes must be at least 1, got {num_nodes}")
+    cuda = torch.cuda.is_available()
+    if acc in ("gpu", "cuda") and not cuda:
+        raise RunError(
+            f"--accelerator {accelerator} asks for a CUDA GPU, but none is visible here "
+            f"(torch {torch.__version__}: torch.cuda.is_available() is False); use --accelerator cpu or auto"
+        )
+    if acc == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise RunError("--accelerator mps asks for Apple's Metal backend, which this machine lacks; "
+                       "use --accelerator cpu or auto")
+    if isinstance(devices, str):
+        if devices == "auto":
+            return
+        if not devices.strip().isdigit():
+            raise RunError(f"--devices expects a whole number or 'auto', got {devices!r}")
+        devices = int(devices)
+    if isinstance(devices, (list, tuple)):
+        wanted = len(devices)
+    elif isinstance(devices, int):
+        wanted = devices
+    else:
+        return
+    if wanted < 1:
+        raise RunError(f"--devices must be at least 1, got {wanted}")
+    if acc in ("gpu", "cuda") or (acc == "auto" and cuda):
+        have, what = torch.cuda.device_count(), "CUDA GPUs"
+    elif acc == "mps":
+        have, what = 1, "MPS devices"
+    else:
+        have, what = _cpu_count(), "CPU processes"
+    if wanted > have:
+        where = "GPUs are visible" if what == "CUDA GPUs" else ("CPU cores are available" if what == "CPU processes"
+                                                                 else "MPS device is available")
+        raise RunError(
+            f"--devices {wanted} asks for {wanted} {what}, but only {have} {where} to this process; "
+            f"pass --devices {have} or fewer"
+        )
+
+
+def check_out_dir(out_dir: Union[str, os.PathLike]) -> Path:
+    """``out_dir`` as a Path, refused if it is a file or cannot be created and written.
+
+    Writes nothing that stays: a probe file in the nearest existing folder is removed at once.
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise RunError(f"--out {str(out)!r} is an existing file, not a folder; choose a folder path for the run")
+    probe = out
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise RunError(f"--out {str(out)!r}: {str(probe)!r} is a file, so no folder can be made under it; "
+                       "choose another --out")
+    try:  # os.access says yes to root on a read-only mount; a real file says the truth
+        fd, name = tempfile.mkstemp(prefix=".offline-plugins-probe-", dir=probe)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise RunError(f"--out {str(out)!r}: cannot write in {str(probe)!r} ({reason}); choose a folder you can "
+                       "write (or fix its permissions)") from None
+    return out
+
+
+class RunFolderLock:
+    """An exclusive lock on one run folder, held for the whole run.
+
+    ``acquire`` creates ``folder`` (if needed) and takes a non-blocking ``flock`` on
+    ``folder/.run.lock``; a second process asking for the same folder is refused with a
+    :class:`RunError` naming the holder's pid. The kernel drops the lock when the holder
+    dies, so a killed run never blocks the next one. Where ``fcntl`` is missing (Windows)
+    the lock is a no-op.
+    """
+
+    NAME = ".run.lock"
+
+    def __init__(self, folder: Union[str, os.PathLike]) -> None:
+        self.folder = Path(folder)
+        self._fh = None
+        self.created = False
+
+    def acquire(self) -> "RunFolderLock":
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX
+            self.folder.mkdir(parents=True, exist_ok=True)
+            return self
+        self.created = not self.folder.exists()
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fh = open(self.folder / self.NAME, "a+")
+        except OSError as exc:
+            raise RunError(f"--out {str(self.folder)!r} cannot be created ({exc.strerror or exc}); choose another "
+                           "--out") from None
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.seek(0)
+            holder = fh.read().strip() or "unknown"
+            fh.close()
+            raise RunError(
+                f"output folder {str(self.folder)!r} is in use by another run (pid {holder}); wait for it to end, "
+                "or choose another --out"
+            ) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{os.getpid()}\n")
+        fh.flush()
+        self._fh = fh
+        return self
+
+    def release(self, *, remove_if_unused: bool = False) -> None:
+        """Drop the lock; with ``remove_if_unused`` also remove a folder this lock created and nothing else used."""
+        if self._fh is None:
+            return
+        fh, self._fh = self._fh, None
+        if remove_if_unused and self.created:
+            others = [p for p in self.folder.iterdir() if p.name != self.NAME]
+            if not others:
+                with contextlib.suppress(OSError):
+                    (self.folder / self.NAME).unlink()
+                    self.folder.rmdir()
+        fh.close()
+
+    def __enter__(self) -> "RunFolderLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+# -- checkpoints ------------------------------------------------------------------
+_LIGHTNING_KEYS = ("state_dict", "global_step", "epoch", "loops", "optimizer_states", "pytorch-lightning_version")
+_OUR_KEYS = ("algorithm", "dataset", "config", "seed")
+
+
+def read_checkpoint(path: Union[str, os.PathLike]) -> dict[str, Any]:
+    """``torch.load(path, weights_only=True)``: tensors and plain containers, never code.
+
+    A file carrying pickled callables or classes is refused with a :class:`RunError`
+    naming what it tried to load; nothing in it runs.
+    """
+    import pickle
+
+    import torch
+
+    p = Path(path)
+    if not p.is_file():
+        raise RunError(f"checkpoint {str(p)!r} does not exist; runs keep theirs in OUT/checkpoints/last.ckpt")
+    try:
+        return torch.load(p, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        text = str(exc)
+        if "weights_only" not in text.lower() and "Unsupported global" not in text:
+            raise RunError(f"checkpoint {str(p)!r} could not be read (UnpicklingError: {text.splitlines()[0]})") from None
+        what = ""
+        for line in text.splitlines():
+            if "Unsupported global" in line or "GLOBAL" in line:
+                what = line.strip().split("GLOBAL", 1)[-1].strip(" :") if "GLOBAL" in line else line.strip()
+                break
+        what = f" ({what})" if what else ""
+        raise RunError(
+            f"checkpoint {str(p)!r} holds pickled Python objects{what} that loading would run; offline-plugins "
+            "opens checkpoints with weights_only=True and refused it, nothing in it ran. Use a checkpoint "
+            "written by 'offline-plugins train' (OUT/checkpoints/last.ckpt) from a source you trust"
+        ) from None
+    except Exception as exc:
+        first = (str(exc).splitlines() or [""])[0][:300]
+        raise RunError(f"checkpoint {str(p)!r} could not be read ({type(exc).__name__}: {first}); it may be "
+                       "truncated or not a checkpoint") from None
+
+
+def check_checkpoint(ckpt: Any, path: Union[str, os.PathLike], *, for_resume: bool = False) -> dict[str, Any]:
+    """Validate a loaded checkpoint's own metadata; returns its ``offline_plugins`` entry.
+
+    Evaluation needs ``state_dict`` and our entry (``algorithm``, ``dataset``,
+    ``config``, ``seed``); resuming also needs Lightning's loop and optimiser state.
+    """
+    where = f"checkpoint {str(path)!r}"
+    if not isinstance(ckpt, dict) or "offline_plugins" not in ckpt:
+        raise RunError(f"{where} is not an offline-plugins training checkpoint (no 'offline_plugins' entry); "
+                       "use OUT/checkpoints/last.ckpt of a run of 'offline-plugins train'")
+    info = ckpt["offline_plugins"]
+    if not isinstance(info, dict):
+        raise RunError(f"{where}: its 'offline_plugins' entry is a {type(info).__name__}, not a mapping; the file "
+                       "was edited or damaged: use the run's own last.ckpt")
+    missing = [f"offline_plugins.{k}" for k in _OUR_KEYS if k not in info]
+    needed = _LIGHTNING_KEYS if for_resume else ("state_dict",)
+    missing += [k for k in needed if k not in ckpt]
+    if missing:
+        use = "resume from" if for_resume else "evaluate"
+        raise RunError(
+            f"{where} lacks {', '.join(repr(m) for m in missing)}, which offline-plugins needs to {use} it; the "
+            "file was edited by hand or written by another tool: use OUT/checkpoints/last.ckpt of the run"
+        )
+    bad = [(k, t) for k, t in (("algorithm", str), ("dataset", str), ("config", dict), ("seed", int))
+           if not isinstance(info[k], t) or (t is str and not info[k])]
+    if not isinstance(ckpt["state_dict"], dict):
+        bad.append(("state_dict", dict))
+    if for_resume and not isinstance(ckpt["global_step"], int):
+        bad.append(("global_step", int))
+    if bad:
+        text = ", ".join(f"{k!r} should be a {'non-empty ' if t is str else ''}{t.__name__}" for k, t in bad)
+        raise RunError(f"{where} has malformed metadata ({text}); the file was edited or damaged: use the run's "
+                       "own last.ckpt")
+    return info
+
+
+def algorithm_of_checkpoint(info: dict, registry, path) -> Any:
+    """The installed spec of a checkpoint's algorithm, or an error naming the package to install."""
+    from offline_plugins.plugins.registry import UnknownNameError
+
+    name = info["algorithm"]
+    try:
+        return registry.algorithm(name)
+    except UnknownNameError:
+        provider = info.get("provider")
+        if provider and provider != "offline-plugins":
+            version = info.get("provider_version")
+            pin = f"=={version}" if version else ""
+            raise RunError(
+                f"checkpoint {str(path)!r} was trained with algorithm {name!r} from the package {provider!r}"
+                f"{f' {version}' if version else ''}, which is not installed here (or failed to load: "
+                f"'offline-plugins list'); install it: pip install '{provider}{pin}'"
+            ) from None
+        disabled = sorted(getattr(registry, "disabled", ()) or ())
+        off = f"; plugins switched off now: {', '.join(disabled)}" if disabled else ""
+        raise RunError(
+            f"checkpoint {str(path)!r} was trained with algorithm {name!r}, which no installed plugin provides"
+            f"{off}; install the package that registers {name!r} ('offline-plugins list' shows what is installed)"
+        ) from None
+
+
+def _config_differences(old: dict, new: dict) -> list[str]:
+    keys = sorted(set(old) | set(new))
+    return [f"{k} (checkpoint {old.get(k, '<unset>')!r}, now {new.get(k, '<unset>')!r})"
+            for k in keys if old.get(k) != new.get(k)]
+
+
+def check_resume(ckpt: dict, path, *, algorithm: str, dataset: str, config: dict, module) -> None:
+    """Refuse a resume whose checkpoint belongs to another run, naming the run and what differs."""
+    info = ckpt["offline_plugins"]
+    run = f"{info['algorithm']} on {info['dataset']}, step {ckpt.get('global_step', '?')}"
+    if info["algorithm"] != algorithm:
+        raise RunError(
+            f"cannot resume: checkpoint {str(path)!r} is a run of {info['algorithm']!r} ({run}), not of "
+            f"{algorithm!r}; resume with 'offline-plugins train {info['algorithm']} --dataset {info['dataset']} "
+            "--resume ...', or start a new run without --resume"
+        )
+    if info["dataset"] != dataset:
+        raise RunError(
+            f"cannot resume: checkpoint {str(path)!r} was trained on dataset {info['dataset']!r} ({run}), this run "
+            f"reads {dataset!r}; pass --dataset {info['dataset']}, or start a new run without --resume"
+        )
+    own = module.state_dict()
+    saved = ckpt["state_dict"]
+    missing = [k for k in own if k not in saved]
+    extra = [k for k in saved if k not in own]
+    shapes = [k for k in own if k in saved and hasattr(saved[k], "shape") and tuple(saved[k].shape) != tuple(own[k].shape)]
+    if missing or extra or shapes:
+        diffs = _config_differences(info.get("config") or {}, config)
+        first = (f"{shapes[0]} is {tuple(saved[shapes[0]].shape)} there, {tuple(own[shapes[0]].shape)} here"
+                 if shapes else f"{len(missing)} tensor(s) missing, {len(extra)} unexpected")
+        differ = f"; config differs in {', '.join(diffs[:6])}" if diffs else ""
+        raise RunError(
+            f"cannot resume: checkpoint {str(path)!r} ({run}) does not fit this run's networks ({first}){differ}; "
+            "resume with the run's own --config/--set, or start a new run without --resume"
+        )
+
+
+# -- interruption -----------------------------------------------------------------
+class GracefulInterrupt:
+    """Turn the first SIGINT (Ctrl-C) into a stop at the next step boundary.
+
+    Lightning already stops on SIGTERM that way (``trainer.received_sigterm``, then a
+    ``SIGTERMException`` after the step); this gives SIGINT the same path, and
+    :class:`~offline_plugins.lightning.callbacks.InterruptCheckpoint` saves ``last.ckpt``
+    on it. A second Ctrl-C interrupts at once. Single-process runs only: under DDP the
+    handler is not installed and Lightning's own handling applies.
+    """
+
+    def __init__(self) -> None:
+        self.signal: Optional[str] = None
+        self.trainer = None
+        self._previous = None
+
+    def _handler(self, signum, frame) -> None:
+        if self.signal is not None:  # the second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self.signal = signal.Signals(signum).name
+        if self.trainer is not None:
+            self.trainer._signal_connector.received_sigterm = True
+
+    def note_sigterm(self) -> None:
+        if self.signal is None:
+            self.signal = "SIGTERM"
+
+    @contextlib.contextmanager
+    def installed(self, trainer) -> Iterator["GracefulInterrupt"]:
+        self.trainer = trainer
+        main = threading.current_thread() is threading.main_thread()
+        if main and trainer.world_size == 1:
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        try:
+            yield self
+        finally:
+            if main and self._previous is not None:
+                signal.signal(signal.SIGINT, self._previous)
+                self._previous = None
+
+
+# -- terminal output --------------------------------------------------------------
+_LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning_fabric", "pytorch_lightning")
+
+
+@contextlib.contextmanager
+def quiet_lightning(verbose: bool = False) -> Iterator[None]:
+    """Lightning's info lines (accelerator banner, logging tips, "fit stopped") at warning level.
+
+    The user's terminal keeps our progress bar and result lines; Lightning's warnings
+    still show. ``verbose=True`` changes nothing. Levels are restored afterwards.
+    """
+    if verbose:
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in _LIGHTNING_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(max(lg.getEffectiveLevel(), logging.WARNING))
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
