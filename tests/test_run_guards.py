@@ -301,4 +301,68 @@ def test_the_main_job_prints_no_lightning_banner(capsys, tmp_path):
     train(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "r", steps=2, **QUIET)
     captured = capsys.readouterr()
     text = captured.out + captured.err
-    assert "GPU available" not in text and "litlogger" not in text
+    assert "GPU available" not in text and "litlogger" not in text and "Initialized LazyTensorStorage" not in text
+
+
+# -- messages name only flags that exist ------------------------------------------
+def _all_flags():
+    import argparse
+
+    from offline_plugins.cli import build_parser
+
+    flags, todo = set(), [build_parser()]
+    while todo:
+        parser = todo.pop()
+        for action in parser._actions:
+            flags.update(o for o in action.option_strings if o.startswith("--"))
+            if isinstance(action, argparse._SubParsersAction):
+                todo.extend(action.choices.values())
+    return flags
+
+
+def test_every_flag_the_package_names_exists_on_the_cli():
+    import re
+    from pathlib import Path
+
+    import offline_plugins
+
+    flags = _all_flags()
+    named = {}
+    for path in Path(offline_plugins.__file__).parent.rglob("*.py"):
+        for flag in re.findall(r"(?<![\w-])--[a-z][a-z-]*[a-z]", path.read_text()):
+            named.setdefault(flag, path.name)
+    unknown = {f: where for f, where in named.items() if f not in flags}
+    assert not unknown, f"flags named in the package but missing on the CLI: {unknown}"
+    assert {"--drop-nonfinite", "--drop-empty", "--verbose"} <= flags
+
+
+def test_two_runs_started_into_one_folder_at_once_one_is_refused(tmp_path):
+    # two real processes race for the same --out: exactly one trains, the other is refused cleanly
+    out = tmp_path / "shared"
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(os.path.dirname(__file__))!r})
+        import torch
+        torch.set_num_threads(1)
+        from _lightning_fixtures import TINY_SPEC, FakeOfflineData
+        from offline_plugins.errors import UserError
+        from offline_plugins.lightning.run import train
+        try:
+            s = train(TINY_SPEC, FakeOfflineData(), out_dir={str(out)!r}, steps=40, progress=False,
+                      eval_every=0, eval_episodes=1, seed=int(sys.argv[1]))
+            print("trained", s["seed"])
+        except UserError as exc:
+            print("refused", exc)
+            sys.exit(2)
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(seed)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for seed in (1, 2)]
+    results = [(p.wait(timeout=300), (p.communicate()[0].strip().splitlines() or [""])[-1]) for p in procs]
+    codes = sorted(rc for rc, _ in results)
+    assert codes == [0, 2], results
+    winner = next(text for rc, text in results if rc == 0)
+    loser = next(text for rc, text in results if rc == 2)
+    assert "already holds a run" in loser or "is in use by another run" in loser, loser
+    summary = json.loads((out / "summary.json").read_text())
+    assert winner == f"trained {summary['seed']}"  # the folder holds the winner's run, whole
+    assert load_checkpoint(out / "checkpoints" / "last.ckpt")["offline_plugins"]["seed"] == summary["seed"]

@@ -397,12 +397,14 @@ class GracefulInterrupt:
 
 
 # -- terminal output --------------------------------------------------------------
-_LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning_fabric", "pytorch_lightning")
+# TorchRL logs each replay buffer's storage allocation at info level, to stdout
+_LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning_fabric", "pytorch_lightning", "torchrl")
 
 
 @contextlib.contextmanager
 def quiet_lightning(verbose: bool = False) -> Iterator[None]:
-    """Lightning's info lines (accelerator banner, logging tips, "fit stopped") at warning level.
+    """Lightning's and TorchRL's info lines (accelerator banner, logging tips, "fit stopped",
+    storage allocations) at warning level.
 
     The user's terminal keeps our progress bar and result lines; Lightning's warnings
     still show. ``verbose=True`` changes nothing. Levels are restored afterwards.

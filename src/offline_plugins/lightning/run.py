@@ -388,11 +388,12 @@ def train(
         os.environ["OFFLINE_PLUGINS_RUN_DIR"] = str(out)
         if ckpt_path is None and not launched:
             _check_fresh(out)
-        return _fit(plan, out, ckpt_path, ckpt, steps=steps, seed=seed, eval_every=eval_every,
-                    eval_episodes=eval_episodes, devices=devices, accelerator=accelerator, num_nodes=num_nodes,
-                    strategy=strategy, checkpoint_every=checkpoint_every, log_every=log_every, progress=progress,
-                    compile=compile, callbacks=callbacks, model=model, started=started, verbose=verbose,
-                    preference=preference)
+        with quiet_lightning(verbose):
+            return _fit(plan, out, ckpt_path, ckpt, steps=steps, seed=seed, eval_every=eval_every,
+                        eval_episodes=eval_episodes, devices=devices, accelerator=accelerator, num_nodes=num_nodes,
+                        strategy=strategy, checkpoint_every=checkpoint_every, log_every=log_every,
+                        progress=progress, compile=compile, callbacks=callbacks, model=model, started=started,
+                        verbose=verbose, preference=preference)
     except BaseException as exc:
         if lock is not None:
             # a run refused before it wrote anything leaves no folder behind
@@ -501,59 +502,58 @@ def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dic
         # CSVLogger deletes an existing metrics.csv; keep the earlier rows and merge them back
         earlier_metrics = out / "metrics.before-resume.csv"
         (out / "metrics.csv").replace(earlier_metrics)
-    with quiet_lightning(verbose):
-        trainer = Trainer(
-            accelerator=accelerator,
-            devices=devices,
-            num_nodes=num_nodes,
-            strategy=_strategy(devices, num_nodes, parts, strategy),
-            max_steps=steps,
-            max_epochs=-1,
-            logger=CSVLogger(save_dir=str(out), name="", version=""),
-            callbacks=[
-                *([StepProgressBar(refresh_rate=max(1, min(50, steps // 100)))] if progress else []),
-                guard,
-                TargetNetworkUpdate(),
-                evaluation,
-                FinalCheckpoint(last_ckpt),
-                InterruptCheckpoint(last_ckpt),
-                checkpoint,
-                *callbacks,
-            ],
-            log_every_n_steps=log_every,
-            enable_progress_bar=progress,
-            enable_model_summary=False,
-            num_sanity_val_steps=0,
-            limit_val_batches=0,
-            use_distributed_sampler=False,
-            default_root_dir=str(out),
-        )
-        fit_started = time.perf_counter()
-        interrupted = None
-        with warnings.catch_warnings(), interrupt.installed(trainer):
-            # saving the post-step state is what resuming needs; the LeafSpec note is Lightning's own
-            warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
-            warnings.filterwarnings("ignore", message=".*LeafSpec.*")
-            # CSVLogger appends to an existing metrics.csv, whatever this warning says
-            warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
-            # a resumed run rebuilds its ModelCheckpoint; a new --steps changes its default period,
-            # which Lightning reports as a missing callback
-            warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks used to create")
-            # TorchRL's stacked critic weights [n, 1, w] get gradients whose size-1 dimension has
-            # another stride; both are contiguous, so DDP's copy into its bucket costs the same
-            warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
-            try:
-                # the checkpoint was read with weights_only=True above; Lightning reads it the same way
-                trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt_path) if ckpt_path else None,
-                            weights_only=True)
-            except SIGTERMException:
-                interrupt.note_sigterm()
-                interrupted = interrupt.signal
-            except SystemExit:
-                # Lightning exits 1 after a KeyboardInterrupt it caught (a second Ctrl-C)
-                if interrupt.signal is None:
-                    raise
-                interrupted = f"{interrupt.signal} twice"
+    trainer = Trainer(
+        accelerator=accelerator,
+        devices=devices,
+        num_nodes=num_nodes,
+        strategy=_strategy(devices, num_nodes, parts, strategy),
+        max_steps=steps,
+        max_epochs=-1,
+        logger=CSVLogger(save_dir=str(out), name="", version=""),
+        callbacks=[
+            *([StepProgressBar(refresh_rate=max(1, min(50, steps // 100)))] if progress else []),
+            guard,
+            TargetNetworkUpdate(),
+            evaluation,
+            FinalCheckpoint(last_ckpt),
+            InterruptCheckpoint(last_ckpt),
+            checkpoint,
+            *callbacks,
+        ],
+        log_every_n_steps=log_every,
+        enable_progress_bar=progress,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        use_distributed_sampler=False,
+        default_root_dir=str(out),
+    )
+    fit_started = time.perf_counter()
+    interrupted = None
+    with warnings.catch_warnings(), interrupt.installed(trainer):
+        # saving the post-step state is what resuming needs; the LeafSpec note is Lightning's own
+        warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
+        warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+        # CSVLogger appends to an existing metrics.csv, whatever this warning says
+        warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
+        # a resumed run rebuilds its ModelCheckpoint; a new --steps changes its default period,
+        # which Lightning reports as a missing callback
+        warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks used to create")
+        # TorchRL's stacked critic weights [n, 1, w] get gradients whose size-1 dimension has
+        # another stride; both are contiguous, so DDP's copy into its bucket costs the same
+        warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
+        try:
+            # the checkpoint was read with weights_only=True above; Lightning reads it the same way
+            trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt_path) if ckpt_path else None,
+                        weights_only=True)
+        except SIGTERMException:
+            interrupt.note_sigterm()
+            interrupted = interrupt.signal
+        except SystemExit:
+            # Lightning exits 1 after a KeyboardInterrupt it caught (a second Ctrl-C)
+            if interrupt.signal is None:
+                raise
+            interrupted = f"{interrupt.signal} twice"
     train_s = time.perf_counter() - fit_started
     if not trainer.is_global_zero:
         if interrupted:
