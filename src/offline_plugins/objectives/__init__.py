@@ -1,1 +1,57 @@
-"""objectives"""
+"""The losses, as TorchRL ``LossModule``s: ``from offline_plugins.objectives import IQLLoss``.
+
+Each name is imported from its module on first access, so importing this package imports
+neither torch nor torchrl (``offline-plugins list`` and the plugin host rely on that).
+
+>>> import offline_plugins.objectives as objectives
+>>> objectives.IQLLoss.__module__
+'offline_plugins.objectives.iql'
+"""
+
+from __future__ import annotations
+
+import importlib
+
+# name -> module under offline_plugins.objectives
+_EXPORTS = {
+    "AWACLoss": "awac",
+    "BCLoss": "bc",
+    "BCQLoss": "bcq",
+    "BCQPolicy": "bcq",
+    "DiscreteBCQLoss": "bcq",
+    "DiscreteBCQPolicy": "bcq",
+    "CQLLoss": "cql",
+    "DiscreteCQLLoss": "cql",
+    "IQLLoss": "iql",
+    "DiscreteIQLLoss": "iql",
+    "TD3BCLoss": "td3_bc",
+    "DecisionTransformerLoss": "sequence.decision_transformer",
+    "OnlineDecisionTransformerLoss": "sequence.decision_transformer",
+    "TrajectoryTransformerLoss": "sequence.trajectory_transformer",
+    "DiffuserLoss": "sequence.diffuser",
+    "DiffuserValueLoss": "sequence.diffuser",
+    "DiffuserWithValueLoss": "sequence.diffuser",
+    "BradleyTerryLoss": "llm.reward",
+    "DPOLoss": "llm.preference",
+    "IPOLoss": "llm.preference",
+    "KTOLoss": "llm.preference",
+    "ORPOLoss": "llm.preference",
+    "RobustDPOLoss": "llm.preference",
+    "RPOLoss": "llm.preference",
+    "SimPOLoss": "llm.preference",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(_EXPORTS))

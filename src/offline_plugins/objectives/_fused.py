@@ -8,6 +8,11 @@ batched matmul per layer (``baddbmm`` over the stacked weights), the tanh-Gaussi
 log-density in closed form. They apply only to the plain MLP networks built by
 :mod:`offline_plugins.modules.networks`; :func:`linear_chain` returns None for
 anything else and the losses fall back to TorchRL's code.
+
+The fused maths reproduce TorchRL's ``*_loss`` methods with TorchRL's plain TD(0)
+estimator, and nothing else: :func:`torchrl_blocker` names what would make them differ
+(another estimator, a subclass override, a loss mask in the batch), and the losses then
+run TorchRL's code, which honours it.
 """
 
 from __future__ import annotations
@@ -17,9 +22,20 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from tensordict.utils import unravel_key
 from torch import nn
 
-__all__ = ["transition", "linear_chain", "chain_params", "run_chain", "run_ensemble", "tanh_normal_log_prob"]
+__all__ = [
+    "transition",
+    "torchrl_blocker",
+    "loss_mask_present",
+    "td0_discount",
+    "linear_chain",
+    "chain_params",
+    "run_chain",
+    "run_ensemble",
+    "tanh_normal_log_prob",
+]
 
 
 def transition(tensordict, keys, obs_key) -> tuple:
@@ -41,6 +57,68 @@ def transition(tensordict, keys, obs_key) -> tuple:
         reward,
         not_terminal,
     )
+
+
+def torchrl_blocker(loss, torchrl_cls: type, methods: tuple, *, value_network, value_key) -> Optional[str]:
+    """Why the fused maths would not give what ``torchrl_cls``'s own code gives for ``loss``; None if they would.
+
+    They hard-code ``torchrl_cls``'s ``methods`` (``actor_loss``, ``qvalue_loss``, ...) and a
+    TD(0) target ``r + gamma * (1 - terminated) * V'`` as TorchRL's ``TD0Estimator`` computes it:
+    an override of one of the methods (on a subclass or the instance) or any other estimator
+    (TD(1), TD(lambda), standardised rewards, another value network or other keys) needs
+    TorchRL's code. ``value_network``/``value_key``: what the loss's own estimator is built with.
+    Read on every forward, as ``make_value_estimator`` may be called at any time; a few
+    attribute reads.
+    """
+    from torchrl.objectives.value import TD0Estimator
+
+    cls = type(loss)
+    for name in methods:
+        if getattr(cls, name) is not getattr(torchrl_cls, name) or name in loss.__dict__:
+            return f"{cls.__name__}.{name} overrides TorchRL's"
+    if loss.reduction != "mean":
+        return f"reduction={loss.reduction!r}"
+    est = loss.value_estimator
+    if type(est) is not TD0Estimator:
+        return f"the value estimator is {type(est).__name__}, not TD0Estimator"
+    if getattr(est, "average_rewards", False):
+        return "the TD(0) estimator standardises rewards (average_rewards=True)"
+    if est.value_network is not value_network:
+        return "the TD(0) estimator has another value network than the loss"
+    keys, own = est.tensor_keys, loss.tensor_keys
+    if (keys.reward, keys.terminated, keys.value) != (own.reward, own.terminated, value_key):
+        return "the TD(0) estimator reads other keys than the loss (set them with loss.set_keys)"
+    return None
+
+
+def loss_mask_present(loss, tensordict) -> bool:
+    """Whether the batch holds a mask TorchRL's ``_reduce_loss`` would apply (``("collector", "mask")``, ...)."""
+    mask_keys = getattr(loss, "_loss_mask_keys", None)  # torchrl >= 0.12
+    return mask_keys is not None and any(tensordict.get(k, None) is not None for k in mask_keys())
+
+
+def td0_discount(estimator, tensordict, reward: torch.Tensor, kept: Optional[tuple] = None) -> torch.Tensor:
+    """The estimator's ``gamma``, raised to ``steps_to_next_obs`` where the (flattened) batch has
+    it (n-step transitions), shaped like ``reward``: TorchRL's ``TD0Estimator.value_estimate``.
+
+    ``kept``: the keys TorchRL's loss method keeps (``tensordict.select(*kept)``) before it
+    calls the estimator, None for all; a ``steps_to_next_obs`` it drops is not applied
+    (TorchRL's ``IQLLoss.qvalue_loss`` keeps only ``"next"``, the observations and the action).
+    """
+    gamma = estimator.gamma
+    key = getattr(estimator.tensor_keys, "steps_to_next_obs", None)
+    if key is None:
+        return gamma
+    if kept is not None:
+        path = unravel_key(key)
+        path = (path,) if isinstance(path, str) else path
+        prefixes = [(k,) if isinstance(k, str) else k for k in map(unravel_key, kept)]
+        if not any(path[: len(p)] == p for p in prefixes):
+            return gamma
+    steps = tensordict.get(key, None)
+    if steps is not None:
+        gamma = gamma ** steps.reshape(reward.shape)
+    return gamma
 
 
 def linear_chain(module: nn.Module, root: nn.Module) -> Optional[list]:

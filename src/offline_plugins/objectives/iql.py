@@ -1,7 +1,8 @@
 """IQL: TorchRL's ``IQLLoss`` / ``DiscreteIQLLoss`` plus input checks and diagnostics.
 
-The loss terms are TorchRL's, unchanged (``tests/test_objectives_iql.py`` checks
-they agree with TorchRL's on the same networks and batch). What we add: a
+The loss terms are TorchRL's, unchanged (``tests/test_objectives_offline.py`` and
+``tests/test_objectives_fused.py`` check they agree with TorchRL's on the same networks
+and batch, for every value estimator). What we add: a
 :class:`~offline_plugins.errors.UserError` for bad hyperparameters and missing batch
 keys, and the value/advantage statistics the offline diagnostics need.
 """
@@ -97,9 +98,14 @@ class IQLLoss(_IQLDiagnosticsMixin, _TorchRLIQLLoss):
             Defaults to True.
         fused (bool): compute the three terms in one pass straight from the parameters
             (the target critics run once, not twice; the ensemble is one batched matmul per
-            layer; the tanh-Gaussian density in closed form) when the networks are the plain
-            MLPs of :mod:`offline_plugins.modules.networks`; TorchRL's code otherwise. The
-            values equal TorchRL's (tested). Defaults to True.
+            layer; the tanh-Gaussian density in closed form) where that is exactly TorchRL's
+            computation: the networks are the plain MLPs of
+            :mod:`offline_plugins.modules.networks`, the value estimator is TorchRL's plain
+            TD(0) (any ``gamma``), ``actor_loss``/``qvalue_loss``/``value_loss`` are not
+            overridden and the batch has no loss mask. Otherwise (TD(1), TD(lambda), a
+            subclass's own ``qvalue_loss``, ...; checked on every call, so a later
+            ``make_value_estimator`` counts) TorchRL's code runs. The values equal TorchRL's
+            either way (tested). Defaults to True.
         **kwargs: passed to :class:`torchrl.objectives.IQLLoss`.
 
     The extra key ``return_to_go`` (Monte-Carlo discounted return) is read when present.
@@ -164,6 +170,22 @@ class IQLLoss(_IQLDiagnosticsMixin, _TorchRLIQLLoss):
             **kwargs,
         )
         self._plan = self._fused_plan() if fused else None
+        self._no_plan = "fused=False" if not fused else (
+            "the networks or settings are not the fused path's (the plain MLPs of "
+            "offline_plugins.modules.networks, reduction='mean', ...)"
+        )
+
+    def _fused_blocker(self):
+        """Why this call runs TorchRL's code, not the fused path; None when the fused path is exact."""
+        if self._plan is None:
+            return self._no_plan
+        return _fused.torchrl_blocker(
+            self,
+            _TorchRLIQLLoss,
+            ("actor_loss", "qvalue_loss", "value_loss"),
+            value_network=self.value_network,
+            value_key=self.tensor_keys.value,
+        )
 
     def _fused_plan(self):
         """What the fused path needs, or None when the networks are not our plain MLPs."""
@@ -211,13 +233,15 @@ class IQLLoss(_IQLDiagnosticsMixin, _TorchRLIQLLoss):
         tensordict, obs, action, next_obs, reward, not_terminal = _fused.transition(tensordict, keys, plan["obs"])
         obs_action = torch.cat([obs, action], -1)
         v_layers = _fused.chain_params(self.value_network_params, plan["v"])
+        kept = ("next", *self.actor_network.in_keys, keys.action)  # what TorchRL's qvalue_loss hands its estimator
         with torch.no_grad():
             q_target = _fused.run_ensemble(
                 _fused.chain_params(self.target_qvalue_network_params, plan["q"]), obs_action
             ).squeeze(-1)
             min_q = q_target.min(0).values
             v_next = _fused.run_chain([(w.detach(), b.detach()) for w, b in v_layers], next_obs).squeeze(-1)
-            target = reward + self.value_estimator.gamma * not_terminal * v_next
+            gamma = _fused.td0_discount(self.value_estimator, tensordict, reward, kept)
+            target = reward + gamma * not_terminal * v_next
         value = _fused.run_chain(v_layers, obs).squeeze(-1)
         diff = min_q - value
         loss_value = self.loss_value_diff(diff, self.expectile).mean()
@@ -244,9 +268,11 @@ class IQLLoss(_IQLDiagnosticsMixin, _TorchRLIQLLoss):
 
     @dispatch
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        if self._plan is None:
+        if self._fused_blocker() is not None:
             return super().forward(tensordict)
         check_batch_keys(tensordict, self._required_keys(), type(self).__name__)
+        if _fused.loss_mask_present(self, tensordict):
+            return super().forward(tensordict)
         return self._fused_forward(tensordict)
 
 

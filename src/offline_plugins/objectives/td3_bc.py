@@ -42,9 +42,14 @@ class TD3BCLoss(_TorchRLTD3BCLoss):
             with ``return_to_go`` in the batch, ``mc_return_mean`` and ``q_data_minus_mc``.
             Free: it reads the critic's prediction. Defaults to True.
         fused (bool): compute both terms straight from the parameters (the ensemble as one
-            batched matmul per layer, only the first critic for the actor term) when the
-            networks are the plain MLPs of :mod:`offline_plugins.modules.networks`; TorchRL's
-            code otherwise. Same values and random draws as TorchRL's (tested). Defaults to True.
+            batched matmul per layer, only the first critic for the actor term) where that is
+            exactly TorchRL's computation: the networks are the plain MLPs of
+            :mod:`offline_plugins.modules.networks`, the value estimator is TorchRL's plain
+            TD(0) (any ``gamma``), ``actor_loss``/``qvalue_loss`` are not overridden and the
+            batch has no loss mask or priority weights. Otherwise (TD(1), TD(lambda), a
+            subclass's own ``qvalue_loss``, ...; checked on every call, so a later
+            ``make_value_estimator`` counts) TorchRL's code runs. Same values and random draws
+            as TorchRL's either way (tested). Defaults to True.
         **kwargs: passed to :class:`torchrl.objectives.TD3BCLoss`.
 
     Examples:
@@ -108,6 +113,22 @@ class TD3BCLoss(_TorchRLTD3BCLoss):
             **kwargs,
         )
         self._plan = self._fused_plan() if fused else None
+        self._no_plan = "fused=False" if not fused else (
+            "the networks or settings are not the fused path's (the plain MLPs of "
+            "offline_plugins.modules.networks, reduction='mean', ...)"
+        )
+
+    def _fused_blocker(self):
+        """Why this call runs TorchRL's code, not the fused path; None when the fused path is exact."""
+        if self._plan is None:
+            return self._no_plan
+        return _fused.torchrl_blocker(
+            self,
+            _TorchRLTD3BCLoss,
+            ("actor_loss", "qvalue_loss"),
+            value_network=None,
+            value_key=self.tensor_keys.state_action_value,
+        )
 
     def _fused_plan(self):
         """What the fused path needs, or None when the networks are not our plain MLPs."""
@@ -168,7 +189,8 @@ class TD3BCLoss(_TorchRLTD3BCLoss):
             q_next = _fused.run_ensemble(
                 _fused.chain_params(self.target_qvalue_network_params, plan["q"]), torch.cat([next_obs, next_action], -1)
             ).squeeze(-1).min(0).values
-            target = reward + self.value_estimator.gamma * not_terminal * q_next
+            gamma = _fused.td0_discount(self.value_estimator, tensordict, reward)
+            target = reward + gamma * not_terminal * q_next
         q = _fused.run_ensemble(q_layers, torch.cat([obs, action], -1)).squeeze(-1)
         loss_qvalue = distance_loss(q, target.expand_as(q), loss_function=self.loss_function).sum(0).mean()
         tensordict.set(keys.priority, (q.detach() - target).pow(2).max(0).values)
@@ -195,7 +217,8 @@ class TD3BCLoss(_TorchRLTD3BCLoss):
         is the work TorchRL's ``sota-implementations/td3_bc`` loop and d3rlpy skip too. The
         random draws are the same either way (the actor term draws none), so a run that asks
         for every term and one that asks only for the due ones follow the same trajectory.
-        On TorchRL's code path (``fused=False`` or prioritised weights) every term is computed.
+        Where TorchRL's code runs instead of the fused path (see ``fused``; prioritised
+        weights) every term is computed.
         The class example shows a critic-only call.
         """
         return self._forward(tensordict, actor="loss_actor" in keys)
@@ -203,9 +226,9 @@ class TD3BCLoss(_TorchRLTD3BCLoss):
     def _forward(self, tensordict: TensorDictBase, actor: bool) -> TensorDictBase:
         keys = self.tensor_keys
         check_batch_keys(tensordict, transition_keys(self.actor_network.in_keys, keys), "TD3BCLoss")
-        # prioritised-replay weights are TorchRL's business: its code path applies them
+        # prioritised-replay weights and loss masks are TorchRL's business: its code applies them
         weighted = tensordict.get(keys.priority_weight, None) is not None
-        if self._plan is None or weighted:
+        if weighted or self._fused_blocker() is not None or _fused.loss_mask_present(self, tensordict):
             out = super().forward(tensordict)
         else:
             out = self._fused_forward(tensordict, actor=actor)
