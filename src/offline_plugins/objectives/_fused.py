@@ -210,3 +210,11 @@ def tanh_normal_log_prob(
     normal = -((x - loc) ** 2) / (2 * scale**2) - scale.log() - _LOG_SQRT_2PI
     log_det_tanh = 2.0 * (math.log(2.0) - x - F.softplus(-2.0 * x))
     return (normal - log_det_tanh - half.log()).sum(-1)
+
+
+def no_plan_reason(fused: bool) -> str:
+    """Why a loss built without a fused plan runs TorchRL's code."""
+    if not fused:
+        return "fused=False"
+    return ("the networks or settings are not the fused path's (the plain MLPs of "
+            "offline_plugins.modules.networks, reduction='mean', ...)")

@@ -113,10 +113,7 @@ class TD3BCLoss(_TorchRLTD3BCLoss):
             **kwargs,
         )
         self._plan = self._fused_plan() if fused else None
-        self._no_plan = "fused=False" if not fused else (
-            "the networks or settings are not the fused path's (the plain MLPs of "
-            "offline_plugins.modules.networks, reduction='mean', ...)"
-        )
+        self._no_plan = _fused.no_plan_reason(fused)
 
     def _fused_blocker(self):
         """Why this call runs TorchRL's code, not the fused path; None when the fused path is exact."""
