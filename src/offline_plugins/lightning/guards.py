@@ -240,12 +240,10 @@ def read_checkpoint(path: Union[str, os.PathLike]) -> dict[str, Any]:
         text = str(exc)
         if "weights_only" not in text.lower() and "Unsupported global" not in text:
             raise RunError(f"checkpoint {str(p)!r} could not be read (UnpicklingError: {text.splitlines()[0]})") from None
-        what = ""
-        for line in text.splitlines():
-            if "Unsupported global" in line or "GLOBAL" in line:
-                what = line.strip().split("GLOBAL", 1)[-1].strip(" :") if "GLOBAL" in line else line.strip()
-                break
-        what = f" ({what})" if what else ""
+        import re
+
+        found = re.search(r"GLOBAL ([\w.]+)", text) or re.search(r"([\w.]+) was not an allowed global", text)
+        what = f" ({found.group(1)})" if found else ""
         raise RunError(
             f"checkpoint {str(p)!r} holds pickled Python objects{what} that loading would run; offline-plugins "
             "opens checkpoints with weights_only=True and refused it, nothing in it ran. Use a checkpoint "
