@@ -528,6 +528,11 @@ class PreferenceData:
             ``test`` for paired data.
         task: the verifiable task the rows came from (scores exact match), or None.
         model: the model name or path the reference was made from (``"tiny"``...).
+        train_pairs: training ``[N, 2]`` pairs with reference log-probs, scored beside the
+            held-out ones so memorisation shows; defaults to ``train`` for paired data.
+        from_scratch: the reference is a randomly initialised model (``--model tiny`` on a
+            file, no SFT step), which wants a from-scratch learning rate rather than a
+            fine-tuning one (:func:`offline_plugins.algorithms.preference.resolve_lr`).
     """
 
     kind: str
@@ -540,10 +545,15 @@ class PreferenceData:
     test_pairs: Optional[TensorDict] = None
     task: Optional[Any] = None
     model: str = ""
+    from_scratch: bool = False
+    train_pairs: Optional[TensorDict] = None
 
     def __post_init__(self) -> None:
-        if self.test_pairs is None and self.kind == "preference-pairs":
-            self.test_pairs = self.test
+        if self.kind == "preference-pairs":
+            if self.test_pairs is None:
+                self.test_pairs = self.test
+            if self.train_pairs is None:
+                self.train_pairs = self.train
 
     #: what ``offline-plugins train`` checks an algorithm against
     action_space = "tokens"

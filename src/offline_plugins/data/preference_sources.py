@@ -13,7 +13,8 @@ Three kinds of ``ID``:
   network unless it is cached).
 
 For files and Hugging Face datasets ``--model`` is the reference itself (no SFT step),
-and a tenth of the prompts (by a hash of the prompt) is held out.
+and at least 100 rows or a tenth of them, whichever is more (whole prompts, by a hash
+of the prompt text), are held out.
 
 The SFT reference and the reference log-probs are cached under
 ``$OFFLINE_PLUGINS_CACHE`` (default ``~/.cache/offline-plugins``), so the three seeds
@@ -29,9 +30,10 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import math
 import os
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 from offline_plugins.errors import UserError
 
@@ -42,6 +44,7 @@ __all__ = [
     "resolve_preference_id",
     "unknown_preference_dataset",
     "load_preference_source",
+    "held_out_prompts",
 ]
 
 
@@ -90,9 +93,39 @@ def unknown_preference_dataset(dataset: str, algorithm: str) -> PreferenceSource
     )
 
 
-def _held_out(prompt: str, fraction: float) -> bool:
-    h = int.from_bytes(hashlib.blake2b(prompt.encode("utf-8"), digest_size=4).digest(), "little")
-    return (h % 10_000) < fraction * 10_000
+def _prompt_hash(prompt: str) -> int:
+    return int.from_bytes(hashlib.blake2b(prompt.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def held_out_prompts(prompts: Sequence[str], *, fraction: float = 0.1, min_rows: int = 100) -> set[str]:
+    """The prompts whose rows are held out: at least ``max(min_rows, fraction * len(prompts))`` rows.
+
+    Distinct prompts are taken in the order of a hash of their text (so the split does not
+    depend on the order of the rows, and every row of a prompt lands on the same side)
+    until their rows reach the target; at most half the rows are held out, so a small
+    file still trains. ``prompts`` has one entry per row.
+
+    >>> held = held_out_prompts([f"{i}+{i}=" for i in range(1000)])
+    >>> len(held)
+    100
+    >>> len(held_out_prompts([f"{i}+{i}=" for i in range(3000)]))
+    300
+    """
+    if not 0.0 <= fraction < 1.0:
+        raise PreferenceSourceError(f"the held-out fraction must be in [0, 1), got {fraction}")
+    counts: dict[str, int] = {}
+    for p in prompts:
+        counts[p] = counts.get(p, 0) + 1
+    n = len(prompts)
+    target = min(max(int(min_rows), math.ceil(fraction * n)), n // 2)
+    held: set[str] = set()
+    covered = 0
+    for p in sorted(counts, key=lambda q: (_prompt_hash(q), q)):
+        if covered >= target or covered + counts[p] > n // 2:
+            break
+        held.add(p)
+        covered += counts[p]
+    return held
 
 
 def _model_context(model: Any, default: int = 512) -> int:
@@ -152,6 +185,7 @@ def load_preference_source(
     seed: int = 0,
     cache_dir: Optional[Union[str, os.PathLike]] = None,
     test_fraction: float = 0.1,
+    min_test_rows: int = 100,
     progress: bool = True,
 ):
     """Load a preference dataset id for an algorithm reading ``kind`` data.
@@ -167,7 +201,9 @@ def load_preference_source(
         seed: the data seed (SFT and sampling); training seeds do not change the data.
         cache_dir: where references and reference log-probs are cached (default
             :func:`cache_root` ``/preference``).
-        test_fraction: share of file / Hugging Face prompts held out.
+        test_fraction, min_test_rows: file / Hugging Face rows held out: at least
+            ``max(min_test_rows, test_fraction * rows)`` (at most half), whole prompts
+            chosen by a hash of their text (:func:`held_out_prompts`).
         progress: show a progress bar while the SFT reference trains.
 
     Returns:
@@ -209,17 +245,22 @@ def load_preference_source(
     for p in reference.parameters():
         p.requires_grad_(False)
     max_length = _model_context(reference)
-    train_rows = [r for r in rows if not _held_out(r["prompt"], test_fraction)]
-    test_rows = [r for r in rows if _held_out(r["prompt"], test_fraction)]
+    held = held_out_prompts([r["prompt"] for r in rows], fraction=test_fraction, min_rows=min_test_rows)
+    train_rows = [r for r in rows if r["prompt"] not in held]
+    test_rows = [r for r in rows if r["prompt"] in held]
     if not train_rows:
         raise PreferenceSourceError(f"{resolved}: every row fell in the held-out split; give more rows")
     tok = tokenize_pairs if layout == "pairs" and kind == "preference-pairs" else tokenize_unpaired
     to_rows = pairs_to_unpaired if layout == "pairs" and kind == "unpaired-feedback" else (lambda r: r)
     train, report = tok(to_rows(train_rows), tokenizer, max_length=max_length, source=resolved)
-    test = test_pairs = None
+    test = test_pairs = train_pairs = None
     ref_cache = cache / "reference_log_probs"
     model_tag = Path(str(model)).name
     add_reference_log_probs(train, reference, cache_dir=ref_cache, dataset_id=f"{resolved}-{model_tag}")
+    if layout == "pairs" and kind == "unpaired-feedback":
+        # KTO trains on unpaired rows; its training accuracy is scored on the pairs they came from
+        train_pairs = tokenize_pairs(train_rows, tokenizer, max_length=max_length, source=resolved)[0]
+        add_reference_log_probs(train_pairs, reference, cache_dir=ref_cache, dataset_id=f"{resolved}-{model_tag}")
     if test_rows:
         test, _ = tok(to_rows(test_rows), tokenizer, max_length=max_length, source=f"{resolved} (held out)")
         add_reference_log_probs(test, reference, cache_dir=ref_cache, dataset_id=f"{resolved}-{model_tag}-test")
@@ -230,4 +271,5 @@ def load_preference_source(
                 add_reference_log_probs(test_pairs, reference, cache_dir=ref_cache,
                                         dataset_id=f"{resolved}-{model_tag}-test")
     return PreferenceData(kind, train, reference, tokenizer, test=test, report=report, dataset_id=resolved,
-                          test_pairs=test_pairs, model=str(model))
+                          test_pairs=test_pairs, model=str(model), from_scratch=str(model) == "tiny",
+                          train_pairs=train_pairs)

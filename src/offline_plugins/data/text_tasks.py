@@ -245,11 +245,11 @@ def task_preference_data(
         tokenize_pairs,
         tokenize_unpaired,
     )
-    from offline_plugins.modules.tiny_lm import load_causal_lm
+    from offline_plugins.modules.tiny_lm import load_causal_lm, model_cache_tag
 
     if kind not in ("preference-pairs", "unpaired-feedback"):
         raise ValueError(f"kind must be 'preference-pairs' or 'unpaired-feedback', got {kind!r}")
-    tag = f"sft-{task.name}-{Path(str(model)).name}-s{seed}-n{sft_steps}-b{sft_batch_size}"
+    tag = f"sft-{task.name}-{model_cache_tag(model)}-s{seed}-n{sft_steps}-b{sft_batch_size}"
     ref_dir = Path(cache_dir) / tag if cache_dir is not None else None
     if ref_dir is not None and (ref_dir / "config.json").is_file():
         reference, tokenizer = load_causal_lm(ref_dir, seed=seed)
