@@ -34,7 +34,7 @@ def _plain_loop(parts, data, *, steps: int, warmup: int, batch_size: int, seed: 
     stream = ReplayBufferStream(data.replay_buffer(batch_size, seed=seed), seed=seed)
     opt = make_grouped_adam(parts.optimizers)
     groups = parts.optimizers
-    target_every = target_update_period(parts.extra, groups)
+    target_every = target_update_period(parts.target_update_every, groups)
     keys_all = parts.loss_keys()
     first_bad = None
     started = None

@@ -161,7 +161,7 @@ def _ours(name: str, data, compile_: bool):
     opts = [(make_shell_optimizer(parts.optimizers), 1)]
     # as the training shell (``train --compile``): only the due terms, through torch.compile if asked
     compute = compile_terms(parts.loss) if compile_ else functools.partial(compute_terms, parts.loss)
-    target_every = target_update_period(parts.extra, parts.optimizers)
+    target_every = parts.target_period()
     return compute, terms, opts, parts.target_updater, target_every
 
 

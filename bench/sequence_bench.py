@@ -90,7 +90,7 @@ def ours_dt(data, windows: int, context: int, device="cpu"):
     parts.loss.to(device)
     group = parts.optimizers[0]
     opt = group.make_optimizer()
-    sched = parts.extra["lr_schedulers"][0](opt)
+    sched = parts.lr_schedulers[0](opt)
     buffer = data.replay_buffer(windows * context, sampler="slice", slice_len=context, seed=0, device=device)
     params = [p for p in group.params if p.requires_grad]
     loss_module = parts.loss

@@ -53,7 +53,7 @@ def test_a_few_steps_overfit_a_tiny_dataset():
 def test_warmup_scheduler_ramps_the_learning_rate():
     parts = _parts(warmup_steps=4)
     opt = parts.optimizers[0].make_optimizer()
-    sched = parts.extra["lr_schedulers"][0](opt)
+    sched = parts.lr_schedulers[0](opt)
     lrs = []
     for _ in range(6):
         lrs.append(opt.param_groups[0]["lr"])

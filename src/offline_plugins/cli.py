@@ -51,9 +51,19 @@ def cmd_list(args) -> int:
         payload = {
             "algorithms": out,
             "datasets": [d.to_dict() for d in sorted(registry.datasets.values(), key=lambda d: d.id)],
+            "data_kinds": [k.to_dict() for _, k in sorted(registry.data_kinds.items())],
             "broken": [b.to_dict() for b in registry.broken],
         }
         _print_json(payload if args.all else out)
+        return 0
+    if args.kinds:
+        kinds = sorted(registry.data_kinds.values(), key=lambda k: k.name)
+        width = max((len(k.name) for k in kinds), default=4)
+        readers = {k.name: sorted(s.name for s in algos if s.data == k.name) for k in kinds}
+        print(f"{'KIND':<{width}}  PROVIDER  SUMMARY")
+        for k in kinds:
+            print(f"{k.name:<{width}}  {k.provider} {k.version}  {k.summary}")
+            print(f"{'':<{width}}  read by: {', '.join(readers[k.name]) or 'no installed algorithm'}")
         return 0
     if not algos:
         print("no algorithms installed")
@@ -116,8 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="list installed algorithms (ours and third-party)")
     p.add_argument("--json", action="store_true", help="print JSON, one object per algorithm")
     p.add_argument(
-        "--all", action="store_true", help="with --json: also datasets and plugins that failed to load"
+        "--all", action="store_true",
+        help="with --json: also datasets, data kinds and plugins that failed to load"
     )
+    p.add_argument("--kinds", action="store_true", help="list the data kinds instead, with the algorithms reading each")
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser("info", help="describe one algorithm: config fields, defaults, paper, provider")

@@ -9,7 +9,7 @@ them; a plain TorchRL loop can use the same parts (``examples/compose_in_torchrl
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from tensordict.nn import TensorDictModuleBase
@@ -91,18 +91,24 @@ def compute_terms(loss: LossModule, batch, keys: Optional[Sequence[str]] = None)
     return loss(batch) if terms is None else terms(batch, keys)
 
 
-def target_update_period(extra: dict, groups: Sequence[OptimizerGroup]) -> int:
-    """Gradient steps between target-network updates: ``extra["target_update_every"]`` if the
-    algorithm set it, else the slowest group's ``every`` (TD3+BC moves its targets with the
+def target_update_period(every: Optional[int], groups: Sequence[OptimizerGroup]) -> int:
+    """Gradient steps between target-network updates: ``every`` (``AlgorithmParts.target_update_every``)
+    if the algorithm set it, else the slowest group's ``every`` (TD3+BC moves its targets with the
     delayed actor).
 
-    >>> target_update_period({}, [OptimizerGroup("critic", [], 1e-3, ("loss_qvalue",)),
-    ...                           OptimizerGroup("actor", [], 1e-3, ("loss_actor",), every=2)])
+    >>> target_update_period(None, [OptimizerGroup("critic", [], 1e-3, ("loss_qvalue",)),
+    ...                             OptimizerGroup("actor", [], 1e-3, ("loss_actor",), every=2)])
     2
     """
-    if "target_update_every" in (extra or {}):
-        return int(extra["target_update_every"])
+    if isinstance(every, dict):  # the old call, with the parts' extra dict
+        every = every.get("target_update_every")
+    if every is not None:
+        return int(every)
     return max(g.every for g in groups)
+
+
+#: ``extra`` keys that were read by the shell before they became typed fields of :class:`AlgorithmParts`
+_TYPED_EXTRA = ("target_update_every", "lr_schedulers", "model", "tokenizer")
 
 
 @dataclass
@@ -113,17 +119,53 @@ class AlgorithmParts:
         loss: the TorchRL ``LossModule``; ``loss(batch)`` returns ``loss_*`` terms and
             detached diagnostics.
         policy: deterministic evaluation policy reading ``"observation"`` (normalised as
-            in training) and writing ``"action"``.
+            in training) and writing ``"action"``; for language models, the module that
+            scores responses (``CausalLMLogProbs``, or a reward model's ``CausalLMReward``).
         optimizers: the optimiser groups, in the order they are stepped.
         target_updater: TorchRL ``SoftUpdate``/``HardUpdate`` bound to ``loss``, or None.
-        extra: anything else the algorithm wants saved or logged.
+        target_update_every: gradient steps between target updates (None: the slowest
+            optimiser group's ``every``; see :func:`target_update_period`).
+        lr_schedulers: callables ``make(optimizer) -> LRScheduler``; the shell steps each
+            once per gradient step and saves it in checkpoints.
+        model: the ``transformers`` causal LM the policy generates with: used for the KL to
+            the reference and generation in evaluation, exported with ``save_pretrained``.
+            None when the policy is no language model (a reward model's score head).
+        tokenizer: the tokenizer exported with ``model``.
+        extra: anything else the algorithm wants to keep (the shell reads none of it).
     """
 
     loss: LossModule
     policy: TensorDictModuleBase
     optimizers: list[OptimizerGroup]
     target_updater: Optional[Any] = None
+    target_update_every: Optional[int] = None
+    lr_schedulers: Sequence[Callable[[torch.optim.Optimizer], Any]] = ()
+    model: Optional[torch.nn.Module] = None
+    tokenizer: Optional[Any] = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        moved = [k for k in _TYPED_EXTRA if k in self.extra]
+        if moved:
+            import warnings
+
+            warnings.warn(
+                f"AlgorithmParts(extra={{{', '.join(repr(k) for k in moved)}: ...}}) is deprecated: pass "
+                f"{', '.join(f'{k}=...' for k in moved)} as fields",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            for key in moved:
+                value = self.extra.pop(key)
+                if getattr(self, key) in (None, ()):
+                    setattr(self, key, value)
+        self.lr_schedulers = tuple(self.lr_schedulers or ())
+        if self.target_update_every is not None and int(self.target_update_every) < 1:
+            raise ValueError(f"target_update_every must be at least 1, got {self.target_update_every}")
+
+    def target_period(self) -> int:
+        """Gradient steps between target-network updates (see :func:`target_update_period`)."""
+        return target_update_period(self.target_update_every, self.optimizers)
 
     def loss_keys(self) -> tuple[str, ...]:
         keys: list[str] = []

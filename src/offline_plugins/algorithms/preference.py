@@ -178,8 +178,7 @@ def _policy_parts(config: Any, data: Any, name: str, loss_cls_name: str, kwargs:
     loss = getattr(llm, loss_cls_name)(actor, **kwargs)
     group = OptimizerGroup("policy", list(policy_model.parameters()), resolve_lr(config, data, name), loss_keys,
                            max_grad_norm=config.max_grad_norm)
-    return AlgorithmParts(loss=loss, policy=actor, optimizers=[group],
-                          extra={"model": policy_model, "tokenizer": data.tokenizer})
+    return AlgorithmParts(loss=loss, policy=actor, optimizers=[group], model=policy_model, tokenizer=data.tokenizer)
 
 
 def build_dpo(config: DPOConfig, data: Any):
@@ -231,8 +230,9 @@ def build_reward_model(config: RewardModelConfig, data: Any):
     loss = BradleyTerryLoss(reward, margin=config.margin, center_coeff=config.center_coeff)
     keys = ("loss_reward", "loss_center") if config.center_coeff > 0 else ("loss_reward",)
     group = OptimizerGroup("reward", list(reward.parameters()), config.lr, keys, max_grad_norm=config.max_grad_norm)
-    return AlgorithmParts(loss=loss, policy=reward, optimizers=[group],
-                          extra={"model": backbone, "tokenizer": data.tokenizer})
+    # a reward model is no language model to generate with or export: ``model`` stays None
+    return AlgorithmParts(loss=loss, policy=reward, optimizers=[group], tokenizer=data.tokenizer,
+                          extra={"backbone": backbone})
 
 
 _SPECS = (

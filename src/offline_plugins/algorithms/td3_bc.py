@@ -67,7 +67,7 @@ def build(config: TD3BCConfig, data: Any):
             ),
         ],
         target_updater=_glue.soft_updater(loss, config.tau),
-        extra={"target_update_every": int(config.policy_freq)},
+        target_update_every=int(config.policy_freq),
     )
 
 

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, Callable, Optional
 
@@ -28,6 +27,7 @@ __all__ = [
     "NonFiniteLossError",
     "TargetNetworkUpdate",
     "NonFiniteGuard",
+    "ScheduledEvaluation",
     "PolicyEvaluation",
     "PreferenceEvaluation",
     "StepProgressBar",
@@ -43,7 +43,7 @@ class NonFiniteLossError(UserError):
 class TargetNetworkUpdate(Callback):
     """Step ``pl_module.target_updater`` after every ``every``-th gradient step.
 
-    ``every`` defaults to the algorithm's ``extra["target_update_every"]``, else to the
+    ``every`` defaults to the algorithm's ``AlgorithmParts.target_update_every``, else to the
     slowest optimiser group's period (TD3+BC moves its targets with the delayed actor, on
     the same steps: the every-th, 2 every-th...).
     The updater's own progress (``HardUpdate``'s counter) is saved by the module.
@@ -55,9 +55,7 @@ class TargetNetworkUpdate(Callback):
     def _period(self, pl_module) -> int:
         if self.every is not None:
             return int(self.every)
-        from offline_plugins.algorithms.base import target_update_period
-
-        return target_update_period(getattr(pl_module, "extra", {}) or {}, pl_module.optimizer_groups)
+        return pl_module.parts.target_period()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         updater = getattr(pl_module, "target_updater", None)
@@ -133,11 +131,14 @@ class NonFiniteGuard(Callback):
         raise NonFiniteLossError(msg)
 
 
-class _ScheduledEvaluation(Callback):
+class ScheduledEvaluation(Callback):
     """Evaluate every ``every`` gradient steps (0: only at the end) and when training ends, on
     global rank 0; keep the records in ``history`` (saved in checkpoints, so a resumed run's
     learning curve continues). Subclasses define ``_score(trainer, pl_module)``, returning
-    ``(record fields, logged metrics)`` of an evaluation now."""
+    ``(record fields, logged metrics)`` of an evaluation now.
+
+    The base of every data kind's evaluation (:meth:`offline_plugins.kinds.DataKind.evaluation`);
+    a plugin's new kind subclasses it too."""
 
     every: int
     history: list
@@ -172,7 +173,7 @@ class _ScheduledEvaluation(Callback):
         self.history = list(state_dict.get("history", []))
 
 
-class PolicyEvaluation(_ScheduledEvaluation):
+class PolicyEvaluation(ScheduledEvaluation):
     """Evaluate the deterministic policy in the dataset's environment.
 
     Runs every ``every`` gradient steps (0: only at the end) and when training ends,
@@ -233,7 +234,7 @@ class PolicyEvaluation(_ScheduledEvaluation):
         return {k: v for k, v in result.to_dict().items() if k != "returns"}, metrics
 
 
-class PreferenceEvaluation(_ScheduledEvaluation):
+class PreferenceEvaluation(ScheduledEvaluation):
     """Score a preference-trained model on the held-out data every ``every`` steps and at the end.
 
     Logs ``eval/preference_accuracy``, ``eval/likelihood_accuracy``,
@@ -301,13 +302,14 @@ class PreferenceEvaluation(_ScheduledEvaluation):
         return {"exact_match": scores["exact_match"], "likelihood_accuracy": scores["likelihood_accuracy"]}
 
     def on_train_start(self, trainer, pl_module) -> None:
-        if self.before is None and trainer.global_rank == 0 and not hasattr(pl_module.policy, "rewards"):
+        # a reward model (no language model to generate with) has no "before" to compare to
+        if self.before is None and trainer.global_rank == 0 and pl_module.parts.model is not None:
             self.before = self._reference_scores(pl_module)
 
     def _score(self, trainer, pl_module) -> tuple[dict, dict]:
         from offline_plugins.eval.preference import evaluate_preference_model, pairwise_scores
 
-        scores = evaluate_preference_model(pl_module.policy, self.data, model=pl_module.extra.get("model"),
+        scores = evaluate_preference_model(pl_module.policy, self.data, model=pl_module.parts.model,
                                            exact_match_n=self.exact_match_n)
         train_pairs = self._training_pairs()
         scores["train_preference_accuracy"] = None

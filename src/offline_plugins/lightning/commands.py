@@ -174,46 +174,8 @@ def cmd_train(args) -> int:
         print(json.dumps(summary, indent=2, default=str))
         return 0
     sys.stderr.flush()
-    dropped = summary.get("dropped") or {}
-    if any(dropped.values()):
-        from offline_plugins.data.commands import _dropped_text
-
-        print(f"dropped from {summary['dataset']}: {_dropped_text(dropped)}")
-    if "preference_accuracy" in summary:
-        print(_preference_line(summary))
-        return 0
-    print(
-        f"{summary['algorithm']} on {summary['dataset']}, {summary['steps']} steps, seed {summary['seed']}: "
-        f"normalised score {_fmt(summary['normalized_score'])} "
-        f"(return {_fmt(summary['return_mean'])} +- {_fmt(summary['return_std'])} over {summary['eval_episodes']} "
-        f"episodes{_acting(summary)}) in {summary['wall_s']:.0f} s; wrote {summary['out_dir']}"
-    )
+    print(plan.kind.describe(summary))
     return 0
-
-
-def _acting(result: dict) -> str:
-    # the policy's time per action: a planner's (tt, diffuser) planning cost
-    ms = result.get("ms_per_action")
-    return "" if ms is None else f", {ms:.1f} ms per action"
-
-
-def _pct(x) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
-def _preference_line(summary: dict) -> str:
-    head = f"{summary['algorithm']} on {summary['dataset']}"
-    if "steps" in summary:
-        head += f", {summary['steps']} steps, seed {summary['seed']}"
-    parts = [f"held-out preference accuracy {_pct(summary.get('preference_accuracy'))}"]
-    if summary.get("exact_match_after") is not None or summary.get("exact_match") is not None:
-        after = summary.get("exact_match_after", summary.get("exact_match"))
-        before = summary.get("exact_match_before")
-        parts.append(f"exact match {_pct(before)} -> {_pct(after)}" if before is not None else f"exact match {_pct(after)}")
-    if summary.get("kl_to_reference") is not None:
-        parts.append(f"KL to reference {summary['kl_to_reference']:.3f}")
-    tail = f" in {summary['wall_s']:.0f} s; wrote {summary['out_dir']}" if "wall_s" in summary else ""
-    return f"{head}: {', '.join(parts)}{tail}"
 
 
 def cmd_eval(args) -> int:
@@ -221,19 +183,13 @@ def cmd_eval(args) -> int:
     from offline_plugins.lightning.guards import quiet_lightning
     from offline_plugins.lightning.run import evaluate_checkpoint
 
+    registry = _registry(args)
     with quiet_lightning():
         result = evaluate_checkpoint(
-            args.checkpoint, episodes=args.episodes, seed=args.seed, device=args.device, registry=_registry(args)
+            args.checkpoint, episodes=args.episodes, seed=args.seed, device=args.device, registry=registry
         )
     if args.json:
         print(json.dumps(result, indent=2, default=str))
         return 0
-    if "preference_accuracy" in result:
-        print(_preference_line(result))
-        return 0
-    print(
-        f"{result['algorithm']} on {result['dataset']} (step {result['step']}): normalised score "
-        f"{_fmt(result['normalized_score'])} (return {_fmt(result['return_mean'])} +- {_fmt(result['return_std'])} "
-        f"over {result['episodes']} episodes{_acting(result)})"
-    )
+    print(registry.data_kind(result["data_kind"]).describe(result))
     return 0

@@ -164,6 +164,9 @@ class OfflineAlgorithmModule(LightningModule):
         self.policy = parts.policy
         self.optimizer_groups: list[OptimizerGroup] = list(parts.optimizers)
         self.target_updater = parts.target_updater
+        # the typed parts the shell reads (model, tokenizer, schedulers, target period); a
+        # dataclass, not a Module, so nothing in it is registered twice in the state dict
+        self.parts = parts
         self.extra = dict(parts.extra)
         self.data_state = data_state or {}
         self.seed = int(seed)
@@ -183,13 +186,13 @@ class OfflineAlgorithmModule(LightningModule):
     # -- training -----------------------------------------------------------------
     def configure_optimizers(self):
         """One optimiser over every group (:func:`make_shell_optimizer`), plus the schedulers
-        in ``parts.extra["lr_schedulers"]``.
+        in ``parts.lr_schedulers``.
 
         Each scheduler entry is a callable ``make(optimizer) -> LRScheduler``; it is
         stepped once per gradient step and saved in checkpoints.
         """
         optimizer = make_shell_optimizer(self.optimizer_groups)
-        makers = list(self.extra.get("lr_schedulers", ()) or ())
+        makers = list(self.parts.lr_schedulers)
         if not makers:
             return optimizer
         return [optimizer], [{"scheduler": make(optimizer), "interval": "step"} for make in makers]
@@ -291,7 +294,7 @@ class OfflineAlgorithmModule(LightningModule):
 
     @property
     def _has_schedulers(self) -> bool:
-        return bool(self.extra.get("lr_schedulers"))
+        return bool(self.parts.lr_schedulers)
 
     def _schedulers(self) -> list:
         found = self.lr_schedulers()

@@ -6,12 +6,13 @@ it creates the output folder; then it trains with Lightning's ``Trainer`` and wr
 ``summary.json``, ``metrics.csv``, ``learning_curve.png`` and
 ``checkpoints/last.ckpt``. The CLI's ``train`` and ``eval`` commands call these.
 
-Algorithm configs may carry these fields, which ``train`` reads (all optional):
-``batch_size`` (default 256), ``slice_len`` (trajectory windows), and
-``normalize_observations``, ``reward_scale``, ``reward_shift``, ``discrete_actions``,
-``drop_nonfinite``, which are passed to ``load_offline_data``. ``train``'s own
-``drop_nonfinite``/``drop_empty`` arguments (CLI ``--drop-nonfinite``/``--drop-empty``) do
-the same for any algorithm.
+Everything that depends on the kind of data is asked of the algorithm's data kind
+(:mod:`offline_plugins.kinds`): how the dataset id is resolved and loaded, the batch
+layout, the evaluation callback, what ``summary.json`` adds and how the policy is
+exported. The config fields a kind reads (``batch_size``, ``slice_len``, the loader's
+``normalize_observations``...) are listed in its ``config_fields``. ``train``'s own
+``drop_nonfinite``/``drop_empty`` arguments (CLI ``--drop-nonfinite``/``--drop-empty``)
+apply to Minari datasets for any algorithm.
 
 What a run guarantees (see docs/training.md): checkpoints are read with
 ``weights_only=True`` only; one run per output folder at a time; SIGINT/SIGTERM stop at
@@ -57,11 +58,6 @@ __all__ = [
     "RunInterrupted",
 ]
 
-_DATA_KEYS = ("normalize_observations", "reward_scale", "reward_shift", "discrete_actions", "drop_nonfinite")
-_TRAINABLE_KINDS = ("transitions", "trajectories")
-_PREFERENCE_KINDS = ("preference-pairs", "unpaired-feedback")
-
-
 @dataclasses.dataclass
 class RunPlan:
     """An algorithm, its config and the data it trains on, all checked.
@@ -69,12 +65,14 @@ class RunPlan:
     Attributes:
         spec: the algorithm's registry record.
         config: the algorithm config with overrides applied.
-        data: the loaded ``OfflineData``.
+        data: the loaded dataset (``OfflineData``, ``PreferenceData``...).
         dataset_id: the dataset's id.
-        data_kwargs: what was passed to ``load_offline_data`` (saved to reload it).
-        batch_size: transitions per step.
+        data_kwargs: what was passed to the loader (saved to reload it).
+        batch_size: elements per step.
         sampler: ``"random"`` or ``"slice"``.
         slice_len: window length for ``"slice"``.
+        kind: the :class:`~offline_plugins.kinds.DataKind` the algorithm reads.
+        options: the data options of the run (``--model``, ``--drop-nonfinite``, ``--drop-empty``).
     """
 
     spec: Any
@@ -85,6 +83,8 @@ class RunPlan:
     batch_size: int
     sampler: str = "random"
     slice_len: Optional[int] = None
+    kind: Any = None
+    options: Any = None
 
 
 def _as_overrides(config: Union[None, str, os.PathLike, Mapping], overrides) -> dict[str, Any]:
@@ -98,29 +98,26 @@ def _as_overrides(config: Union[None, str, os.PathLike, Mapping], overrides) -> 
     return merged
 
 
-def _dataset_action_space(dataset: str, registry) -> tuple[str, Optional[str]]:
-    """``(resolved id, action space or None)`` for a dataset id, raising on unknown ids."""
-    try:
-        from offline_plugins.data.store import resolve_dataset_id
-    except ImportError:  # the data layer without its store helpers: trust the registry
-        spec = registry.dataset(dataset)
-        return spec.id, spec.action_space
-    resolved, recipe = resolve_dataset_id(dataset, registry)
-    return resolved, getattr(recipe, "action_space", None)
-
-
-def _check_compatible(spec, dataset_id: str, action_space: Optional[str]) -> None:
-    if spec.data not in _TRAINABLE_KINDS + _PREFERENCE_KINDS:
-        raise UserError(
-            f"algorithm {spec.name!r} reads {spec.data} data, which 'train' cannot give it (dataset {dataset_id!r}); "
-            f"'train' runs algorithms that read {', '.join(_TRAINABLE_KINDS + _PREFERENCE_KINDS)}"
-        )
+def _check_action_space(spec, dataset_id: str, action_space: Optional[str]) -> None:
     if action_space and spec.action_spaces and action_space not in spec.action_spaces:
         raise UserError(
             f"algorithm {spec.name!r} needs {' or '.join(spec.action_spaces)} actions, but dataset {dataset_id!r} "
             f"has {action_space} actions; pick an algorithm for {action_space} actions ('offline-plugins list') "
             "or another dataset"
         )
+
+
+def _refuse_foreign(spec, kind, dataset: str, registry) -> None:
+    """Refuse a dataset id that another data kind claims, saying what to train on it."""
+    if kind.claims(dataset):
+        return
+    for other in registry.data_kinds.values():
+        if other.name != kind.name and other.claims(dataset):
+            raise UserError(
+                f"algorithm {spec.name!r} reads {spec.data} data ({kind.description}), but {dataset!r} is "
+                f"{other.description}; {other.train_hint}, or pick a dataset of {spec.data} "
+                "('offline-plugins data list')"
+            )
 
 
 def plan_run(
@@ -138,9 +135,12 @@ def plan_run(
 ) -> RunPlan:
     """Resolve, check and load everything a run needs; raises a ``UserError`` on bad input.
 
+    What depends on the kind of data (resolving the id, loading, the batch layout) is
+    asked of the algorithm's :class:`~offline_plugins.kinds.DataKind`.
+
     Args:
         algorithm: an algorithm name or an ``AlgorithmSpec``.
-        dataset: a dataset id, or an ``OfflineData``-like object (used as is). Preference
+        dataset: a dataset id, or a loaded dataset object (used as is). Preference
             algorithms take a preference dataset id
             (:mod:`offline_plugins.data.preference_sources`) or a ``PreferenceData``.
 
@@ -157,72 +157,34 @@ def plan_run(
         drop_empty: Minari datasets: drop zero-length episodes instead of refusing.
     """
     from offline_plugins.config import apply_overrides
+    from offline_plugins.kinds import DataOptions
     from offline_plugins.plugins.registry import AlgorithmSpec
 
-    if registry is None and (isinstance(algorithm, str) or isinstance(dataset, str)):
+    if registry is None:
         from offline_plugins.plugins import load_registry
 
         registry = load_registry()
     spec = algorithm if isinstance(algorithm, AlgorithmSpec) else registry.algorithm(algorithm)
-    preference = spec.data in _PREFERENCE_KINDS
-    if (drop_nonfinite or drop_empty) and preference:
-        flag = "--drop-nonfinite" if drop_nonfinite else "--drop-empty"
-        raise UserError(
-            f"{flag} applies to Minari datasets of environment steps; {spec.name!r} reads preference data, whose "
-            f"loader refuses bad rows by name instead: drop {flag}"
-        )
-    if model is not None and not preference:
-        raise UserError(
-            f"--model applies to preference algorithms (dpo, kto, reward-model...); {spec.name!r} learns its "
-            "networks from the dataset, drop --model"
-        )
-    if isinstance(dataset, str) and preference:
-        from offline_plugins.data.preference_sources import resolve_preference_id, unknown_preference_dataset
-
-        dataset_id = resolve_preference_id(dataset)
-        if dataset_id is None:
-            raise unknown_preference_dataset(dataset, spec.name)
-        action_space = "tokens"
-    elif isinstance(dataset, str):
-        from offline_plugins.data.preference_sources import resolve_preference_id
-
-        if resolve_preference_id(dataset) is not None:
-            raise UserError(
-                f"algorithm {spec.name!r} reads {spec.data} of an environment, but {dataset!r} is a preference "
-                "dataset (prompts and responses); train a preference algorithm on it (dpo, ipo, kto, orpo, simpo, "
-                "reward-model), or pick a Minari dataset ('offline-plugins data list')"
-            )
-        dataset_id, action_space = _dataset_action_space(dataset, registry)
+    kind = registry.kind_of(spec)
+    options = DataOptions(model=model, drop_nonfinite=drop_nonfinite, drop_empty=drop_empty)
+    kind.check_options(spec, options)
+    if isinstance(dataset, str):
+        _refuse_foreign(spec, kind, dataset, registry)
+        dataset_id, action_space = kind.resolve(dataset, spec=spec, registry=registry)
     else:
         dataset_id, action_space = getattr(dataset, "dataset_id", "custom"), getattr(dataset, "action_space", None)
-    _check_compatible(spec, dataset_id, action_space)
+    _check_action_space(spec, dataset_id, action_space)
     cfg = apply_overrides(spec.default_config(), _as_overrides(config, overrides))
-
-    data_kwargs = {k: getattr(cfg, k) for k in _DATA_KEYS if hasattr(cfg, k)}
-    if drop_nonfinite:
-        data_kwargs["drop_nonfinite"] = True
-    if drop_empty:
-        data_kwargs["drop_empty_episodes"] = True
-    if isinstance(dataset, str) and preference:
-        from offline_plugins.data.preference_sources import load_preference_source
-
-        data = load_preference_source(dataset_id, kind=spec.data, algorithm=spec.name, model=model or "tiny",
-                                      progress=progress)
-    elif isinstance(dataset, str):
-        from offline_plugins.data import load_offline_data
-
-        data = load_offline_data(dataset_id, device=device, progress=progress, registry=registry, **data_kwargs)
+    layout = kind.batch_layout(cfg)
+    if isinstance(dataset, str):
+        loaded = kind.load(dataset_id, spec=spec, config=cfg, registry=registry, device=device, progress=progress,
+                           options=options)
+        data, data_kwargs = loaded.data, loaded.data_kwargs
     else:
-        data = dataset
-    _check_compatible(spec, dataset_id, getattr(data, "action_space", None))
-    batch_size = int(getattr(cfg, "batch_size", 256))
-    if batch_size < 1:
-        raise UserError(f"batch_size must be at least 1, got {batch_size}; fix it with --set batch_size=256")
-    sampler, slice_len = "random", None
-    if spec.data == "trajectories":
-        sampler = "slice"
-        slice_len = int(getattr(cfg, "slice_len", getattr(cfg, "context_len", 20)))
-    return RunPlan(spec, cfg, data, dataset_id, data_kwargs, batch_size, sampler, slice_len)
+        data, data_kwargs = dataset, {}
+    _check_action_space(spec, dataset_id, getattr(data, "action_space", None))
+    return RunPlan(spec, cfg, data, dataset_id, data_kwargs, layout.batch_size, layout.sampler, layout.slice_len,
+                   kind=kind, options=options)
 
 
 def _build_parts(plan: RunPlan, seed: int):
@@ -367,7 +329,12 @@ def train(
     if plan is None:
         plan = plan_run(algorithm, dataset, config=config, overrides=overrides, registry=registry, progress=progress,
                         model=model, drop_nonfinite=drop_nonfinite, drop_empty=drop_empty)
-    preference = plan.spec.data in _PREFERENCE_KINDS
+    if plan.kind is None:  # a RunPlan made by hand
+        from offline_plugins.kinds import DataOptions
+        from offline_plugins.plugins import load_registry
+
+        plan.kind = (registry or load_registry()).kind_of(plan.spec)
+        plan.options = plan.options or DataOptions(model=model)
     launched = _is_launched_rank()
     if out_dir is not None:
         out = Path(out_dir)
@@ -392,8 +359,7 @@ def train(
             return _fit(plan, out, ckpt_path, ckpt, steps=steps, seed=seed, eval_every=eval_every,
                         eval_episodes=eval_episodes, devices=devices, accelerator=accelerator, num_nodes=num_nodes,
                         strategy=strategy, checkpoint_every=checkpoint_every, log_every=log_every,
-                        progress=progress, compile=compile, callbacks=callbacks, model=model, started=started,
-                        verbose=verbose, preference=preference)
+                        progress=progress, compile=compile, callbacks=callbacks, started=started)
     except BaseException as exc:
         if lock is not None:
             # a run refused before it wrote anything leaves no folder behind
@@ -420,8 +386,11 @@ def _lock_run_folder(out: Path, *, default: Optional[tuple]) -> RunFolderLock:
 def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dict], *, steps: int, seed: int,
          eval_every: Optional[int], eval_episodes: int, devices, accelerator: str, num_nodes: int, strategy,
          checkpoint_every: Optional[int], log_every: int, progress: bool, compile: bool, callbacks,
-         model: Optional[str], started: float, verbose: bool, preference: bool) -> dict[str, Any]:
-    """Build the module, the data module and the callbacks, fit, and write the run's files."""
+         started: float) -> dict[str, Any]:
+    """Build the module, the data module and the callbacks, fit, and write the run's files.
+
+    What depends on the data (its evaluation, the summary's figures, the export) is asked
+    of ``plan.kind``."""
     if ckpt is not None and eval_every is None:
         # keep the interrupted run's evaluation schedule (its default depended on its --steps)
         eval_every = ckpt["offline_plugins"].get("run", {}).get("eval_every")
@@ -436,8 +405,6 @@ def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dic
         FinalCheckpoint,
         InterruptCheckpoint,
         NonFiniteGuard,
-        PolicyEvaluation,
-        PreferenceEvaluation,
         StepProgressBar,
         TargetNetworkUpdate,
     )
@@ -455,10 +422,8 @@ def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dic
         "data_kwargs": plan.data_kwargs,
         "eval_episodes": eval_episodes,
         "eval_every": eval_every,
-        "env_id": getattr(plan.data, "env_id", None),
+        **plan.kind.run_settings(plan.data, plan.options),
     }
-    if preference:
-        run_settings["model"] = getattr(plan.data, "model", None) or model or "tiny"
     module = OfflineAlgorithmModule(
         parts,
         algorithm=plan.spec.name,
@@ -477,17 +442,7 @@ def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dic
     datamodule = OfflineDataModule(
         plan.data, batch_size=plan.batch_size, seed=seed, sampler=plan.sampler, slice_len=plan.slice_len
     )
-    if preference:
-        evaluation = PreferenceEvaluation(plan.data, every=eval_every)
-    else:
-        evaluation = PolicyEvaluation(
-            plan.data.make_env,
-            every=eval_every,
-            episodes=eval_episodes,
-            seed=seed,
-            normalize=getattr(plan.data, "normalize", None),
-            score=getattr(plan.data, "normalized_score", None),
-        )
+    evaluation = plan.kind.evaluation(plan.data, every=eval_every, episodes=eval_episodes, seed=seed)
     every_ckpt = checkpoint_every or eval_every or steps
     last_ckpt = out / "checkpoints" / "last.ckpt"
     checkpoint = ModelCheckpoint(
@@ -561,26 +516,19 @@ def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dic
         return {}
     if earlier_metrics is not None:
         _merge_metrics(earlier_metrics, out / "metrics.csv", before_step=start_step)
-    last = evaluation.history[-1] if evaluation.history else {}
     summary = {
         "algorithm": plan.spec.name,
         "dataset": plan.dataset_id,
-        "env_id": getattr(plan.data, "env_id", None),
+        "data_kind": plan.kind.name,
         "steps": int(trainer.global_step),
         "seed": seed,
-        "return_mean": last.get("return_mean"),
-        "return_std": last.get("return_std"),
-        "normalized_score": last.get("normalized_score"),
-        "normalized_score_std": last.get("normalized_score_std"),
-        "eval_episodes": eval_episodes,
-        "ms_per_action": last.get("ms_per_action"),
+        **plan.kind.summary_fields(evaluation, plan.data, eval_episodes=eval_episodes),
         "eval_s": round(sum(r.get("eval_s", 0.0) for r in evaluation.history), 3),
         "wall_s": round(time.perf_counter() - started, 3),
         "train_s": round(train_s, 3),
         "steps_per_s": round((trainer.global_step - start_step) / max(train_s, 1e-9), 2),
         "world_size": trainer.world_size,
         "resumed_from": str(ckpt_path) if ckpt_path else None,
-        "dropped": dict(getattr(plan.data, "dropped", None) or {}),
         "losses": dict(module.last_logged),
         "eval_history": evaluation.history,
         "config": config_to_dict(plan.config),
@@ -595,8 +543,8 @@ def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dic
         summary["steps_requested"] = steps
         if interrupted.endswith("twice"):  # stopped mid-step: the last checkpoint is the periodic one
             summary["checkpoint"] = str(last_ckpt) if last_ckpt.is_file() else None
-    elif preference:
-        summary.update(_preference_summary(evaluation, last, parts, out))
+    else:
+        summary.update(plan.kind.export(parts, out))
     plot_learning_curve(out / "metrics.csv", out / "learning_curve.png", title=f"{plan.spec.name} on {plan.dataset_id}")
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     if interrupted:
@@ -614,38 +562,6 @@ def _interrupted_message(summary: dict, plan: RunPlan, out: Path) -> str:
                 f"{out / 'summary.json'}; start again without --resume")
     return (f"interrupted by {summary['interrupted_by']} at step {summary['steps']} of {summary['steps_requested']}; "
             f"{where} and a partial {out / 'summary.json'}; continue with: {again} (and the same --config/--set)")
-
-
-def _preference_summary(evaluation, last: dict, parts, out: Path) -> dict[str, Any]:
-    """The held-out scores of a preference run, before and after; saves the policy for transformers."""
-    before = evaluation.before or {}
-    extra = {
-        "preference_accuracy": last.get("preference_accuracy"),
-        "likelihood_accuracy": last.get("likelihood_accuracy"),
-        "likelihood_accuracy_before": before.get("likelihood_accuracy"),
-        "kl_to_reference": last.get("kl_to_reference"),
-        "exact_match_before": before.get("exact_match"),
-        "exact_match_after": last.get("exact_match"),
-        "model_dir": None,
-    }
-    # what the evaluation itself adds (split sizes, training-split accuracy beside the held-out one)
-    extra.update(getattr(evaluation, "summary_extra", dict)() or {})
-    model, tokenizer = parts.extra.get("model"), parts.extra.get("tokenizer")
-    if not hasattr(parts.policy, "rewards") and hasattr(model, "save_pretrained"):
-        # transformers shows a progress bar per shard; a run's one small file needs none
-        from transformers.utils import logging as hf_logging
-
-        bars = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()
-        try:
-            model.save_pretrained(out / "model")
-        finally:
-            if bars:
-                hf_logging.enable_progress_bar()
-        if hasattr(tokenizer, "save_pretrained"):
-            tokenizer.save_pretrained(out / "model")
-        extra["model_dir"] = str(out / "model")
-    return extra
 
 
 def _merge_metrics(earlier: Path, current: Path, *, before_step: int) -> None:
@@ -726,9 +642,6 @@ def evaluate_checkpoint(
         ``algorithm``, ``dataset``, ``step``, ``episodes``, ``return_mean``, ``return_std``,
         ``normalized_score``, ``normalized_score_std``, ``length_mean``, ``returns``.
     """
-    import torch
-
-    from offline_plugins.eval.rollout import evaluate_policy
     from offline_plugins.lightning.module import OfflineAlgorithmModule
 
     ckpt = load_checkpoint(path)
@@ -738,20 +651,23 @@ def evaluate_checkpoint(
     seed = int(seed if seed is not None else info.get("seed", 0))
     from offline_plugins.plugins.registry import AlgorithmSpec
 
-    if registry is None and not isinstance(spec, AlgorithmSpec):
+    if registry is None:
         from offline_plugins.plugins import load_registry
 
         registry = load_registry()
     algo = spec if spec is not None else algorithm_of_checkpoint(info, registry, path)
     algo = algo if isinstance(algo, AlgorithmSpec) else registry.algorithm(algo)
-    preference = algo.data in _PREFERENCE_KINDS
+    kind = registry.kind_of(algo)
+    options = kind.reload_options(run) if data is None else None
     plan = plan_run(
         algo,
         data if data is not None else info["dataset"],
         overrides=info.get("config", {}),
         registry=registry,
         progress=False,
-        model=run.get("model", "tiny") if preference and data is None else None,
+        model=options.model if options is not None else None,
+        drop_nonfinite=options.drop_nonfinite if options is not None else False,
+        drop_empty=options.drop_empty if options is not None else False,
     )
     if hasattr(plan.data, "load_state_dict") and info.get("data_state"):
         plan.data.load_state_dict(info["data_state"])
@@ -764,28 +680,14 @@ def evaluate_checkpoint(
         raise RunError(f"checkpoint {str(path)!r} ({plan.spec.name} on {plan.dataset_id}) does not fit the networks "
                        f"its own config builds ({first}); the file was edited or written by another version") from None
     module.to(device)
-    if preference:
-        from offline_plugins.eval.preference import evaluate_preference_model
-
-        scores = evaluate_preference_model(module.policy, plan.data, model=module.extra.get("model"))
-        return {"algorithm": plan.spec.name, "dataset": plan.dataset_id, "checkpoint": str(path),
-                "step": int(ckpt.get("global_step", 0)), **scores}
-    normalize = getattr(plan.data, "normalize", None)  # identity when the run did not normalise
-    result = evaluate_policy(
-        module.policy,
-        plan.data.make_env,
-        episodes=episodes,
-        seed=seed,
-        normalize=normalize,
-        device=torch.device(device),
-        score=getattr(plan.data, "normalized_score", None),
-    )
+    result = plan.kind.evaluate(module, plan.data, episodes=episodes, seed=seed, device=device)
     return {
         "algorithm": plan.spec.name,
         "dataset": plan.dataset_id,
+        "data_kind": plan.kind.name,
         "checkpoint": str(path),
         "step": int(ckpt.get("global_step", 0)),
-        **result.to_dict(),
+        **result,
     }
 
 

@@ -8,6 +8,7 @@ level, so that listing algorithms stays fast.
 from __future__ import annotations
 
 BUILTIN_PLUGINS: dict[str, str] = {
+    "offline_plugins.kinds": "offline_plugins.kinds",
     "offline_plugins.algorithms.bc": "offline_plugins.algorithms.bc",
     "offline_plugins.algorithms.iql": "offline_plugins.algorithms.iql",
     "offline_plugins.algorithms.td3_bc": "offline_plugins.algorithms.td3_bc",

@@ -32,3 +32,17 @@ def offline_plugins_register_datasets(registry):
     Args:
         registry: a registrar; call ``registry.add(spec)`` once per dataset recipe.
     """
+
+
+@hookspec
+def offline_plugins_register_data_kinds(registry):
+    """Add :class:`~offline_plugins.kinds.DataKind` instances: new kinds of training data.
+
+    A data kind tells the training shell how a dataset id of that kind is resolved and
+    loaded, how batches are drawn, how a run is evaluated and summarised and how its
+    policy is exported (docs/plugins.md, "A new kind of data"). Algorithms name it in
+    ``AlgorithmSpec.data``.
+
+    Args:
+        registry: a registrar; call ``registry.add(kind)`` once per data kind.
+    """

@@ -200,7 +200,8 @@ def load_registry(
     registry = Registry()
     registry.broken.extend(host.broken)
     registry.disabled = set(host.blocked)
-    hook_names = ("offline_plugins_register_algorithms", "offline_plugins_register_datasets")
+    hook_names = ("offline_plugins_register_data_kinds", "offline_plugins_register_algorithms",
+                  "offline_plugins_register_datasets")
     for name in list(host.order):
         plugin = host.pm.get_plugin(name)
         if plugin is None:

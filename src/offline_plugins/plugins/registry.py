@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 Family = Literal["offline-rl", "sequence-model", "preference", "online-llm"]
-DataKind = Literal["transitions", "trajectories", "preference-pairs", "unpaired-feedback", "text-rollouts"]
+DataKindName = Literal["transitions", "trajectories", "preference-pairs", "unpaired-feedback", "text-rollouts"]
 FAMILIES: tuple[str, ...] = ("offline-rl", "sequence-model", "preference", "online-llm")
 DATA_KINDS: tuple[str, ...] = (
     "transitions",
@@ -100,8 +100,10 @@ class AlgorithmSpec:
         name: the unique, lower-case name users type (``offline-plugins train NAME``).
         summary: one line.
         family: ``offline-rl``, ``sequence-model``, ``preference`` or ``online-llm``.
-        data: the data kind it reads: ``transitions``, ``trajectories``,
-            ``preference-pairs``, ``unpaired-feedback`` or ``text-rollouts``.
+        data: the data kind it reads (:class:`~offline_plugins.kinds.DataKind`): built in
+            are ``transitions``, ``trajectories``, ``preference-pairs`` and
+            ``unpaired-feedback``; ``text-rollouts`` is reserved for online LLM training;
+            a plugin may register others.
         loss: the TorchRL ``LossModule`` class, or its import path ``"pkg.mod:Class"``.
         build: ``build(config, data) -> parts``, or its import path.
         config: a dataclass whose fields (made with
@@ -117,7 +119,7 @@ class AlgorithmSpec:
     name: str
     summary: str
     family: Family
-    data: DataKind
+    data: str  # a DataKindName, or a kind a plugin registers
     loss: Union[str, type]
     build: Union[str, Callable]
     config: type
@@ -132,7 +134,11 @@ class AlgorithmSpec:
         if not self.name or self.name != self.name.strip().lower() or " " in self.name:
             raise ValueError(f"{owner}: name must be a non-empty lower-case word, e.g. 'iql'")
         _check_choice(owner, "family", self.family, FAMILIES)
-        _check_choice(owner, "data", self.data, DATA_KINDS)
+        if not isinstance(self.data, str) or not self.data or self.data != self.data.strip().lower() or " " in self.data:
+            raise ValueError(
+                f"{owner}: data must name a data kind, a lower-case word such as {', '.join(map(repr, DATA_KINDS))} "
+                f"or one a plugin registers; got {self.data!r}"
+            )
         for a in self.action_spaces:
             _check_choice(owner, "action space", a, ACTION_SPACES)
         if not dataclasses.is_dataclass(self.config):
@@ -250,6 +256,7 @@ class Registry:
 
     algorithms: dict[str, AlgorithmSpec] = field(default_factory=dict)
     datasets: dict[str, DatasetSpec] = field(default_factory=dict)
+    data_kinds: dict[str, Any] = field(default_factory=dict)  # name -> DataKind
     broken: list[BrokenPlugin] = field(default_factory=list)
     plugins: dict[str, tuple[str, str]] = field(default_factory=dict)  # plugin -> (provider, version)
     disabled: set[str] = field(default_factory=set)  # plugin names switched off by the user
@@ -258,14 +265,22 @@ class Registry:
         """A registrar that stamps every record it adds with this provider."""
         return ScopedRegistrar(self, provider, version, plugin)
 
-    def _add(self, spec: Union[AlgorithmSpec, DatasetSpec]) -> None:
+    def _add(self, spec: Union[AlgorithmSpec, DatasetSpec, Any]) -> None:
+        from offline_plugins.kinds.base import DataKind
+
         if isinstance(spec, AlgorithmSpec):
             table, kind = self.algorithms, "algorithm"
         elif isinstance(spec, DatasetSpec):
             table, kind = self.datasets, "dataset"
+        elif isinstance(spec, DataKind):
+            table, kind = self.data_kinds, "data kind"
+            if not spec.name or spec.name != spec.name.strip().lower() or " " in spec.name:
+                raise ValueError(f"{type(spec).__name__}: a data kind's name must be a lower-case word, "
+                                 f"got {spec.name!r}")
         else:
             raise TypeError(
-                f"registry.add expects an AlgorithmSpec or DatasetSpec, got {type(spec).__name__}"
+                "registry.add expects an AlgorithmSpec, a DatasetSpec or a DataKind, got "
+                f"{type(spec).__name__}"
             )
         old = table.get(spec.name)
         if old is not None:
@@ -281,6 +296,23 @@ class Registry:
 
     def dataset(self, name: str) -> DatasetSpec:
         return self._lookup(self.datasets, name, "dataset")
+
+    def data_kind(self, name: str):
+        """The :class:`~offline_plugins.kinds.DataKind` called ``name``; an unknown name raises."""
+        return self._lookup(self.data_kinds, name, "data kind")
+
+    def kind_of(self, spec: AlgorithmSpec):
+        """The data kind ``spec`` reads; raises naming the algorithm when no plugin provides it."""
+        if spec.data in self.data_kinds:
+            return self.data_kinds[spec.data]
+        installed = ", ".join(sorted(self.data_kinds)) or "none"
+        off = (f" (plugins switched off by OFFLINE_PLUGINS_DISABLE or --disable: {', '.join(sorted(self.disabled))})"
+               if self.disabled else "")
+        raise UnknownNameError(
+            f"algorithm {spec.name!r} reads {spec.data} data, which no installed plugin provides, so 'train' cannot "
+            f"give it any{off}; installed data kinds: {installed}. Install the plugin that provides it, or pick "
+            "another algorithm ('offline-plugins list')"
+        )
 
     def _lookup(self, table: dict, name: str, kind: str):
         if name in table:
@@ -320,20 +352,33 @@ class ScopedRegistrar:
     plugin: str
     added: list = field(default_factory=list)
 
-    def add(self, spec: Union[AlgorithmSpec, DatasetSpec]) -> None:
-        spec = dataclasses.replace(
-            spec,
-            provider=spec.provider or self.provider,
-            version=spec.version or self.version,
-            plugin=self.plugin,
-        )
+    def add(self, spec: Union[AlgorithmSpec, DatasetSpec, Any]) -> None:
+        if dataclasses.is_dataclass(spec) and not isinstance(spec, type):
+            spec = dataclasses.replace(
+                spec,
+                provider=spec.provider or self.provider,
+                version=spec.version or self.version,
+                plugin=self.plugin,
+            )
+        else:  # a DataKind instance: stamp a copy
+            import copy
+
+            spec = copy.copy(spec)
+            spec.provider = getattr(spec, "provider", "") or self.provider
+            spec.version = getattr(spec, "version", "") or self.version
+            spec.plugin = self.plugin
         self.registry._add(spec)
         self.added.append(spec)
 
     def rollback(self) -> None:
         """Remove what this registrar added (its plugin failed part-way)."""
         for spec in self.added:
-            table = self.registry.algorithms if isinstance(spec, AlgorithmSpec) else self.registry.datasets
+            if isinstance(spec, AlgorithmSpec):
+                table = self.registry.algorithms
+            elif isinstance(spec, DatasetSpec):
+                table = self.registry.datasets
+            else:
+                table = self.registry.data_kinds
             if table.get(spec.name) is spec:
                 del table[spec.name]
         self.added.clear()

@@ -6,7 +6,7 @@ embedding 128, 3 layers, 1 head, dropout 0.1, 64 windows per batch, AdamW-like
 lr 1e-4 with weight decay 1e-4, 10k linear warm-up steps, gradient norm 0.25,
 returns-to-go divided by 1000 for locomotion.
 
-The learning-rate warm-up is a factory in ``parts.extra["lr_schedulers"]``:
+The learning-rate warm-up is a factory in ``parts.lr_schedulers``:
 ``[factory(optimizer) -> torch.optim.lr_scheduler.LRScheduler]``, stepped once per
 gradient step.
 """
@@ -189,8 +189,8 @@ def build(config: DTConfig, data: Any):
                 max_grad_norm=config.max_grad_norm,
             )
         ],
+        lr_schedulers=[functools.partial(make_warmup_scheduler, warmup_steps=config.warmup_steps)],
         extra={
-            "lr_schedulers": [functools.partial(make_warmup_scheduler, warmup_steps=config.warmup_steps)],
             "target_return": settings["target_return"],
             "return_scale": settings["return_scale"],
         },

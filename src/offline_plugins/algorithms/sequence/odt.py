@@ -90,8 +90,8 @@ def build(config: ODTConfig, data):
             ),
             OptimizerGroup("alpha", [loss.log_alpha], config.alpha_lr, ("loss_alpha",)),
         ],
+        lr_schedulers=[functools.partial(dt.make_warmup_scheduler, warmup_steps=config.warmup_steps)],
         extra={
-            "lr_schedulers": [functools.partial(dt.make_warmup_scheduler, warmup_steps=config.warmup_steps)],
             "target_return": settings["target_return"],
             "return_scale": settings["return_scale"],
         },

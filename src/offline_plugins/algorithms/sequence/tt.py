@@ -10,7 +10,7 @@ them with ``--set beam_width=128 horizon=15``.
 
 Weight decay 0.1 applies to the weight matrices only (minGPT's grouping, which the
 reference uses); the learning-rate warm-up is a factory in
-``parts.extra["lr_schedulers"]``.
+``parts.lr_schedulers``.
 """
 
 from __future__ import annotations
@@ -152,7 +152,8 @@ def build(config: TTConfig, data: Any):
             OptimizerGroup("model", decay, config.lr, ("loss_model",), weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm),
             OptimizerGroup("model_no_decay", no_decay, config.lr, ("loss_model",), max_grad_norm=config.max_grad_norm),
         ],
-        extra={"lr_schedulers": [functools.partial(make_warmup_scheduler, warmup_steps=config.warmup_steps)], "planner": planner},
+        lr_schedulers=[functools.partial(make_warmup_scheduler, warmup_steps=config.warmup_steps)],
+        extra={"planner": planner},
     )
 
 

@@ -1,0 +1,204 @@
+"""The contract between the training shell and one kind of data.
+
+The shell (:mod:`offline_plugins.lightning.run`) trains any algorithm the same way:
+check, load, sample batches from a TorchRL replay buffer, step the optimisers,
+evaluate, write the run. What differs between transitions of an environment, windows
+of trajectories, preference pairs and unpaired feedback is asked of a :class:`DataKind`,
+the one object per data kind that an algorithm's ``AlgorithmSpec.data`` names:
+
+============================  ==========================================================
+``claims`` / ``resolve``      whether a dataset id is of this kind; its canonical id
+``check_options``             refuse run options that do not apply (``--model``...)
+``load``                      the loaded dataset (it makes the TorchRL replay buffer)
+``batch_layout``              batch size, sampler (``random``/``slice``), window length
+``run_settings``              what a checkpoint must remember to rebuild the data
+``reload_options``            the options to reload the data from those settings
+``evaluation``                the Lightning callback that scores the run
+``summary_fields``            what ``summary.json`` adds (the last evaluation's figures)
+``export``                    the trained policy in a form other tools load
+``evaluate``                  ``offline-plugins eval`` of a checkpoint
+``describe``                  the CLI's one-line result
+============================  ==========================================================
+
+A plugin registers a new kind through the ``offline_plugins_register_data_kinds``
+hook (docs/plugins.md); algorithms name it in ``AlgorithmSpec.data``. The shell never
+tests a family or an algorithm name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, ClassVar, Optional
+
+from offline_plugins.errors import UserError
+
+__all__ = ["DataKind", "DataOptions", "LoadedData", "BatchLayout", "config_value"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DataOptions:
+    """The run options about data that are not algorithm config (CLI flags of ``train``).
+
+    Attributes:
+        model: a language model to build the data and the networks from (``--model``):
+            ``"tiny"``, a ``save_pretrained`` folder or a hub id; None: not given.
+        drop_nonfinite: drop episodes with NaN/inf values instead of refusing them.
+        drop_empty: drop zero-length episodes instead of refusing them.
+    """
+
+    model: Optional[str] = None
+    drop_nonfinite: bool = False
+    drop_empty: bool = False
+
+
+@dataclasses.dataclass
+class LoadedData:
+    """What :meth:`DataKind.load` returns.
+
+    Attributes:
+        data: the dataset object handed to the algorithm's ``build(config, data)``; it
+            has ``replay_buffer(batch_size, *, sampler, slice_len, seed, device)``.
+        data_kwargs: the loader arguments, saved with the run so it reloads the same data.
+    """
+
+    data: Any
+    data_kwargs: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchLayout:
+    """How a training batch is drawn from the replay buffer.
+
+    Attributes:
+        batch_size: elements per batch (for ``slice``: windows times ``slice_len``).
+        sampler: ``"random"`` (independent elements) or ``"slice"`` (contiguous windows
+            of one episode, TorchRL's ``SliceSampler``).
+        slice_len: the window length for ``"slice"``.
+    """
+
+    batch_size: int
+    sampler: str = "random"
+    slice_len: Optional[int] = None
+
+
+def config_value(config: Any, name: str, default: Any = None) -> Any:
+    """The value of the config field ``name``, or ``default`` when the config has no such field.
+
+    A data kind documents the config fields it reads (``batch_size``, ``slice_len``...);
+    an algorithm that wants another value declares the field in its config dataclass.
+
+    >>> from dataclasses import dataclass
+    >>> @dataclass
+    ... class C:
+    ...     batch_size: int = 64
+    >>> config_value(C(), "batch_size", 256), config_value(C(), "slice_len", 20)
+    (64, 20)
+    """
+    if dataclasses.is_dataclass(config) and name in {f.name for f in dataclasses.fields(config)}:
+        return getattr(config, name)
+    if isinstance(config, dict) and name in config:
+        return config[name]
+    return default
+
+
+class DataKind:
+    """One kind of training data. Subclass it and implement the methods that raise.
+
+    Class attributes:
+        name: the kind's name, as ``AlgorithmSpec.data`` writes it (``"transitions"``).
+        summary: one line for ``offline-plugins list --kinds``.
+        description: what a dataset of this kind is, as a phrase for error messages
+            (``"a preference dataset (prompts and responses)"``).
+        train_hint: what to do with a dataset of this kind, for an algorithm that reads
+            another (``"train a preference algorithm on it (dpo, ...)"``).
+        config_fields: the config fields it reads, with what for (shown in docs and
+            ``info``); an algorithm declares the ones it wants to set.
+
+    ``provider``, ``version`` and ``plugin`` are filled in by the plugin host.
+    """
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    train_hint: ClassVar[str] = ""
+    config_fields: ClassVar[dict[str, str]] = {"batch_size": "elements per gradient step (default 256)"}
+
+    def __init__(self) -> None:
+        self.provider = ""
+        self.version = ""
+        self.plugin = ""
+
+    # -- the dataset id ----------------------------------------------------------
+    def claims(self, dataset: str) -> bool:
+        """Whether the id ``dataset`` is recognisably of this kind by its form alone (a ``.jsonl``
+        path, an ``hf:`` prefix), without reading a store or the network. The shell asks the
+        other kinds before resolving an id, to refuse one meant for another kind's algorithms."""
+        return False
+
+    def resolve(self, dataset: str, *, spec, registry) -> tuple[str, Optional[str]]:
+        """``(canonical id, action space or None)`` of ``dataset``; raises a ``UserError`` if unknown."""
+        raise NotImplementedError
+
+    def check_options(self, spec, options: DataOptions) -> None:
+        """Refuse options that do not apply to this kind (default: refuse all of them)."""
+        if options.model is not None:
+            raise UserError(f"--model does not apply to {spec.name!r}, which reads {self.name} data: drop --model")
+        for flag, on in (("--drop-nonfinite", options.drop_nonfinite), ("--drop-empty", options.drop_empty)):
+            if on:
+                raise UserError(f"{flag} does not apply to {spec.name!r}, which reads {self.name} data: drop {flag}")
+
+    def load(self, dataset_id: str, *, spec, config, registry, device: str, progress: bool,
+             options: DataOptions) -> LoadedData:
+        """Load (or make) the dataset ``dataset_id`` for ``spec`` with its ``config``."""
+        raise NotImplementedError
+
+    def batch_layout(self, config) -> BatchLayout:
+        """The batch size and sampler: ``batch_size`` from the config (default 256), random elements."""
+        batch_size = int(config_value(config, "batch_size", 256))
+        if batch_size < 1:
+            raise UserError(f"batch_size must be at least 1, got {batch_size}; fix it with --set batch_size=256")
+        return BatchLayout(batch_size)
+
+    # -- what a checkpoint remembers ---------------------------------------------
+    def run_settings(self, data, options: DataOptions) -> dict[str, Any]:
+        """Settings saved in the checkpoint's ``run`` record to rebuild the data later."""
+        return {}
+
+    def reload_options(self, run: dict) -> DataOptions:
+        """The options :meth:`load` needs to rebuild a checkpoint's data from its ``run`` record."""
+        return DataOptions()
+
+    # -- evaluation, summary, export ---------------------------------------------
+    def evaluation(self, data, *, every: int, episodes: int, seed: int):
+        """The Lightning callback that scores the run every ``every`` steps and at the end.
+
+        It keeps its records in ``history`` (a list of dicts with ``step`` and
+        ``eval_s``), as :class:`~offline_plugins.lightning.callbacks.PolicyEvaluation` does.
+        """
+        raise NotImplementedError
+
+    def summary_fields(self, evaluation, data, *, eval_episodes: int) -> dict[str, Any]:
+        """The fields this kind adds to ``summary.json`` (the last evaluation's figures)."""
+        return {}
+
+    def export(self, parts, out: Path) -> dict[str, Any]:
+        """Write the trained policy for other tools under ``out``; returns the summary fields
+        naming what was written (default: nothing beyond the checkpoint)."""
+        return {}
+
+    def evaluate(self, module, data, *, episodes: int, seed: int, device: str) -> dict[str, Any]:
+        """Score a trained module (rebuilt from a checkpoint) as the run's evaluation did."""
+        raise NotImplementedError
+
+    def describe(self, result: dict) -> str:
+        """The CLI's one line for a training summary or an evaluation result."""
+        return f"{result.get('algorithm')} on {result.get('dataset')}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "summary": self.summary, "class": f"{type(self).__module__}:{type(self).__name__}",
+                "config_fields": dict(self.config_fields), "provider": self.provider, "version": self.version,
+                "plugin": self.plugin}

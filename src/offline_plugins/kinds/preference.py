@@ -1,0 +1,140 @@
+"""Preference data: (prompt, chosen, rejected) pairs and unpaired (prompt, completion, label) feedback.
+
+Both kinds read a built-in task dataset, a ``.jsonl`` file or ``hf:NAME[:SPLIT]``
+(:mod:`offline_plugins.data.preference_sources`), tokenised for the language model
+given with ``--model`` (``tiny`` by default), with the reference model's log-probs cached
+once. A run is scored on held-out pairs and prompts
+(:class:`~offline_plugins.lightning.callbacks.PreferenceEvaluation`), and the trained
+policy is exported as a ``save_pretrained`` folder (``OUT/model``) that
+``transformers.AutoModelForCausalLM.from_pretrained`` loads. Unpaired feedback is what
+KTO reads; pairs serve it too (each pair becomes a desirable and an undesirable row).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from offline_plugins.errors import UserError
+from offline_plugins.kinds.base import DataKind, DataOptions, LoadedData
+
+__all__ = ["PreferenceText", "PreferencePairs", "UnpairedFeedback"]
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+class PreferenceText(DataKind):
+    """Prompts and responses with preference labels, for a language model (``--model``)."""
+
+    description = "a preference dataset (prompts and responses)"
+    train_hint = "train a preference algorithm on it (dpo, ipo, kto, orpo, simpo, reward-model)"
+
+    def claims(self, dataset: str) -> bool:
+        from offline_plugins.data.preference_sources import resolve_preference_id
+
+        return resolve_preference_id(dataset) is not None
+
+    def resolve(self, dataset: str, *, spec, registry) -> tuple[str, Optional[str]]:
+        from offline_plugins.data.preference_sources import resolve_preference_id, unknown_preference_dataset
+
+        resolved = resolve_preference_id(dataset)
+        if resolved is None:
+            raise unknown_preference_dataset(dataset, spec.name)
+        return resolved, "tokens"
+
+    def check_options(self, spec, options: DataOptions) -> None:
+        for flag, on in (("--drop-nonfinite", options.drop_nonfinite), ("--drop-empty", options.drop_empty)):
+            if on:
+                raise UserError(
+                    f"{flag} applies to Minari datasets of environment steps; {spec.name!r} reads preference data, "
+                    f"whose loader refuses bad rows by name instead: drop {flag}"
+                )
+
+    def load(self, dataset_id: str, *, spec, config, registry, device: str, progress: bool,
+             options: DataOptions) -> LoadedData:
+        from offline_plugins.data.preference_sources import load_preference_source
+
+        data = load_preference_source(dataset_id, kind=self.name, algorithm=spec.name, model=options.model or "tiny",
+                                      progress=progress)
+        return LoadedData(data, {})
+
+    def run_settings(self, data, options: DataOptions) -> dict[str, Any]:
+        return {"model": getattr(data, "model", None) or options.model or "tiny"}
+
+    def reload_options(self, run: dict) -> DataOptions:
+        return DataOptions(model=run.get("model", "tiny"))
+
+    def evaluation(self, data, *, every: int, episodes: int, seed: int):
+        from offline_plugins.lightning.callbacks import PreferenceEvaluation
+
+        return PreferenceEvaluation(data, every=every)
+
+    def summary_fields(self, evaluation, data, *, eval_episodes: int) -> dict[str, Any]:
+        last = evaluation.history[-1] if evaluation.history else {}
+        before = evaluation.before or {}
+        return {
+            "preference_accuracy": last.get("preference_accuracy"),
+            "likelihood_accuracy": last.get("likelihood_accuracy"),
+            "likelihood_accuracy_before": before.get("likelihood_accuracy"),
+            "kl_to_reference": last.get("kl_to_reference"),
+            "exact_match_before": before.get("exact_match"),
+            "exact_match_after": last.get("exact_match"),
+            # split sizes, and the training-split accuracy beside the held-out one
+            **evaluation.summary_extra(),
+            "model_dir": None,
+        }
+
+    def export(self, parts, out: Path) -> dict[str, Any]:
+        """The trained policy's language model and tokenizer as a ``save_pretrained`` folder ``out/model``."""
+        model = parts.model
+        if model is None or not hasattr(model, "save_pretrained"):
+            return {}  # a reward model's score head: the checkpoint holds it
+        # transformers shows a progress bar per shard; a run's one small file needs none
+        from transformers.utils import logging as hf_logging
+
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        try:
+            model.save_pretrained(out / "model")
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
+        if hasattr(parts.tokenizer, "save_pretrained"):
+            parts.tokenizer.save_pretrained(out / "model")
+        return {"model_dir": str(out / "model")}
+
+    def evaluate(self, module, data, *, episodes: int, seed: int, device: str) -> dict[str, Any]:
+        from offline_plugins.eval.preference import evaluate_preference_model
+
+        return evaluate_preference_model(module.policy, data, model=module.parts.model)
+
+    def describe(self, result: dict) -> str:
+        head = f"{result['algorithm']} on {result['dataset']}"
+        if "steps" in result:
+            head += f", {result['steps']} steps, seed {result['seed']}"
+        parts = [f"held-out preference accuracy {_pct(result.get('preference_accuracy'))}"]
+        if result.get("exact_match_after") is not None or result.get("exact_match") is not None:
+            after = result.get("exact_match_after", result.get("exact_match"))
+            before = result.get("exact_match_before")
+            parts.append(f"exact match {_pct(before)} -> {_pct(after)}" if before is not None
+                         else f"exact match {_pct(after)}")
+        if result.get("kl_to_reference") is not None:
+            parts.append(f"KL to reference {result['kl_to_reference']:.3f}")
+        tail = f" in {result['wall_s']:.0f} s; wrote {result['out_dir']}" if "wall_s" in result else ""
+        return f"{head}: {', '.join(parts)}{tail}"
+
+
+class PreferencePairs(PreferenceText):
+    """(prompt, chosen, rejected) pairs: DPO, IPO, ORPO, SimPO, reward models."""
+
+    name = "preference-pairs"
+    summary = "(prompt, chosen, rejected) text pairs, scored by held-out pairwise accuracy and KL to the reference"
+
+
+class UnpairedFeedback(PreferenceText):
+    """(prompt, completion, desirable?) rows: KTO. Paired datasets are split into such rows."""
+
+    name = "unpaired-feedback"
+    summary = "(prompt, completion, desirable?) text rows, scored as pairs on held-out data"
