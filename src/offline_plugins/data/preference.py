@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
@@ -38,6 +38,13 @@ import torch
 from tensordict import TensorDict
 
 from offline_plugins.errors import UserError
+from offline_plugins.tokens import (  # noqa: F401  (re-exported: the tokenisation helpers moved there)
+    TokenizeReport,
+    encode_example,
+    pad_rows,
+    pad_token_id,
+    prompt_token_ids,
+)
 
 __all__ = [
     "PreferenceDataError",
@@ -76,32 +83,6 @@ class PreferenceDataError(UserError, ValueError):
 
 class ReferenceMismatchError(UserError, ValueError):
     """A policy or dataset that does not match the cached reference log-probs."""
-
-
-@dataclass
-class TokenizeReport:
-    """What tokenisation kept, truncated and dropped (and why)."""
-
-    total: int = 0
-    kept: int = 0
-    truncated_prompts: int = 0
-    truncated_responses: int = 0
-    dropped: dict[str, int] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-    def drop(self, reason: str) -> None:
-        self.dropped[reason] = self.dropped.get(reason, 0) + 1
-
-    def summary(self) -> str:
-        parts = [f"kept {self.kept} of {self.total} rows"]
-        if self.dropped:
-            parts.append("dropped " + ", ".join(f"{n} ({r.replace('_', ' ')})" for r, n in sorted(self.dropped.items())))
-        if self.truncated_prompts or self.truncated_responses:
-            parts.append(
-                f"truncated {self.truncated_prompts} prompts (kept their end) and "
-                f"{self.truncated_responses} responses (kept their start)"
-            )
-        return "; ".join(parts + self.notes)
 
 
 # ---- rows --------------------------------------------------------------------------------
@@ -187,71 +168,6 @@ def load_hf_dataset(
 # ---- tokenisation ------------------------------------------------------------------------
 
 
-def prompt_token_ids(tokenizer: Any, prompt: str) -> list[int]:
-    """The prompt's ids: through the chat template when the tokenizer has one, else with bos first."""
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=True, add_generation_prompt=True
-        )
-        if isinstance(ids, Mapping) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return list(ids)
-    ids = list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
-    bos = tokenizer.bos_token_id
-    if bos is not None and (not ids or ids[0] != bos):
-        ids = [bos] + ids
-    return ids
-
-
-def _response_ids(tokenizer: Any, response: str) -> list[int]:
-    ids = list(tokenizer(response, add_special_tokens=False)["input_ids"])
-    if tokenizer.eos_token_id is not None:
-        ids.append(tokenizer.eos_token_id)
-    return ids
-
-
-def encode_example(
-    tokenizer: Any,
-    prompt: str,
-    response: str,
-    *,
-    max_length: int,
-    max_prompt_length: Optional[int] = None,
-    report: Optional[TokenizeReport] = None,
-) -> Optional[tuple[list[int], int]]:
-    """``(ids, n_prompt)`` of prompt + response (+eos), or ``None`` when the row must be dropped."""
-    report = report if report is not None else TokenizeReport()
-    if not response.strip():
-        report.drop("empty_response")
-        return None
-    p = prompt_token_ids(tokenizer, prompt)
-    if max_prompt_length is not None and len(p) > max_prompt_length:
-        p = p[-max_prompt_length:]
-        report.truncated_prompts += 1
-    if len(p) >= max_length:
-        report.drop("prompt_over_context")
-        return None
-    r = _response_ids(tokenizer, response)
-    room = max_length - len(p)
-    if len(r) > room:
-        r = r[:room]
-        report.truncated_responses += 1
-    return p + r, len(p)
-
-
-def pad_rows(encoded: Sequence[tuple[list[int], int]], pad_id: int, length: int) -> dict[str, torch.Tensor]:
-    """Right-pad ``(ids, n_prompt)`` rows to ``length``: tokens, attention mask, response mask."""
-    n = len(encoded)
-    tokens = torch.full((n, length), pad_id, dtype=torch.long)
-    attn = torch.zeros(n, length, dtype=torch.bool)
-    resp = torch.zeros(n, length, dtype=torch.bool)
-    for i, (ids, n_prompt) in enumerate(encoded):
-        tokens[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        attn[i, : len(ids)] = True
-        resp[i, n_prompt : len(ids)] = True
-    return {"tokens": tokens, "attn": attn, "resp": resp}
-
-
 def _as_td(parts: dict[str, torch.Tensor], batch: Sequence[int]) -> TensorDict:
     return TensorDict(
         {
@@ -260,15 +176,6 @@ def _as_td(parts: dict[str, torch.Tensor], batch: Sequence[int]) -> TensorDict:
         },
         batch_size=list(batch),
     )
-
-
-def pad_token_id(tokenizer: Any) -> int:
-    """The tokenizer's pad id, giving it one first when it has none (see ``ensure_pad_token``)."""
-    if tokenizer.pad_token_id is None:
-        from offline_plugins.modules.tiny_lm import ensure_pad_token
-
-        ensure_pad_token(tokenizer)
-    return int(tokenizer.pad_token_id)
 
 
 def _pad_and_note(tokenizer: Any, report: TokenizeReport) -> int:

@@ -97,7 +97,7 @@ class TextEnv(EnvBase):
             raise TextEnvError("TextEnv needs a reward: pass task=, reward_fn= or reward_model=")
         if group_size < 1 or batch_size % group_size:
             raise TextEnvError(f"TextEnv: batch_size {batch_size} must be a multiple of group_size {group_size}")
-        from offline_plugins.data.preference import pad_token_id
+        from offline_plugins.tokens import pad_token_id
 
         self.tokenizer = tokenizer
         self.pad_id = pad_token_id(tokenizer)
@@ -145,7 +145,7 @@ class TextEnv(EnvBase):
         return [p.prompt for p in problems]
 
     def _reset(self, tensordict: Optional[TensorDictBase] = None, **kwargs) -> TensorDictBase:
-        from offline_plugins.data.preference import prompt_token_ids
+        from offline_plugins.tokens import prompt_token_ids
 
         n = self.batch_size[0] // self.group_size
         unique = self._next_prompts(n)
@@ -199,7 +199,7 @@ class TextEnv(EnvBase):
         same tokens (TorchRL's ``KLRewardTransform`` reads them with the policy's
         ``("log_probs", "full")`` during ``step``).
         """
-        from offline_plugins.data.preference import TokenizeReport, pad_rows, encode_example
+        from offline_plugins.tokens import TokenizeReport, encode_example, pad_rows
 
         responses = self._responses(tensordict)
         report = TokenizeReport()

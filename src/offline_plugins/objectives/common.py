@@ -22,7 +22,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 
-from offline_plugins.errors import UserError
+from offline_plugins.errors import OfflineLossError
 
 __all__ = [
     "OfflineLossError",
@@ -37,10 +37,6 @@ __all__ = [
     "td0_value_estimator_keys",
     "make_td0_value_estimator",
 ]
-
-
-class OfflineLossError(UserError, ValueError):
-    """Base class of the input errors the offline-RL losses raise."""
 
 
 class MissingBatchKeyError(OfflineLossError, KeyError):

@@ -44,7 +44,7 @@ def windows(tensordict: TensorDictBase, length: int, owner: str) -> TensorDictBa
         return tensordict
     n = tensordict.shape[0]
     if n % length:
-        from offline_plugins.objectives.common import OfflineLossError
+        from offline_plugins.errors import OfflineLossError
 
         raise OfflineLossError(
             f"{owner}: a flat batch of {n} steps is not a whole number of windows of {length} steps; sample "

@@ -18,7 +18,7 @@ True
 >>> Discretizer.fit(x, bins=1)
 Traceback (most recent call last):
 ...
-offline_plugins.objectives.sequence.common.DiscretizationError: Discretizer: bins=1 is too few; each dimension needs at least 2 bins (the Trajectory Transformer uses 100): set bins=100
+offline_plugins.errors.DiscretizationError: Discretizer: bins=1 is too few; each dimension needs at least 2 bins (the Trajectory Transformer uses 100): set bins=100
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from offline_plugins.objectives.sequence.common import DiscretizationError
+from offline_plugins.errors import DiscretizationError
 
 __all__ = ["Discretizer"]
 

@@ -7,21 +7,9 @@ True
 
 from __future__ import annotations
 
-from offline_plugins.objectives.common import OfflineLossError
+from offline_plugins.errors import ContextLengthError, DiscretizationError, SequenceModelError
 
 __all__ = ["SequenceModelError", "ContextLengthError", "DiscretizationError", "TargetReturnWarning"]
-
-
-class SequenceModelError(OfflineLossError):
-    """Base class of the input errors of Decision Transformer, Trajectory Transformer and Diffuser."""
-
-
-class ContextLengthError(SequenceModelError):
-    """A context or planning window longer than the episodes it must be cut from."""
-
-
-class DiscretizationError(SequenceModelError):
-    """Too few bins to represent the data (Trajectory Transformer)."""
 
 
 class TargetReturnWarning(UserWarning):
