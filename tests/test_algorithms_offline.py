@@ -11,7 +11,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from offline_plugins.algorithms.synthetic import synthetic_transitions
+from _synthetic import synthetic_transitions
 from offline_plugins.errors import UserError
 from offline_plugins.plugins.manager import load_registry
 

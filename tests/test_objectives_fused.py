@@ -19,7 +19,7 @@ from torchrl import objectives as trl
 from torchrl.data import Bounded
 from torchrl.objectives.utils import ValueEstimators
 
-from offline_plugins.algorithms.synthetic import synthetic_transitions
+from _synthetic import synthetic_transitions
 from offline_plugins.modules import networks as nets
 from offline_plugins.objectives.iql import IQLLoss
 from offline_plugins.objectives.td3_bc import TD3BCLoss

@@ -13,7 +13,7 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.modules import QValueActor
 from torchrl import objectives as trl
 
-from offline_plugins.algorithms.synthetic import synthetic_transitions
+from _synthetic import synthetic_transitions
 from offline_plugins.errors import UserError
 from offline_plugins.modules import networks as nets
 from offline_plugins.objectives.awac import AWACLoss, awac_weights

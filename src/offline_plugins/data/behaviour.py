@@ -1,6 +1,6 @@
 """Behaviour policies: the small networks that generate the recipe datasets.
 
-A policy file ``policies/<env>.pt`` (written by :mod:`offline_plugins.data.train_behaviour`)
+A policy file ``policies/<env>.pt`` (written by ``scripts/train_behaviour.py`` of the repository)
 holds the ``medium`` and ``expert`` actors of one training run, the snapshots taken
 on the way to ``medium`` (from which ``medium-replay`` is regenerated), and the
 random and expert reference returns. Acting is plain PyTorch on one observation at
@@ -184,7 +184,7 @@ def load_policy_file(env_id: str, directory: Optional[Path] = None) -> PolicyFil
     if not pt.is_file() or not card.is_file():
         raise DatasetError(
             f"no behaviour policy for {env_id!r} in {directory} (expected {pt.name} and {card.name}); "
-            f"train one with: python -m offline_plugins.data.train_behaviour {env_id}"
+            f"train one from a checkout of offline-plugins with: python scripts/train_behaviour.py {env_id}"
         )
     payload = torch.load(pt, map_location="cpu", weights_only=True)
     return PolicyFile(payload, json.loads(card.read_text()), pt)

@@ -1,6 +1,7 @@
 """Train the behaviour policies of the dataset recipes (TorchRL SAC or DQN).
 
-Run as ``python -m offline_plugins.data.train_behaviour ENV_ID [--steps N] [--seed S]``.
+A maintainer's tool, not part of the installed package: run it from a checkout as
+``python scripts/train_behaviour.py ENV_ID [--steps N] [--seed S]``.
 It writes ``policies/<env>.pt`` (the ``medium`` and ``expert`` actors, and the
 snapshots from which ``medium-replay`` is regenerated) and ``policies/<env>.json``
 (script, seed, steps, returns reached, evaluation curve).
@@ -225,7 +226,7 @@ def train(env_id: str, settings: TrainSettings, *, seed: int = 0, out_dir: Optio
             "env_id": env_id,
             "algorithm": "TorchRL SACLoss" if s.kind == "sac" else "TorchRL DQNLoss (double DQN)",
             # the command that reproduces these files: a run stopped early equals a shorter run
-            "script": "python -m offline_plugins.data.train_behaviour " + shlex.join(
+            "script": "python scripts/train_behaviour.py " + shlex.join(
                 [env_id, "--steps", str(snapshots[-1]["step"]), "--seed", str(seed), "--eval-every", str(s.eval_every)]
             ),
             "seed": seed,
@@ -314,7 +315,7 @@ def train(env_id: str, settings: TrainSettings, *, seed: int = 0, out_dir: Optio
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(
-        prog="python -m offline_plugins.data.train_behaviour", description=__doc__.split("\n\n")[0]
+        prog="python scripts/train_behaviour.py", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("env_id", help=f"Gymnasium id; defaults exist for {', '.join(DEFAULTS)}")
     parser.add_argument("--steps", type=int, help="environment steps (default: per env)")

@@ -1,4 +1,4 @@
-"""A tiny in-memory transition dataset in TED layout, for tests, examples and benchmarks.
+"""A tiny in-memory transition dataset in TED layout, for the tests (not shipped in the package).
 
 The task: the best action is ``tanh(W s)`` (continuous) or ``argmax(W s)`` (discrete);
 the reward is higher the closer the behaviour action is to it; episodes last
