@@ -159,7 +159,7 @@ def apply_overrides(config: Any, overrides: Mapping[str, Any]) -> Any:
     for key, raw in overrides.items():
         if key not in names:
             close = difflib.get_close_matches(key, names, n=3)
-            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else "."
             raise ConfigError(
                 f"unknown config key '{key}' for {owner}{hint} Known keys: {', '.join(sorted(names))}"
             )

@@ -31,6 +31,8 @@ from typing import Any, Iterator, Optional, Union
 from offline_plugins.errors import UserError
 
 __all__ = [
+    "restored_process_state",
+    "RUN_ENV_VARS",
     "RunError",
     "RunInterrupted",
     "check_devices",
@@ -397,6 +399,54 @@ class GracefulInterrupt:
 # -- terminal output --------------------------------------------------------------
 # TorchRL logs each replay buffer's storage allocation at info level, to stdout
 _LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning_fabric", "pytorch_lightning", "torchrl")
+
+
+#: environment variables a run sets for itself and its DDP ranks
+RUN_ENV_VARS = ("OMP_NUM_THREADS", "OFFLINE_PLUGINS_RUN_DIR", "PL_GLOBAL_SEED", "PL_SEED_WORKERS")
+
+
+@contextlib.contextmanager
+def restored_process_state() -> Iterator[None]:
+    """Restore what a run changes process-wide when it ends, however it ends.
+
+    A run sets torch's CPU threads (``--threads``) and the variables in
+    :data:`RUN_ENV_VARS` once, and reseeds the global RNGs (Lightning's
+    ``seed_everything``, and each step's seed from ``(seed, rank, step)``); called as a
+    library function, ``train`` gives the caller back its threads, environment and the
+    states of torch's (CPU and initialised CUDA), numpy's and Python's global RNGs.
+
+    >>> import os, random
+    >>> state = random.getstate()
+    >>> with restored_process_state():
+    ...     os.environ["OFFLINE_PLUGINS_RUN_DIR"] = "runs/x"
+    ...     _ = random.random()
+    >>> "OFFLINE_PLUGINS_RUN_DIR" in os.environ, random.getstate() == state
+    (False, True)
+    """
+    import random
+
+    import numpy as np
+    import torch
+
+    env = {k: os.environ.get(k) for k in RUN_ENV_VARS}
+    threads = torch.get_num_threads()
+    py_state, np_state, torch_state = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    cuda_state = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        for key, value in env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        torch.set_rng_state(torch_state)
+        if cuda_state is not None:
+            torch.cuda.set_rng_state_all(cuda_state)
 
 
 @contextlib.contextmanager
