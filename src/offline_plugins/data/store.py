@@ -84,9 +84,9 @@ def dataset_size_bytes(dataset_id: str) -> int:
 def _registry(registry):
     if registry is not None:
         return registry
-    from offline_plugins.plugins import load_registry
+    from offline_plugins.plugins import shared_registry
 
-    return load_registry()
+    return shared_registry()
 
 
 def resolve_dataset_id(dataset_id: str, registry=None, *, allow_download: bool = True) -> tuple[str, Optional[object]]:

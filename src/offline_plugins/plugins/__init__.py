@@ -7,8 +7,10 @@ from offline_plugins.plugins.hookspecs import hookimpl, hookspec
 from offline_plugins.plugins.manager import (
     DISABLE_ENV,
     ENTRY_POINT_GROUP,
+    forget_shared_registries,
     load_registry,
     make_plugin_manager,
+    shared_registry,
 )
 from offline_plugins.plugins.registry import (
     AlgorithmSpec,
@@ -31,6 +33,8 @@ __all__ = [
     "DuplicateNameError",
     "UnknownNameError",
     "load_registry",
+    "shared_registry",
+    "forget_shared_registries",
     "make_plugin_manager",
     "ENTRY_POINT_GROUP",
     "DISABLE_ENV",

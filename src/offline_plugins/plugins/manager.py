@@ -223,3 +223,33 @@ def load_registry(
         b = registry.broken[0]
         raise PluginError(f"plugin {b.plugin!r} ({b.provider} {b.version}) failed at {b.stage}: {b.error}")
     return registry
+
+
+_SHARED: dict[tuple, Registry] = {}
+
+
+def shared_registry(disable: Optional[Iterable[str]] = None) -> Registry:
+    """The process's registry: discovered once per set of switched-off plugins, then reused.
+
+    Every part of the package that needs a registry and was given none (the CLI's
+    commands, ``train``, ``plan_run``, the dataset store) asks this, so one command
+    discovers the installed plugins once. It is discovered again when ``sys.path``
+    changed (a distribution added to it); after installing into a folder already on it,
+    call :func:`forget_shared_registries`. :func:`load_registry` always discovers afresh.
+
+    >>> shared_registry() is shared_registry()
+    True
+    """
+    import sys
+
+    blocked = frozenset(disabled_from_env() | set(disable or ()))
+    key = (blocked, tuple(sys.path))
+    registry = _SHARED.get(key)
+    if registry is None:
+        registry = _SHARED[key] = load_registry(sorted(blocked))
+    return registry
+
+
+def forget_shared_registries() -> None:
+    """Drop the cached registries (after installing or removing a plugin in this process)."""
+    _SHARED.clear()
