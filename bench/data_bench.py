@@ -202,7 +202,7 @@ def tier_table(envs: list[str], seed: int = 0) -> str:
     """Make every tier of ``envs`` in the current Minari store and tabulate what it holds."""
     import torch
 
-    from offline_plugins.data.commands import dataset_info
+    from offline_plugins.data.store import dataset_info
     from offline_plugins.data.store import make_dataset
     from offline_plugins.plugins import load_registry
 

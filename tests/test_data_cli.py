@@ -29,7 +29,7 @@ def test_recipes_are_registered_with_all_tiers():
 
 
 def test_recipes_module_imports_no_torch():
-    code = "import sys, offline_plugins.data.recipes, offline_plugins.data.commands; print('torch' in sys.modules)"
+    code = "import sys, offline_plugins.data.recipes, offline_plugins.cli.data; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

@@ -27,15 +27,14 @@ def toy_registry(monkeypatch):
     finally:
         sys.path.pop(0)
 
-    def load(disable=None, **kwargs):
-        host = make_plugin_manager(disable)
-        host.register(_toy_kind_plugin, "toy-kind", "toy-dist", "1.0")
-        return load_registry(host=host)
+    host = make_plugin_manager()
+    host.register(_toy_kind_plugin, "toy-kind", "toy-dist", "1.0")
+    registry = load_registry(host=host)
 
     import offline_plugins.plugins as plugins
 
-    monkeypatch.setattr(plugins, "load_registry", load)
-    return load()
+    monkeypatch.setattr(plugins, "shared_registry", lambda disable=None: registry)
+    return registry
 
 
 def test_the_built_in_kinds_are_registered_with_their_provider():

@@ -64,9 +64,13 @@ BAD_INPUTS = [
     (["iql", "--dataset", DATASET, "--resume", "{tmp}/no-dataset.ckpt"], "lacks 'offline_plugins.dataset'"),
     (["iql", "--dataset", DATASET, "--resume", "{tmp}/no-lightning.ckpt"], "lacks 'pytorch-lightning_version'"),
     (["iql", "--dataset", DATASET, "--resume", "{tmp}/truncated.ckpt"], "could not be read"),
+    (["iql", "--dataset", DATASET, "--resume", "{tmp}/random.ckpt"], "could not be read"),
     (["dpo", "--dataset", "arithmetic/preference-v0", "--drop-nonfinite"], "--drop-nonfinite applies to Minari"),
     (["iql", "--dataset", DATASET, "--set", "lrr=1"], "unknown config key 'lrr'"),
     (["iqll", "--dataset", DATASET], "did you mean 'iql'"),
+    (["iql", "--dataset", DATASET, "--set", "steps=5"], "an option of the run: pass --steps 5"),
+    (["iql", "--dataset", DATASET, "--set", "seed=3"], "pass --seed 3"),
+    (["iql", "--dataset", DATASET, "--out", "{tmp}/r", "--resume", "--overwrite"], "contradict each other"),
 ]
 
 
@@ -92,6 +96,7 @@ def _bad_files(tmp, marker):
     torch.save({k: v for k, v in good.items() if k != "pytorch-lightning_version"}, tmp / "no-lightning.ckpt")
     torch.save(good, tmp / "whole.ckpt")
     (tmp / "truncated.ckpt").write_bytes((tmp / "whole.ckpt").read_bytes()[:40])
+    (tmp / "random.ckpt").write_bytes(bytes(range(256)) * 8)  # no pickle of code: not "holds pickled objects"
 
 
 @pytest.mark.parametrize("args, match", BAD_INPUTS, ids=[" ".join(a)[:60] for a, _ in BAD_INPUTS])
@@ -366,3 +371,40 @@ def test_two_runs_started_into_one_folder_at_once_one_is_refused(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert winner == f"trained {summary['seed']}"  # the folder holds the winner's run, whole
     assert load_checkpoint(out / "checkpoints" / "last.ckpt")["offline_plugins"]["seed"] == summary["seed"]
+
+
+def test_overwrite_replaces_only_the_earlier_runs_files(tmp_path):
+    out = tmp_path / "run"
+    train(TINY_SPEC, FakeOfflineData(), out_dir=out, steps=2, **QUIET)
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(RunError, match="--overwrite to replace it"):
+        train(TINY_SPEC, FakeOfflineData(), out_dir=out, steps=3, **QUIET)
+    assert json.loads((out / "summary.json").read_text())["steps"] == 2  # the refused run changed nothing
+    summary = train(TINY_SPEC, FakeOfflineData(), out_dir=out, steps=3, overwrite=True, **QUIET)
+    assert summary["steps"] == 3 and json.loads((out / "summary.json").read_text())["steps"] == 3
+    assert (out / "notes.txt").read_text() == "mine"  # what the run did not write is left alone
+
+
+def test_train_as_a_library_call_gives_back_threads_environment_and_rngs(tmp_path, monkeypatch):
+    import random
+
+    import numpy as np
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OFFLINE_PLUGINS_RUN_DIR", raising=False)
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    torch.set_num_threads(2)
+    try:
+        torch.manual_seed(123)
+        random.seed(5)
+        np.random.seed(6)
+        expected = (torch.rand(1), random.random(), np.random.rand())
+        torch.manual_seed(123)
+        random.seed(5)
+        np.random.seed(6)
+        train(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "r", steps=3, threads=1, **QUIET)
+        assert torch.get_num_threads() == 2
+        assert not {"OMP_NUM_THREADS", "OFFLINE_PLUGINS_RUN_DIR", "PL_GLOBAL_SEED"} & set(os.environ)
+        assert (torch.rand(1), random.random(), np.random.rand()) == expected
+    finally:
+        torch.set_num_threads(1)

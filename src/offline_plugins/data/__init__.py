@@ -6,7 +6,7 @@ this package (and listing recipes) loads no torch.
 
 from __future__ import annotations
 
-from typing import Any
+from offline_plugins._lazy import lazy_exports
 
 __all__ = ["load_offline_data", "OfflineData", "DataStatistics", "DatasetError", "make_dataset"]
 
@@ -19,13 +19,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'offline_plugins.data' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_LAZY))
+__getattr__, __dir__ = lazy_exports(globals(), _LAZY)

@@ -12,6 +12,13 @@ Three kinds of ``ID``:
 * a Hugging Face dataset, ``hf:NAME`` or ``hf:NAME:SPLIT`` (needs ``datasets``, and a
   network unless it is cached).
 
+Pairs may carry two optional fields, checked and kept on the rows (``offline-plugins
+data audit`` reads them; training ignores them):
+
+* ``shown_first``: ``"chosen"`` or ``"rejected"``, the response the annotator saw first;
+* ``annotations``: a list of ``{"annotator": ID, "preferred": "chosen"|"rejected"}``, one
+  per annotator who labelled the pair (IDs are compared as strings).
+
 For files and Hugging Face datasets ``--model`` is the reference itself (no SFT step),
 and at least 100 rows or a tenth of them, whichever is more (whole prompts, by a hash
 of the prompt text), are held out.
@@ -39,6 +46,7 @@ from offline_plugins.errors import UserError
 
 __all__ = [
     "BUILTIN_PREFERENCE_DATASETS",
+    "OPTIONAL_PAIR_FIELDS",
     "PreferenceSourceError",
     "cache_root",
     "resolve_preference_id",
@@ -62,6 +70,10 @@ BUILTIN_PREFERENCE_DATASETS: dict[str, tuple[str, dict, dict]] = {
 }
 
 _ALIASES = {"arithmetic": "offline-plugins/arithmetic/preference-v0"}
+
+#: optional fields of a pair row, kept by the loaders: what the annotator saw first, and each annotator's label
+OPTIONAL_PAIR_FIELDS = ("shown_first", "annotations")
+_SIDES = ("chosen", "rejected")
 
 
 def cache_root() -> Path:
@@ -159,6 +171,11 @@ def _rows_from(source: str) -> tuple[list[dict], str]:
             ) from None
         layout = _layout(ds.column_names)
         rows = load_hf_dataset(ds, fields=PAIR_FIELDS if layout == "pairs" else UNPAIRED_FIELDS)
+        if layout == "pairs":
+            for f in OPTIONAL_PAIR_FIELDS:
+                if f in ds.column_names:
+                    for i, (row, value) in enumerate(zip(rows, ds[f])):
+                        _keep_optional(row, f, value, f"{source}: row {i}")
     else:
         path = Path(source)
         if not path.is_file():
@@ -173,7 +190,76 @@ def _rows_from(source: str) -> tuple[list[dict], str]:
             head = {}  # load_jsonl names the bad line
         layout = _layout(head if isinstance(head, dict) else {})
         rows = load_jsonl(path, fields=PAIR_FIELDS if layout == "pairs" else UNPAIRED_FIELDS)
+        if layout == "pairs":
+            _keep_optional_jsonl(path, rows)
     return rows, layout
+
+
+def _keep_optional_jsonl(path: Path, rows: list[dict]) -> None:
+    """Copy the checked optional fields of a JSONL file's rows onto ``rows`` (``load_jsonl`` drops them)."""
+    import json
+
+    text = path.read_text(encoding="utf-8")
+    if not any(f'"{f}"' in text for f in OPTIONAL_PAIR_FIELDS):
+        return  # most files carry neither: no second parse
+    i = 0
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        if any(f'"{f}"' in line for f in OPTIONAL_PAIR_FIELDS):
+            raw = json.loads(line)  # load_jsonl parsed it already
+            for f in OPTIONAL_PAIR_FIELDS:
+                if f in raw:
+                    _keep_optional(rows[i], f, raw[f], f"{path}: row {i} (line {n})")
+        i += 1
+
+
+def _keep_optional(row: dict, field: str, value: Any, where: str) -> None:
+    """Check one optional field of a pair row and set it on ``row``; ``None`` means absent.
+
+    >>> row = {}
+    >>> _keep_optional(row, "annotations", [{"annotator": 7, "preferred": "chosen"}], "row 0")
+    >>> row
+    {'annotations': [{'annotator': '7', 'preferred': 'chosen'}]}
+    >>> _keep_optional(row, "shown_first", "left", "f.jsonl: row 3")
+    Traceback (most recent call last):
+    ...
+    offline_plugins.data.preference_sources.PreferenceSourceError: f.jsonl: row 3 field 'shown_first' is 'left'; expected "chosen" or "rejected" (the response the annotator saw first); fix the row, or leave the field out where the order is unknown
+    """
+    if value is None:
+        return
+    if field == "shown_first":
+        if value not in _SIDES:
+            raise PreferenceSourceError(
+                f"{where} field 'shown_first' is {value!r}; expected \"chosen\" or \"rejected\" (the response the "
+                "annotator saw first); fix the row, or leave the field out where the order is unknown")
+        row[field] = value
+        return
+    form = '{"annotator": ID, "preferred": "chosen"|"rejected"}'
+    if not isinstance(value, (list, tuple)):
+        raise PreferenceSourceError(
+            f"{where} field 'annotations' is a {type(value).__name__} ({str(value)[:40]!r}); expected a list of "
+            f"{form} objects, one per annotator; fix the row, or leave the field out")
+    kept, seen = [], set()
+    for j, item in enumerate(value):
+        at = f"{where} field 'annotations[{j}]'"
+        if not isinstance(item, dict) or "annotator" not in item or "preferred" not in item:
+            has = f"has keys {sorted(item)}" if isinstance(item, dict) else f"is a {type(item).__name__}"
+            raise PreferenceSourceError(f"{at} {has}; expected an object {form}; fix the row")
+        who, preferred = item["annotator"], item["preferred"]
+        if isinstance(who, bool) or not isinstance(who, (str, int)) or str(who) == "":
+            raise PreferenceSourceError(
+                f"{at} has annotator {who!r}; expected a non-empty string or integer ID; fix the row")
+        if preferred not in _SIDES:
+            raise PreferenceSourceError(
+                f"{at} has preferred {preferred!r}; expected \"chosen\" or \"rejected\" (relative to this row's "
+                "chosen and rejected responses); fix the row")
+        if str(who) in seen:
+            raise PreferenceSourceError(
+                f"{at}: annotator {str(who)!r} labels this row twice; keep one label per annotator and row")
+        seen.add(str(who))
+        kept.append({"annotator": str(who), "preferred": preferred})
+    row[field] = kept
 
 
 def load_preference_source(

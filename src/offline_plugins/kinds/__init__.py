@@ -15,7 +15,7 @@ BatchLayout(batch_size=64, sampler='random', slice_len=None)
 
 from __future__ import annotations
 
-from offline_plugins.kinds.base import BatchLayout, DataKind, DataOptions, LoadedData, config_value
+from offline_plugins.plugins.datakind import BatchLayout, DataKind, DataOptions, LoadedData, config_value
 from offline_plugins.kinds.environment import Trajectories, Transitions
 from offline_plugins.kinds.preference import PreferencePairs, UnpairedFeedback
 from offline_plugins.plugins.hookspecs import hookimpl

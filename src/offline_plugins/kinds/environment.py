@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from offline_plugins.errors import UserError
-from offline_plugins.kinds.base import BatchLayout, DataKind, DataOptions, LoadedData, config_value
+from offline_plugins.plugins.datakind import BatchLayout, DataKind, DataOptions, LoadedData, config_value
 
 __all__ = ["EnvironmentSteps", "Transitions", "Trajectories", "LOADER_CONFIG_FIELDS"]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from offline_plugins.errors import UserError
-from offline_plugins.kinds.base import DataKind, DataOptions, LoadedData
+from offline_plugins.plugins.datakind import DataKind, DataOptions, LoadedData
 
 __all__ = ["PreferenceText", "PreferencePairs", "UnpairedFeedback"]
 

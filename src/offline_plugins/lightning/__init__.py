@@ -6,7 +6,7 @@ package (as the CLI does) loads neither torch nor Lightning.
 
 from __future__ import annotations
 
-from typing import Any
+from offline_plugins._lazy import lazy_exports
 
 __all__ = [
     "train",
@@ -37,13 +37,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'offline_plugins.lightning' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_LAZY))
+__getattr__, __dir__ = lazy_exports(globals(), _LAZY)

@@ -10,6 +10,11 @@
   (pairwise accuracy, KL to the reference, the task's exact match) on the same schedule.
 - :class:`InterruptCheckpoint` saves ``last.ckpt`` where SIGINT/SIGTERM stops a run.
 - :class:`StepProgressBar` is Lightning's tqdm bar counting gradient steps.
+
+When one ``training_step`` takes several gradient steps (the module's ``steps_per_call``),
+the callbacks that act after every step do so from ``on_gradient_step``, which the module
+calls after each of them; those that act every ``n`` steps declare ``step_periods``, and
+calls end on their multiples (:func:`~offline_plugins.lightning.data.schedule_periods`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import TQDMProgressBar
 
 from offline_plugins.errors import UserError
+from offline_plugins.lightning.data import StepBatches
 
 __all__ = [
     "NonFiniteLossError",
@@ -57,13 +63,17 @@ class TargetNetworkUpdate(Callback):
             return int(self.every)
         return pl_module.parts.target_period()
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+    def on_gradient_step(self, trainer, pl_module, losses) -> None:
         updater = getattr(pl_module, "target_updater", None)
         if updater is None:
             return
         # global_step already counts this step; the step just taken is global_step - 1
         if trainer.global_step % self._period(pl_module) == 0:
             updater.step()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not isinstance(batch, StepBatches):  # a call of several steps updated after each
+            self.on_gradient_step(trainer, pl_module, None)
 
 
 class NonFiniteGuard(Callback):
@@ -85,9 +95,14 @@ class NonFiniteGuard(Callback):
         self._step = 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if isinstance(batch, StepBatches):  # a call of several steps recorded each
+            return
         losses = outputs.get("losses") if isinstance(outputs, dict) else None
         if losses is None:
             return
+        self.on_gradient_step(trainer, pl_module, losses)
+
+    def on_gradient_step(self, trainer, pl_module, losses) -> None:
         step = trainer.global_step  # 1-based number of the step just taken
         ring = self._ring
         if ring is None or ring.device != losses.device or ring.shape[1:] != losses.shape:
@@ -142,6 +157,11 @@ class ScheduledEvaluation(Callback):
 
     every: int
     history: list
+
+    @property
+    def step_periods(self) -> tuple[int, ...]:
+        """A call of several steps ends on multiples of ``every`` (so evaluations keep their steps)."""
+        return (int(self.every),) if self.every else ()
 
     def evaluate(self, trainer, pl_module) -> Optional[dict]:
         """Evaluate now; returns the logged record on rank 0, None elsewhere."""
@@ -411,7 +431,8 @@ class StepProgressBar(TQDMProgressBar):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         n = trainer.global_step
         bar = self.train_progress_bar
-        if bar is not None and not bar.disable and self._should_update(n, bar.total):
+        # a call of several steps can jump over a multiple of refresh_rate: refresh once it is passed
+        if bar is not None and not bar.disable and (n // self.refresh_rate > bar.n // self.refresh_rate or n == bar.total):
             bar.n = n
             bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
             bar.refresh()

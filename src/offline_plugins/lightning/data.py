@@ -15,17 +15,31 @@ ranks of a DDP run draw different batches without sharing any state.
 >>> b = [b["x"].tolist() for b in ReplayBufferStream(rb, seed=0, start_step=2, stop_step=3)]
 >>> a[2] == b[0], a[0] != a[1]
 (True, True)
+
+With ``steps_per_call=K`` the stream hands out the batches of several steps at once, as a
+:class:`StepBatches` (one ``training_step`` then takes them all, see
+:class:`~offline_plugins.lightning.module.OfflineAlgorithmModule`). Each batch is still
+drawn from its own step's seed, so the batches are those of ``K=1``. A call ends at the
+next multiple of ``K``, of every period in ``periods`` and at ``stop_step``, so callbacks
+that act at multiples of a period see the model at exactly those steps.
+
+>>> calls = list(ReplayBufferStream(rb, seed=0, start_step=0, stop_step=7, steps_per_call=4, periods=(3,)))
+>>> [(c.start, len(c)) for c in calls]
+[(0, 3), (3, 1), (4, 2), (6, 1)]
+>>> [b["x"].tolist() for c in calls for b in c.batches][:3] == a
+True
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import IterableDataset
 
-__all__ = ["step_seed", "ReplayBufferStream", "OfflineDataModule", "SAMPLE_STREAM", "LOSS_STREAM"]
+__all__ = ["step_seed", "StepBatches", "ReplayBufferStream", "OfflineDataModule", "schedule_periods",
+           "SAMPLE_STREAM", "LOSS_STREAM"]
 
 SAMPLE_STREAM = 1
 LOSS_STREAM = 2
@@ -57,6 +71,32 @@ def _buffer_device(buffer) -> torch.device:
     return torch.device(device)
 
 
+class StepBatches:
+    """The batches of steps ``start``, ``start + 1``, ... that one ``training_step`` takes.
+
+    Moved between devices as a whole; ``device`` is the batches' device.
+    """
+
+    __slots__ = ("start", "batches")
+
+    def __init__(self, start: int, batches: list) -> None:
+        self.start = int(start)
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __repr__(self) -> str:
+        return f"StepBatches(start={self.start}, steps={len(self.batches)})"
+
+    @property
+    def device(self) -> Optional[torch.device]:
+        return getattr(self.batches[0], "device", None) if self.batches else None
+
+    def to(self, device, non_blocking: bool = False) -> "StepBatches":
+        return StepBatches(self.start, [b.to(device, non_blocking=non_blocking) for b in self.batches])
+
+
 class ReplayBufferStream(IterableDataset):
     """Endless batches from a TorchRL replay buffer, batch ``t`` seeded by ``(seed, rank, t)``.
 
@@ -69,6 +109,9 @@ class ReplayBufferStream(IterableDataset):
         start_step: first step to draw, or a callable returning it when iteration
             starts (the trainer's ``global_step``, so a resumed run picks up there).
         stop_step: stop before this step (None: never).
+        steps_per_call: 1 yields one batch per step; ``K > 1`` yields a :class:`StepBatches`
+            of up to ``K`` steps, ending at the next multiple of ``K``.
+        periods: with ``K > 1``, a :class:`StepBatches` also ends at every multiple of these.
     """
 
     def __init__(
@@ -79,6 +122,8 @@ class ReplayBufferStream(IterableDataset):
         rank: int = 0,
         start_step: Union[int, Callable[[], int]] = 0,
         stop_step: Optional[int] = None,
+        steps_per_call: int = 1,
+        periods: Sequence[int] = (),
     ) -> None:
         super().__init__()
         self.buffer = buffer
@@ -86,22 +131,61 @@ class ReplayBufferStream(IterableDataset):
         self.rank = int(rank)
         self.start_step = start_step
         self.stop_step = stop_step
+        self.steps_per_call = int(steps_per_call)
+        self.periods = tuple(int(p) for p in periods if p and int(p) > 0)
         self.generator = torch.Generator(device=_buffer_device(buffer))
         buffer.set_rng(self.generator)
 
+    def _draw(self, step: int):
+        self.generator.manual_seed(step_seed(self.seed, self.rank, step, SAMPLE_STREAM))
+        return self.buffer.sample()
+
+    def _call_end(self, step: int) -> int:
+        """Where the call starting at ``step`` ends: the first multiple of ``K`` or of a period after it."""
+        end = (step // self.steps_per_call + 1) * self.steps_per_call
+        for p in self.periods:
+            end = min(end, (step // p + 1) * p)
+        return end if self.stop_step is None else min(end, self.stop_step)
+
     def __iter__(self) -> Iterator[Any]:
         step = self.start_step() if callable(self.start_step) else int(self.start_step)
+        if self.steps_per_call == 1:
+            while self.stop_step is None or step < self.stop_step:
+                yield self._draw(step)
+                step += 1
+            return
         while self.stop_step is None or step < self.stop_step:
-            self.generator.manual_seed(step_seed(self.seed, self.rank, step, SAMPLE_STREAM))
-            yield self.buffer.sample()
-            step += 1
+            end = self._call_end(step)
+            yield StepBatches(step, [self._draw(t) for t in range(step, end)])
+            step = end
+
+
+def schedule_periods(trainer) -> tuple[int, ...]:
+    """The step periods at which the trainer's callbacks act on the model between calls.
+
+    Every ``ModelCheckpoint``'s ``every_n_train_steps``, and the ``step_periods`` a callback
+    declares (:class:`~offline_plugins.lightning.callbacks.ScheduledEvaluation` declares its
+    ``every``). A call of several steps ends on each multiple of these, so such a callback
+    acts at the same steps as with one step per call.
+    """
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    periods: set[int] = set()
+    for cb in getattr(trainer, "callbacks", None) or ():
+        if isinstance(cb, ModelCheckpoint):
+            periods.add(int(getattr(cb, "_every_n_train_steps", 0) or 0))
+        periods.update(int(p) for p in getattr(cb, "step_periods", ()) or ())
+    return tuple(sorted(p for p in periods if p > 0))
 
 
 class OfflineDataModule(LightningDataModule):
     """A ``LightningDataModule`` that streams batches from an offline dataset's replay buffer.
 
     The buffer is built in ``setup`` on the trainer's device, so batches are sampled
-    where they are used and no DataLoader worker sits between buffer and step.
+    where they are used and no DataLoader worker sits between buffer and step. When the
+    trained module takes several steps per call (its ``steps_per_call``), the stream hands
+    out :class:`StepBatches` ending at the multiples of :func:`schedule_periods` and at the
+    trainer's ``max_steps``.
 
     Args:
         data: an ``OfflineData`` (anything with ``replay_buffer(batch_size, *, sampler,
@@ -149,6 +233,13 @@ class OfflineDataModule(LightningDataModule):
         # the stream itself, not a DataLoader: a DataLoader would draw its base seed
         # from the global RNG on every iter() and add a collate per step
         assert self.stream is not None, "setup() must run before train_dataloader()"
+        trainer = self.trainer
+        k = int(getattr(getattr(trainer, "lightning_module", None), "steps_per_call", 1) or 1) if trainer else 1
+        self.stream.steps_per_call = k
+        if k > 1:
+            # the module's steps_per_call; calls end where callbacks act and at max_steps
+            self.stream.periods = schedule_periods(trainer)
+            self.stream.stop_step = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
         return self.stream
 
     def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):

@@ -240,8 +240,12 @@ def read_checkpoint(path: Union[str, os.PathLike]) -> dict[str, Any]:
         return torch.load(p, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         text = str(exc)
-        if "weights_only" not in text.lower() and "Unsupported global" not in text:
-            raise RunError(f"checkpoint {str(p)!r} could not be read (UnpicklingError: {text.splitlines()[0]})") from None
+        if "Unsupported global" not in text and "was not an allowed global" not in text:
+            # not a pickle of code: random bytes, a truncated or foreign file
+            detail = next((line.strip() for line in text.splitlines() if line.strip().startswith("Unsupported")),
+                          text.splitlines()[0][:200])
+            raise RunError(f"checkpoint {str(p)!r} could not be read (UnpicklingError: {detail}); it may be "
+                           "truncated or not a checkpoint") from None
         import re
 
         found = re.search(r"GLOBAL ([\w.]+)", text) or re.search(r"([\w.]+) was not an allowed global", text)

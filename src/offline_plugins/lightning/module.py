@@ -3,6 +3,13 @@
 It calls the loss, sums the ``loss_*`` terms of the optimiser groups due this step,
 backpropagates once and steps. Target updates, evaluation and the non-finite guard
 are callbacks (:mod:`offline_plugins.lightning.callbacks`).
+
+One ``training_step`` may take several gradient steps (``steps_per_call``), which spreads
+Lightning's fixed cost per call (about 1 ms: its loop, hooks and progress tracking) over
+them; the run is the same, bit for bit. A callback that must act after every gradient step
+defines ``on_gradient_step(trainer, pl_module, losses)``, which the module calls inside a
+call of several steps (its ``on_train_batch_end`` then sees a
+:class:`~offline_plugins.lightning.data.StepBatches` and leaves it alone).
 """
 
 from __future__ import annotations
@@ -14,9 +21,50 @@ import torch
 from lightning.pytorch import LightningModule
 
 from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup, adam_kernel, compute_terms
-from offline_plugins.lightning.data import LOSS_STREAM, step_seed
+from offline_plugins.lightning.data import LOSS_STREAM, StepBatches, step_seed
 
-__all__ = ["OfflineAlgorithmModule", "OptimizerChain", "make_grouped_adam", "make_shell_optimizer"]
+__all__ = [
+    "OfflineAlgorithmModule",
+    "OptimizerChain",
+    "make_grouped_adam",
+    "make_shell_optimizer",
+    "DEFAULT_STEPS_PER_CALL",
+    "resolve_steps_per_call",
+]
+
+#: gradient steps per ``training_step`` when a run does not say (bench/lightning_overhead_bench.py,
+#: docs/benchmarks.md "Steps per call")
+DEFAULT_STEPS_PER_CALL = 8
+
+
+def _hooks_batches(callback) -> bool:
+    """Whether ``callback`` overrides a hook that sees each call's batch."""
+    from lightning.pytorch import Callback
+
+    return any(
+        getattr(type(callback), name, None) is not getattr(Callback, name)
+        for name in ("on_train_batch_start", "on_train_batch_end")
+    )
+
+
+def resolve_steps_per_call(steps_per_call: Optional[int], callbacks: Sequence[Any] = ()) -> int:
+    """The gradient steps per ``training_step`` of a run: ``steps_per_call``, else the default.
+
+    The default is :data:`DEFAULT_STEPS_PER_CALL`, or 1 when one of ``callbacks`` (a user's,
+    not the shell's own) overrides ``on_train_batch_start``/``on_train_batch_end``: such a
+    callback expects one batch and one step per call, which a call of several steps would
+    change under it. Passing ``steps_per_call`` explicitly is always honoured.
+
+    >>> resolve_steps_per_call(3), resolve_steps_per_call(None) == DEFAULT_STEPS_PER_CALL
+    (3, True)
+    """
+    if steps_per_call is None:
+        return 1 if any(_hooks_batches(cb) for cb in callbacks) else DEFAULT_STEPS_PER_CALL
+    if isinstance(steps_per_call, bool) or not isinstance(steps_per_call, int) or steps_per_call < 1:
+        from offline_plugins.errors import UserError
+
+        raise UserError(f"steps_per_call (--steps-per-call) must be a whole number >= 1, got {steps_per_call!r}")
+    return int(steps_per_call)
 
 
 def make_grouped_adam(groups: Sequence[OptimizerGroup]) -> torch.optim.Adam:
@@ -130,6 +178,13 @@ class OfflineAlgorithmModule(LightningModule):
     generators reseeded from ``(seed, r, t)``, so a resumed run repeats the
     uninterrupted one exactly.
 
+    With ``steps_per_call=K > 1`` a ``training_step`` receives the
+    :class:`~offline_plugins.lightning.data.StepBatches` of up to ``K`` steps
+    (:class:`~offline_plugins.lightning.data.OfflineDataModule` makes them) and takes
+    them one by one, exactly as ``K`` calls would: same batches, same seeds, the callbacks'
+    ``on_gradient_step`` (target updates, the non-finite guard) and the logging after each
+    step. ``trainer.global_step`` still counts gradient steps.
+
     Args:
         parts: what the algorithm's ``build(config, data)`` returned.
 
@@ -143,6 +198,8 @@ class OfflineAlgorithmModule(LightningModule):
         run: other run settings to save (batch size, eval settings...).
         compile_loss: compute the loss terms through ``torch.compile`` (one graph per set of
             due terms; the parameters and checkpoints are the loss module's own).
+        steps_per_call: gradient steps per ``training_step`` (the module also takes plain
+            batches, one step each, whatever this is).
     """
 
     def __init__(
@@ -156,8 +213,10 @@ class OfflineAlgorithmModule(LightningModule):
         data_state: Optional[dict] = None,
         run: Optional[dict] = None,
         compile_loss: bool = False,
+        steps_per_call: int = 1,
     ) -> None:
         super().__init__()
+        self.steps_per_call = resolve_steps_per_call(steps_per_call)
         self.automatic_optimization = False
         self.save_hyperparameters(ignore=["parts", "data_state"])
         self.loss_module = parts.loss
@@ -259,7 +318,41 @@ class OfflineAlgorithmModule(LightningModule):
         return torch.stack(values)
 
     def training_step(self, batch, batch_idx: int) -> dict[str, torch.Tensor]:
+        if isinstance(batch, StepBatches):
+            return self._several_steps(batch)
         step = self.trainer.global_step  # 0-based index of this step
+        out, losses = self._gradient_step(batch, step)
+        if (step + 1) % max(1, self.trainer.log_every_n_steps) == 0:
+            self._log_terms(out, losses)
+        return {"losses": losses}
+
+    def _several_steps(self, calls: StepBatches) -> dict[str, torch.Tensor]:
+        """The steps of one call, each as a call of its own would take it."""
+        trainer = self.trainer
+        step = trainer.global_step
+        if calls.start != step:
+            raise RuntimeError(
+                f"the batches handed to training_step start at step {calls.start}, the trainer is at step {step}: "
+                "a StepBatches stream must start at the trainer's global_step (OfflineDataModule's does)"
+            )
+        n = len(calls)
+        if trainer.max_steps is not None and trainer.max_steps > 0:
+            n = min(n, trainer.max_steps - step)  # never past max_steps, whatever the stream handed out
+        log_every = max(1, trainer.log_every_n_steps)
+        # looked up per call (a few microseconds), so nothing depends on on_fit_start having run
+        hooks = [cb.on_gradient_step for cb in trainer.callbacks if hasattr(cb, "on_gradient_step")]
+        losses = None
+        for i in range(n):
+            out, losses = self._gradient_step(calls.batches[i], step + i)
+            # as one call per step would: the step's logs, then what callbacks do after it
+            if (step + i + 1) % log_every == 0:
+                self._log_terms(out, losses)
+            for hook in hooks:
+                hook(trainer, self, losses)
+        return {"losses": losses}
+
+    def _gradient_step(self, batch, step: int):
+        """One gradient step on ``batch`` as step ``step``; returns the loss output and :meth:`_stack_losses`."""
         self._seed_step(step)
         keys, groups, idle_keys, idle = self._active(step)
         zero_weight = self._zero_weight_idle and bool(idle_keys)
@@ -287,10 +380,7 @@ class OfflineAlgorithmModule(LightningModule):
         if self._has_schedulers:
             for scheduler in self._schedulers():
                 scheduler.step()
-        losses = self._stack_losses(out)
-        if (step + 1) % max(1, self.trainer.log_every_n_steps) == 0:
-            self._log_terms(out, losses)
-        return {"losses": losses}
+        return out, self._stack_losses(out)
 
     @property
     def _has_schedulers(self) -> bool:

@@ -45,6 +45,7 @@ from offline_plugins.lightning.guards import (
     check_resume,
     quiet_lightning,
     read_checkpoint,
+    restored_process_state,
 )
 
 __all__ = [
@@ -53,6 +54,8 @@ __all__ = [
     "train",
     "evaluate_checkpoint",
     "load_checkpoint",
+    "load_trained_run",
+    "TrainedRun",
     "plot_learning_curve",
     "RunError",
     "RunInterrupted",
@@ -96,6 +99,30 @@ def _as_overrides(config: Union[None, str, os.PathLike, Mapping], overrides) -> 
     if overrides:
         merged.update(parse_set_args(list(overrides)) if not isinstance(overrides, Mapping) else dict(overrides))
     return merged
+
+
+#: run options (``train``'s arguments, the CLI's flags) that a user may try as config keys
+_RUN_OPTIONS: dict[str, str] = {
+    "steps": "--steps", "max_steps": "--steps", "seed": "--seed", "eval_every": "--eval-every",
+    "eval_episodes": "--eval-episodes", "devices": "--devices", "accelerator": "--accelerator",
+    "num_nodes": "--num-nodes", "strategy": "--devices", "out": "--out", "out_dir": "--out",
+    "resume": "--resume", "checkpoint_every": "--checkpoint-every", "log_every": "--log-every",
+    "threads": "--threads", "compile": "--compile", "model": "--model", "dataset": "--dataset",
+    "drop_nonfinite": "--drop-nonfinite", "drop_empty": "--drop-empty", "overwrite": "--overwrite",
+}
+
+
+def _refuse_run_options(spec, overrides: Mapping[str, Any]) -> None:
+    """A run option given as a config key (``--set steps=5``) is refused naming its flag."""
+    fields = {f.name for f in dataclasses.fields(spec.config)}
+    for key, value in overrides.items():
+        flag = _RUN_OPTIONS.get(key)
+        if flag is not None and key not in fields:
+            arg = key if key != "max_steps" else "steps"
+            raise UserError(
+                f"{key!r} is not a config key of {spec.name!r} but an option of the run: pass {flag} {value} to "
+                f"'offline-plugins train' (train({arg}=...) from Python) instead of --set/--config {key}"
+            )
 
 
 def _check_action_space(spec, dataset_id: str, action_space: Optional[str]) -> None:
@@ -157,13 +184,13 @@ def plan_run(
         drop_empty: Minari datasets: drop zero-length episodes instead of refusing.
     """
     from offline_plugins.config import apply_overrides
-    from offline_plugins.kinds import DataOptions
+    from offline_plugins.plugins.datakind import DataOptions
     from offline_plugins.plugins.registry import AlgorithmSpec
 
     if registry is None:
-        from offline_plugins.plugins import load_registry
+        from offline_plugins.plugins import shared_registry
 
-        registry = load_registry()
+        registry = shared_registry()
     spec = algorithm if isinstance(algorithm, AlgorithmSpec) else registry.algorithm(algorithm)
     kind = registry.kind_of(spec)
     options = DataOptions(model=model, drop_nonfinite=drop_nonfinite, drop_empty=drop_empty)
@@ -174,7 +201,9 @@ def plan_run(
     else:
         dataset_id, action_space = getattr(dataset, "dataset_id", "custom"), getattr(dataset, "action_space", None)
     _check_action_space(spec, dataset_id, action_space)
-    cfg = apply_overrides(spec.default_config(), _as_overrides(config, overrides))
+    merged = _as_overrides(config, overrides)
+    _refuse_run_options(spec, merged)
+    cfg = apply_overrides(spec.default_config(), merged)
     layout = kind.batch_layout(cfg)
     if isinstance(dataset, str):
         loaded = kind.load(dataset_id, spec=spec, config=cfg, registry=registry, device=device, progress=progress,
@@ -243,11 +272,13 @@ def train(
     overrides: Union[None, Sequence[str], Mapping[str, Any]] = None,
     out_dir: Union[None, str, os.PathLike] = None,
     resume: Union[None, bool, str, os.PathLike] = None,
+    overwrite: bool = False,
     checkpoint_every: Optional[int] = None,
     log_every: int = 50,
     progress: bool = True,
     threads: Optional[int] = None,
     compile: bool = False,
+    steps_per_call: Optional[int] = None,
     registry=None,
     callbacks: Sequence[Any] = (),
     plan: Optional[RunPlan] = None,
@@ -276,6 +307,9 @@ def train(
         out_dir: output folder (default ``runs/<algorithm>-<dataset>-s<seed>``); it must not
             hold another run unless resuming.
         resume: ``True`` for ``out_dir/checkpoints/last.ckpt``, or a checkpoint path.
+        overwrite: replace the earlier run in ``out_dir`` (its summary, metrics, plot,
+            checkpoints and exported model; nothing else in the folder is touched) instead
+            of refusing it.
         checkpoint_every: save ``last.ckpt`` every this many steps (default: at each evaluation).
         log_every: log training metrics every this many steps.
         progress: show the progress bar.
@@ -283,6 +317,9 @@ def train(
             networks on a busy machine train several times faster with 1.
         compile: run the loss through ``torch.compile`` (opt-in: the first steps wait for
             the compilation, about a minute on a CPU; see docs/benchmarks.md for the gain).
+        steps_per_call: gradient steps per Lightning ``training_step`` (the same run bit for bit,
+            with Lightning's cost per call spread over them; None: ``DEFAULT_STEPS_PER_CALL`` of
+            :mod:`offline_plugins.lightning.module`, or 1 when one of ``callbacks`` hooks every batch).
         registry: plugin registry (default: discover installed plugins).
         callbacks: extra Lightning callbacks.
         plan: an already checked :class:`RunPlan` (skips :func:`plan_run`).
@@ -311,8 +348,14 @@ def train(
         trained policy with ``save_pretrained`` in ``OUT/model``.
     """
     started = time.perf_counter()
+    if overwrite and resume not in (None, False, ""):
+        raise RunError("--overwrite and --resume contradict each other: --resume continues the run in --out, "
+                       "--overwrite replaces it; pass one")
     if steps < 1:
         raise RunError(f"--steps must be at least 1, got {steps}")
+    from offline_plugins.lightning.module import resolve_steps_per_call
+
+    steps_per_call = resolve_steps_per_call(steps_per_call, callbacks)
     if eval_episodes < 1:
         raise RunError(f"--eval-episodes must be at least 1, got {eval_episodes}")
     if eval_every is not None and eval_every < 0:
@@ -320,54 +363,56 @@ def train(
     check_devices(devices, accelerator, num_nodes)
     if out_dir is not None:
         check_out_dir(out_dir)
-    import torch
+    with restored_process_state():
+        import torch
 
-    if threads is not None:
-        torch.set_num_threads(int(threads))
-        # Lightning's DDP launchers reset each rank's threads unless OMP_NUM_THREADS is set
-        os.environ["OMP_NUM_THREADS"] = str(int(threads))
-    if plan is None:
-        plan = plan_run(algorithm, dataset, config=config, overrides=overrides, registry=registry, progress=progress,
-                        model=model, drop_nonfinite=drop_nonfinite, drop_empty=drop_empty)
-    if plan.kind is None:  # a RunPlan made by hand
-        from offline_plugins.kinds import DataOptions
-        from offline_plugins.plugins import load_registry
+        if threads is not None:
+            torch.set_num_threads(int(threads))
+            # Lightning's DDP launchers reset each rank's threads unless OMP_NUM_THREADS is set
+            os.environ["OMP_NUM_THREADS"] = str(int(threads))
+        if plan is None:
+            plan = plan_run(algorithm, dataset, config=config, overrides=overrides, registry=registry, progress=progress,
+                            model=model, drop_nonfinite=drop_nonfinite, drop_empty=drop_empty)
+        if plan.kind is None:  # a RunPlan made by hand
+            from offline_plugins.plugins.datakind import DataOptions
+            from offline_plugins.plugins import shared_registry
 
-        plan.kind = (registry or load_registry()).kind_of(plan.spec)
-        plan.options = plan.options or DataOptions(model=model)
-    launched = _is_launched_rank()
-    if out_dir is not None:
-        out = Path(out_dir)
-    elif launched and os.environ.get("OFFLINE_PLUGINS_RUN_DIR"):
-        out = Path(os.environ["OFFLINE_PLUGINS_RUN_DIR"])  # the folder rank 0 chose
-    else:
-        out = _default_out_dir(plan.spec.name, plan.dataset_id, seed)
-    ckpt_path = _resume_path(resume, out)
-    ckpt = None
-    if ckpt_path is not None:
-        ckpt = read_checkpoint(ckpt_path)
-        check_checkpoint(ckpt, ckpt_path, for_resume=True)
-    default = (plan.spec.name, plan.dataset_id, seed) if out_dir is None and ckpt_path is None else None
-    lock = None if launched else _lock_run_folder(out, default=default)
-    try:
-        out = lock.folder if lock is not None else out
-        # DDP's launcher re-runs this command for the other ranks: they must use the same folder
-        os.environ["OFFLINE_PLUGINS_RUN_DIR"] = str(out)
-        if ckpt_path is None and not launched:
-            _check_fresh(out)
-        with quiet_lightning(verbose):
-            return _fit(plan, out, ckpt_path, ckpt, steps=steps, seed=seed, eval_every=eval_every,
-                        eval_episodes=eval_episodes, devices=devices, accelerator=accelerator, num_nodes=num_nodes,
-                        strategy=strategy, checkpoint_every=checkpoint_every, log_every=log_every,
-                        progress=progress, compile=compile, callbacks=callbacks, started=started)
-    except BaseException as exc:
-        if lock is not None:
-            # a run refused before it wrote anything leaves no folder behind
-            lock.release(remove_if_unused=isinstance(exc, UserError) and not isinstance(exc, RunInterrupted))
-        raise
-    finally:
-        if lock is not None:
-            lock.release()
+            plan.kind = (registry or shared_registry()).kind_of(plan.spec)
+            plan.options = plan.options or DataOptions(model=model)
+        launched = _is_launched_rank()
+        if out_dir is not None:
+            out = Path(out_dir)
+        elif launched and os.environ.get("OFFLINE_PLUGINS_RUN_DIR"):
+            out = Path(os.environ["OFFLINE_PLUGINS_RUN_DIR"])  # the folder rank 0 chose
+        else:
+            out = _default_out_dir(plan.spec.name, plan.dataset_id, seed)
+        ckpt_path = _resume_path(resume, out)
+        ckpt = None
+        if ckpt_path is not None:
+            ckpt = read_checkpoint(ckpt_path)
+            check_checkpoint(ckpt, ckpt_path, for_resume=True)
+        default = (plan.spec.name, plan.dataset_id, seed) if out_dir is None and ckpt_path is None else None
+        lock = None if launched else _lock_run_folder(out, default=default)
+        try:
+            out = lock.folder if lock is not None else out
+            # DDP's launcher re-runs this command for the other ranks: they must use the same folder
+            os.environ["OFFLINE_PLUGINS_RUN_DIR"] = str(out)
+            if ckpt_path is None and not launched:
+                _check_fresh(out, overwrite=overwrite)
+            with quiet_lightning(verbose):
+                return _fit(plan, out, ckpt_path, ckpt, steps=steps, seed=seed, eval_every=eval_every,
+                            eval_episodes=eval_episodes, devices=devices, accelerator=accelerator, num_nodes=num_nodes,
+                            strategy=strategy, checkpoint_every=checkpoint_every, log_every=log_every,
+                            progress=progress, compile=compile, callbacks=callbacks, started=started,
+                            steps_per_call=steps_per_call)
+        except BaseException as exc:
+            if lock is not None:
+                # a run refused before it wrote anything leaves no folder behind
+                lock.release(remove_if_unused=isinstance(exc, UserError) and not isinstance(exc, RunInterrupted))
+            raise
+        finally:
+            if lock is not None:
+                lock.release()
 
 
 def _lock_run_folder(out: Path, *, default: Optional[tuple]) -> RunFolderLock:
@@ -386,7 +431,7 @@ def _lock_run_folder(out: Path, *, default: Optional[tuple]) -> RunFolderLock:
 def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dict], *, steps: int, seed: int,
          eval_every: Optional[int], eval_episodes: int, devices, accelerator: str, num_nodes: int, strategy,
          checkpoint_every: Optional[int], log_every: int, progress: bool, compile: bool, callbacks,
-         started: float) -> dict[str, Any]:
+         started: float, steps_per_call: int = 1) -> dict[str, Any]:
     """Build the module, the data module and the callbacks, fit, and write the run's files.
 
     What depends on the data (its evaluation, the summary's figures, the export) is asked
@@ -422,6 +467,7 @@ def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dic
         "data_kwargs": plan.data_kwargs,
         "eval_episodes": eval_episodes,
         "eval_every": eval_every,
+        "steps_per_call": steps_per_call,
         **plan.kind.run_settings(plan.data, plan.options),
     }
     module = OfflineAlgorithmModule(
@@ -433,6 +479,7 @@ def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dic
         data_state=plan.data.state_dict() if hasattr(plan.data, "state_dict") else {},
         run=run_settings,
         compile_loss=compile,
+        steps_per_call=steps_per_call,
     )
     module.provenance = {"provider": plan.spec.provider, "provider_version": plan.spec.version,
                          "plugin": plan.spec.plugin}
@@ -528,6 +575,7 @@ def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dic
         "train_s": round(train_s, 3),
         "steps_per_s": round((trainer.global_step - start_step) / max(train_s, 1e-9), 2),
         "world_size": trainer.world_size,
+        "steps_per_call": steps_per_call,
         "resumed_from": str(ckpt_path) if ckpt_path else None,
         "losses": dict(module.last_logged),
         "eval_history": evaluation.history,
@@ -603,12 +651,29 @@ def _resume_path(resume, out: Path) -> Optional[Path]:
     return path
 
 
-def _check_fresh(out: Path) -> None:
+#: what a run writes in its folder: what ``overwrite=True`` removes, and nothing else
+_RUN_FILES = ("summary.json", "metrics.csv", "metrics.before-resume.csv", "learning_curve.png", "checkpoints", "model")
+
+
+def _check_fresh(out: Path, *, overwrite: bool = False) -> None:
     taken = [p.name for p in (out / "summary.json", out / "metrics.csv", out / "checkpoints") if p.exists()]
+    if taken and overwrite:
+        import logging
+        import shutil
+
+        for name in _RUN_FILES:
+            path = out / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            elif path.exists() or path.is_symlink():
+                path.unlink()
+        logging.getLogger(__name__).warning("--overwrite: removed the earlier run's %s from %s",
+                                            ", ".join(taken), out)
+        return
     if taken:
         raise RunError(
             f"output folder {str(out)!r} already holds a run ({', '.join(taken)}); pass --resume to continue it, "
-            "or choose another --out"
+            "--overwrite to replace it, or choose another --out"
         )
 
 
@@ -623,6 +688,86 @@ def load_checkpoint(path: Union[str, os.PathLike], *, for_resume: bool = False) 
     return ckpt
 
 
+@dataclasses.dataclass
+class TrainedRun:
+    """A run rebuilt from its checkpoint: the trained module, its plan (data, config, kind), the checkpoint.
+
+    Attributes:
+        module: the :class:`~offline_plugins.lightning.module.OfflineAlgorithmModule` with the
+            checkpoint's weights, on ``device``.
+        plan: the :class:`RunPlan` the run's own config and dataset give.
+        checkpoint: the checkpoint as read (``weights_only=True``).
+        path: where it was read from.
+    """
+
+    module: Any
+    plan: RunPlan
+    checkpoint: dict
+    path: Path
+
+    @property
+    def info(self) -> dict:
+        return self.checkpoint["offline_plugins"]
+
+    @property
+    def step(self) -> int:
+        return int(self.checkpoint.get("global_step", 0))
+
+
+def load_trained_run(
+    path: Union[str, os.PathLike],
+    *,
+    device: str = "cpu",
+    registry=None,
+    data=None,
+    spec=None,
+    progress: bool = False,
+) -> TrainedRun:
+    """Rebuild the run saved in the checkpoint ``path``: its algorithm, dataset and trained weights.
+
+    The algorithm and dataset are reloaded by name (``data``/``spec`` override them), with
+    the options its data kind saved (``--model``, dropped episodes); the data's
+    normalisation statistics come from the checkpoint. Raises a ``RunError`` naming the
+    file when its weights do not fit the networks its config builds.
+    """
+    from offline_plugins.lightning.module import OfflineAlgorithmModule
+    from offline_plugins.plugins.registry import AlgorithmSpec
+
+    ckpt = load_checkpoint(path)
+    info = ckpt["offline_plugins"]
+    run = info.get("run", {})
+    seed = int(info.get("seed", 0))
+    if registry is None:
+        from offline_plugins.plugins import shared_registry
+
+        registry = shared_registry()
+    algo = spec if spec is not None else algorithm_of_checkpoint(info, registry, path)
+    algo = algo if isinstance(algo, AlgorithmSpec) else registry.algorithm(algo)
+    options = registry.kind_of(algo).reload_options(run) if data is None else None
+    plan = plan_run(
+        algo,
+        data if data is not None else info["dataset"],
+        overrides=info.get("config", {}),
+        registry=registry,
+        progress=progress,
+        model=options.model if options is not None else None,
+        drop_nonfinite=options.drop_nonfinite if options is not None else False,
+        drop_empty=options.drop_empty if options is not None else False,
+    )
+    if hasattr(plan.data, "load_state_dict") and info.get("data_state"):
+        plan.data.load_state_dict(info["data_state"])
+    module = OfflineAlgorithmModule(_build_parts(plan, seed), algorithm=plan.spec.name, dataset=plan.dataset_id,
+                                    seed=seed)
+    try:
+        module.load_state_dict(ckpt["state_dict"])
+    except RuntimeError as exc:  # hand-edited or another version's tensors
+        first = str(exc).splitlines()[0][:200]
+        raise RunError(f"checkpoint {str(path)!r} ({plan.spec.name} on {plan.dataset_id}) does not fit the networks "
+                       f"its own config builds ({first}); the file was edited or written by another version") from None
+    module.to(device)
+    return TrainedRun(module, plan, ckpt, Path(path))
+
+
 def evaluate_checkpoint(
     path: Union[str, os.PathLike],
     *,
@@ -633,60 +778,25 @@ def evaluate_checkpoint(
     data=None,
     spec=None,
 ) -> dict[str, Any]:
-    """Rebuild the policy saved in a checkpoint and evaluate it in the dataset's environment.
-
-    The algorithm and dataset are reloaded by name (``data``/``spec`` override them),
-    the normalisation statistics come from the checkpoint.
+    """Rebuild the policy saved in a checkpoint (:func:`load_trained_run`) and evaluate it as
+    its data kind evaluates a run (rollouts in the dataset's environment, held-out pairs...).
 
     Returns:
-        ``algorithm``, ``dataset``, ``step``, ``episodes``, ``return_mean``, ``return_std``,
+        ``algorithm``, ``dataset``, ``data_kind``, ``checkpoint``, ``step`` and the kind's
+        figures: for environment data ``episodes``, ``return_mean``, ``return_std``,
         ``normalized_score``, ``normalized_score_std``, ``length_mean``, ``returns``.
     """
-    from offline_plugins.lightning.module import OfflineAlgorithmModule
-
-    ckpt = load_checkpoint(path)
-    info = ckpt["offline_plugins"]
-    run = info.get("run", {})
-    episodes = int(episodes if episodes is not None else run.get("eval_episodes", 10))
+    trained = load_trained_run(path, device=device, registry=registry, data=data, spec=spec)
+    info, plan = trained.info, trained.plan
+    episodes = int(episodes if episodes is not None else info.get("run", {}).get("eval_episodes", 10))
     seed = int(seed if seed is not None else info.get("seed", 0))
-    from offline_plugins.plugins.registry import AlgorithmSpec
-
-    if registry is None:
-        from offline_plugins.plugins import load_registry
-
-        registry = load_registry()
-    algo = spec if spec is not None else algorithm_of_checkpoint(info, registry, path)
-    algo = algo if isinstance(algo, AlgorithmSpec) else registry.algorithm(algo)
-    kind = registry.kind_of(algo)
-    options = kind.reload_options(run) if data is None else None
-    plan = plan_run(
-        algo,
-        data if data is not None else info["dataset"],
-        overrides=info.get("config", {}),
-        registry=registry,
-        progress=False,
-        model=options.model if options is not None else None,
-        drop_nonfinite=options.drop_nonfinite if options is not None else False,
-        drop_empty=options.drop_empty if options is not None else False,
-    )
-    if hasattr(plan.data, "load_state_dict") and info.get("data_state"):
-        plan.data.load_state_dict(info["data_state"])
-    parts = _build_parts(plan, seed)
-    module = OfflineAlgorithmModule(parts, algorithm=plan.spec.name, dataset=plan.dataset_id, seed=seed)
-    try:
-        module.load_state_dict(ckpt["state_dict"])
-    except RuntimeError as exc:  # hand-edited or another version's tensors
-        first = str(exc).splitlines()[0][:200]
-        raise RunError(f"checkpoint {str(path)!r} ({plan.spec.name} on {plan.dataset_id}) does not fit the networks "
-                       f"its own config builds ({first}); the file was edited or written by another version") from None
-    module.to(device)
-    result = plan.kind.evaluate(module, plan.data, episodes=episodes, seed=seed, device=device)
+    result = plan.kind.evaluate(trained.module, plan.data, episodes=episodes, seed=seed, device=device)
     return {
         "algorithm": plan.spec.name,
         "dataset": plan.dataset_id,
         "data_kind": plan.kind.name,
         "checkpoint": str(path),
-        "step": int(ckpt.get("global_step", 0)),
+        "step": trained.step,
         **result,
     }
 

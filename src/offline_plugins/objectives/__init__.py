@@ -10,7 +10,7 @@ neither torch nor torchrl (``offline-plugins list`` and the plugin host rely on 
 
 from __future__ import annotations
 
-import importlib
+from offline_plugins._lazy import lazy_exports
 
 # name -> module under offline_plugins.objectives
 _EXPORTS = {
@@ -44,14 +44,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(globals(), {name: f".{module}" for name, module in _EXPORTS.items()})

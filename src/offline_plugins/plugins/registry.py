@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Union
 
 from offline_plugins.errors import UserError
+from offline_plugins.plugins.datakind import DataKind
 
 __all__ = [
     "FAMILIES",
@@ -266,8 +267,6 @@ class Registry:
         return ScopedRegistrar(self, provider, version, plugin)
 
     def _add(self, spec: Union[AlgorithmSpec, DatasetSpec, Any]) -> None:
-        from offline_plugins.kinds.base import DataKind
-
         if isinstance(spec, AlgorithmSpec):
             table, kind = self.algorithms, "algorithm"
         elif isinstance(spec, DatasetSpec):

@@ -1,4 +1,6 @@
-"""``offline-plugins data list | make | info``: dataset recipes and the local Minari store.
+"""``offline-plugins data list | make | info | audit``: dataset recipes, the local Minari store, preference audits.
+
+The library functions these call are in :mod:`offline_plugins.data` and :mod:`offline_plugins.audit`.
 
 Cheap to import: Minari and torch are imported inside the command functions.
 """
@@ -7,14 +9,12 @@ from __future__ import annotations
 
 import json
 
-__all__ = ["add_parsers", "cmd_data_list", "cmd_data_make", "cmd_data_info"]
+__all__ = ["add_parsers", "cmd_data_list", "cmd_data_make", "cmd_data_info", "cmd_data_audit"]
 
 
-def _registry(args):
-    from offline_plugins.plugins import load_registry
-
-    disable = [n.strip() for n in (getattr(args, "disable", "") or "").split(",") if n.strip()]
-    return load_registry(disable)
+from offline_plugins.cli.args import non_negative as _non_negative
+from offline_plugins.cli.args import positive as _positive
+from offline_plugins.cli.registry import registry_for as _registry
 
 
 def _human_size(n: int) -> str:
@@ -156,58 +156,11 @@ def cmd_data_make(args) -> int:
     return 0
 
 
-def dataset_info(dataset_id: str, registry=None, *, drop_nonfinite: bool = False, drop_empty: bool = False) -> dict:
-    """What ``data info`` prints, as a dict (the dataset must be local)."""
-    from offline_plugins.data.offline import load_offline_data
-    from offline_plugins.data.store import dataset_size_bytes, open_minari_dataset
-
-    data = load_offline_data(
-        dataset_id,
-        make_if_missing=False,
-        drop_nonfinite=drop_nonfinite,
-        drop_empty_episodes=drop_empty,
-        progress=False,
-        registry=registry,
-    )
-    minari_dataset = open_minari_dataset(data.dataset_id)
-    returns = data.episode_returns
-    info = {
-        "id": data.dataset_id,
-        "env_id": data.env_id,
-        "episodes": data.num_episodes,
-        "steps": len(data),
-        "return_min": float(returns.min()),
-        "return_mean": float(returns.mean()),
-        "return_max": float(returns.max()),
-        "ref_min_score": data.ref_min_score,
-        "ref_max_score": data.ref_max_score,
-        "normalized_score_mean": (
-            float(data.normalized_score(returns).mean()) if data.ref_min_score is not None and data.ref_max_score is not None else None
-        ),
-        "observation_space": str(minari_dataset.observation_space),
-        "action_space": str(minari_dataset.action_space),
-        "action_kind": data.action_space,
-        "data_format": minari_dataset.storage.metadata.get("data_format", "hdf5"),
-        "size_bytes": dataset_size_bytes(data.dataset_id),
-        "algorithm": minari_dataset.storage.metadata.get("algorithm_name"),
-        "dropped": dict(data.dropped),
-    }
-    return info
-
-
-def _dropped_text(dropped: dict) -> str:
-    """``3 episodes (412 steps) with NaN/inf values, 1 zero-length episode``, or ``nothing``."""
-    parts = []
-    if dropped.get("nonfinite_episodes"):
-        parts.append(f"{dropped['nonfinite_episodes']} episode(s) ({dropped['nonfinite_steps']} non-finite step(s)) "
-                     "with NaN/inf values")
-    if dropped.get("empty_episodes"):
-        parts.append(f"{dropped['empty_episodes']} zero-length episode(s)")
-    return ", ".join(parts) or "nothing"
-
-
 def cmd_data_info(args) -> int:
     """Episodes, steps, returns, reference scores and spaces of one local dataset."""
+    from offline_plugins.data.store import dataset_info
+    from offline_plugins.kinds.environment import dropped_text
+
     info = dataset_info(args.id, _registry(args), drop_nonfinite=args.drop_nonfinite, drop_empty=args.drop_empty)
     if args.json:
         print(json.dumps(info, indent=2))
@@ -230,13 +183,123 @@ def cmd_data_info(args) -> int:
     if info["algorithm"]:
         print(f"  made by:           {info['algorithm']}")
     if args.drop_nonfinite or args.drop_empty:
-        print(f"  dropped:           {_dropped_text(info['dropped'])}")
+        print(f"  dropped:           {dropped_text(info['dropped'])}")
+    return 0
+
+
+def _fmt(x, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _print_audit(r: dict) -> None:
+    """The audit as a plain-text table (``--json`` prints the dict itself)."""
+    ln = r["length"]
+    print(f"{r['dataset']}: {r['rows']} pairs" + (f" ({r['notes']['rows']})" if r["notes"].get("rows") else ""))
+    print(f"\nlength bias (length in {ln['unit']})")
+    ci = ln["chosen_longer_untied_ci95"]
+    print(f"  chosen is the longer one       {ln['chosen_longer']:.3f}  (rejected longer {ln['rejected_longer']:.3f}, "
+          f"ties {ln['ties']:.3f}; untied {_fmt(ln['chosen_longer_untied'])}"
+          + (f", 95% CI {ci[0]:.3f}..{ci[1]:.3f})" if ci else ")"))
+    d = ln["difference"]
+    print(f"  length chosen - rejected       mean {d['mean']:.1f}, median {d['median']:.1f}, p10..p90 "
+          f"{d['p10']:.1f}..{d['p90']:.1f}, min..max {d['min']:.0f}..{d['max']:.0f}")
+    print(f"  mean length chosen / rejected  {ln['chosen_mean']:.1f} / {ln['rejected_mean']:.1f}")
+    print(f"  length-only classifier         {ln['length_only_accuracy']:.3f}  (rule: the {ln['length_only_rule']} "
+          "response is chosen; 0.5 = no length bias)")
+    pos = r["position"]
+    print("\nposition bias")
+    if pos is None:
+        print("  no row has shown_first")
+    else:
+        lo, hi = pos["first_preferred_ci95"]
+        print(f"  first shown is chosen          {pos['first_preferred']:.3f}  ({pos['pairs']} pairs, 95% CI "
+              f"{lo:.3f}..{hi:.3f}; 0.5 = no position bias)")
+    ag = r["agreement"]
+    print("\nannotator agreement")
+    if ag is None:
+        print("  no row has annotations")
+    else:
+        print(f"  {ag['pairs']} pairs, {ag['annotators']} annotators, {ag['labels']} labels "
+              f"({ag['pairs_with_two_or_more']} pairs with two or more)")
+        print(f"  observed agreement             {_fmt(ag['observed_agreement'])}")
+        kappa = _fmt(ag["cohen_kappa"]) if ag["annotators"] == 2 else "- (needs exactly two annotators)"
+        print(f"  Cohen's kappa                  {kappa}")
+        print(f"  Krippendorff's alpha (nominal) {_fmt(ag['krippendorff_alpha'])}")
+        w = max(len(a["annotator"]) for a in ag["per_annotator"])
+        print(f"  {'ANNOTATOR':<{max(w, 9)}}  LABELS  AGREES-WITH-OTHERS  AGREES-WITH-ROW-LABEL")
+        for a in ag["per_annotator"]:
+            print(f"  {a['annotator']:<{max(w, 9)}}  {a['labels']:>6}  {_fmt(a['agreement_with_others']):>18}  "
+                  f"{a['agrees_with_row_label']:>21.3f}")
+    cp = r["contradictory_pairs"]
+    print(f"\ncontradictory pairs (labelled both ways): {cp['count']}")
+    for c in cp["pairs"]:
+        print(f"  rows {','.join(map(str, c['rows']))}: {c['votes_chosen']} for {c['chosen']!r}, "
+              f"{c['votes_rejected']} for {c['rejected']!r} (prompt {c['prompt']!r})")
+    iss = r["issues"]
+    print(f"\nrow issues (context {iss['context_tokens']} tokens of {iss['tokenizer_of']})")
+    for key, label in (("duplicate_rows", "duplicate rows"), ("chosen_equals_rejected", "chosen == rejected"),
+                       ("empty_responses", "empty responses"), ("prompts_over_context", "prompts over the context")):
+        rows = iss["examples"][key]
+        print(f"  {label:<29}  {iss[key]}" + (f"  (rows {', '.join(map(str, rows))})" if rows else ""))
+    if iss.get("loader_dropped"):
+        print(f"  dropped by the loader before decoding: {iss['loader_dropped']}")
+    m = r["model"]
+    if m is None:
+        print("\nmodel: none (--model OUT adds score-length correlation and candidate label flips)")
+        return
+    print(f"\nmodel: {m['algorithm']} run {m['path']} (trained on {m['trained_on']}; score: {m['score']})")
+    print(f"  pairs scored                   {m['pairs_scored']} ({m['pairs_skipped']} unusable)")
+    if not m["pairs_scored"]:
+        print(f"  {m.get('note', '')}")
+        return
+    print(f"  ranks the chosen first         {m['accuracy']:.3f}  ({m['ranked_against_label']} pairs against their label)")
+    print(f"  score vs length                Pearson {_fmt(m['score_length_pearson'])}, Spearman "
+          f"{_fmt(m['score_length_spearman'])}; margin vs length difference Spearman "
+          f"{_fmt(m['margin_length_difference_spearman'])}")
+    print(f"  candidate label flips (most confidently against the label): {len(m['candidate_flips'])}")
+    for f in m["candidate_flips"]:
+        p = "" if f["p_label"] is None else f", P(label) {f['p_label']:.3f}"
+        print(f"    row {f['row']}: margin {f['margin']:.3f}{p}; chosen {f['chosen']!r}, rejected {f['rejected']!r}")
+
+
+def cmd_data_audit(args) -> int:
+    """Length and position bias, annotator agreement, row issues and candidate label flips of a preference dataset."""
+    from offline_plugins.audit import plot_audit
+    from pathlib import Path
+
+    from offline_plugins.audit import AuditError
+
+    if args.plot is not None:
+        plot = Path(args.plot)
+        if plot.suffix.lower() != ".png":
+            raise AuditError(f"--plot {args.plot!r} should name a .png file, e.g. --plot audit.png")
+        if not plot.parent.is_dir():
+            raise AuditError(f"--plot {args.plot!r}: folder {str(plot.parent)!r} does not exist; create it or pick "
+                             "another path")
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    from offline_plugins.audit import audit_preference_data
+
+    report = audit_preference_data(args.dataset, model=args.model, base_model=args.base_model,
+                                   length_unit=args.length_unit, top=args.top, device=args.device,
+                                   progress=not args.no_progress, registry=_registry(args) if args.model else None)
+    if args.plot is not None:
+        report["plot"] = str(plot_audit(report, args.plot))
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        _print_audit(report)
+        if args.plot is not None:
+            print(f"\nplot: {report['plot']}")
     return 0
 
 
 def add_parsers(subparsers) -> None:
-    """Add ``data`` and its ``list``, ``make`` and ``info`` sub-commands."""
-    p = subparsers.add_parser("data", help="dataset recipes and the local Minari store: list, make, info")
+    """Add ``data`` and its ``list``, ``make``, ``info`` and ``audit`` sub-commands."""
+    p = subparsers.add_parser("data", help="dataset recipes and the local Minari store: list, make, info; "
+                              "preference data: audit")
     sub = p.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
     sub.required = True
 
@@ -263,3 +326,23 @@ def add_parsers(subparsers) -> None:
     q.add_argument("--drop-nonfinite", action="store_true", help="skip episodes with NaN/inf values")
     q.add_argument("--drop-empty", action="store_true", help="skip zero-length episodes")
     q.set_defaults(func=cmd_data_info)
+
+    q = sub.add_parser("audit", help="length and position bias, annotator agreement, bad rows and candidate label "
+                       "flips of a preference dataset")
+    q.add_argument("dataset", metavar="DATASET",
+                   help="a built-in preference dataset (arithmetic), a .jsonl file or hf:NAME[:SPLIT]")
+    q.add_argument("--model", metavar="PATH", help="a reward-model or dpo-family run (OUT or its .ckpt): adds "
+                   "score-length correlation and candidate label flips")
+    q.add_argument("--base-model", default="tiny", metavar="NAME",
+                   help="without --model: the model whose tokenizer counts tokens and context (default tiny)")
+    q.add_argument("--length-unit", choices=("chars", "words", "tokens"), default="chars",
+                   help="how response length is counted (default chars)")
+    q.add_argument("--top", type=_non_negative, default=10, metavar="N",
+                   help="candidate flips, contradictory pairs and example rows to list (default 10)")
+    q.add_argument("--device", default="cpu", help="device that scores pairs with --model (default cpu)")
+    q.add_argument("--threads", type=_positive, default=None, metavar="N", help="torch CPU threads")
+    q.add_argument("--plot", metavar="FILE.png", help="write the length-difference histogram (and per-annotator "
+                   "agreement) to this PNG")
+    q.add_argument("--no-progress", action="store_true", help="no progress bars")
+    q.add_argument("--json", action="store_true", help="print the audit as JSON")
+    q.set_defaults(func=cmd_data_audit)

@@ -6,37 +6,31 @@ before it creates the output folder, so a bad input writes nothing.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+
+from offline_plugins.cli.args import devices as _devices
+from offline_plugins.cli.args import non_negative as _non_negative
+from offline_plugins.cli.args import positive as _positive
+from offline_plugins.cli.registry import registry_for as _registry
 
 __all__ = ["add_parsers", "cmd_train", "cmd_eval"]
 
 
-def _positive(text: str) -> int:
+def _steps_per_call(text):
+    """``--steps-per-call`` as a number >= 1 (None: the default); a bad value is a one-line error."""
+    if text is None:
+        return None
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+        from offline_plugins.lightning.guards import RunError
+
+        raise RunError(f"--steps-per-call must be a whole number >= 1, got {text!r}; "
+                       "omit it for the default, or pass 1 for one gradient step per Lightning call")
     return value
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
-    return value
-
-
-def _devices(text: str):
-    if text == "auto":
-        return "auto"
-    return _positive(text)
 
 
 def add_parsers(subparsers) -> None:
@@ -82,6 +76,10 @@ def add_parsers(subparsers) -> None:
         "--resume", nargs="?", const=True, default=None, metavar="CKPT",
         help="continue a run: from DIR/checkpoints/last.ckpt, or from CKPT",
     )
+    p.add_argument(
+        "--overwrite", action="store_true",
+        help="replace the earlier run in --out (its summary, metrics, plot, checkpoints, model; nothing else)",
+    )
     p.add_argument("--checkpoint-every", type=_positive, default=None, metavar="N", help="save last.ckpt every N steps")
     p.add_argument("--log-every", type=_positive, default=50, metavar="N", help="log training metrics every N steps")
     p.add_argument(
@@ -91,6 +89,11 @@ def add_parsers(subparsers) -> None:
     p.add_argument(
         "--compile", action="store_true",
         help="run the loss through torch.compile (opt-in; the first steps wait for the compilation)",
+    )
+    p.add_argument(
+        "--steps-per-call", default=None, metavar="K",
+        help="gradient steps per Lightning training_step: the same run, with Lightning's cost per call "
+        "spread over K steps (default: the shell's measured default)",
     )
     p.add_argument(
         "--drop-nonfinite", action="store_true",
@@ -115,17 +118,6 @@ def add_parsers(subparsers) -> None:
     p.set_defaults(func=cmd_eval)
 
 
-def _registry(args):
-    from offline_plugins.plugins import load_registry
-
-    disable = [n.strip() for n in (getattr(args, "disable", "") or "").split(",") if n.strip()]
-    return load_registry(disable)
-
-
-def _fmt(x) -> str:
-    return "n/a" if x is None else f"{x:.1f}"
-
-
 def cmd_train(args) -> int:
     """``offline-plugins train``: check everything, then train and print the final evaluation."""
     from offline_plugins.lightning.guards import check_devices, check_out_dir
@@ -133,6 +125,7 @@ def cmd_train(args) -> int:
 
     # what the machine and the file system can refuse, before a dataset is loaded or made
     check_devices(args.devices, args.accelerator, args.num_nodes)
+    steps_per_call = _steps_per_call(args.steps_per_call)
     if args.out is not None:
         check_out_dir(args.out)
     registry = _registry(args)
@@ -160,11 +153,13 @@ def cmd_train(args) -> int:
         num_nodes=args.num_nodes,
         out_dir=args.out,
         resume=args.resume,
+        overwrite=args.overwrite,
         checkpoint_every=args.checkpoint_every,
         log_every=args.log_every,
         progress=not args.no_progress,
         threads=args.threads,
         compile=args.compile,
+        steps_per_call=steps_per_call,
         registry=registry,
         verbose=args.verbose,
     )

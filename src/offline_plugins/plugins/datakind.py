@@ -22,7 +22,9 @@ the one object per data kind that an algorithm's ``AlgorithmSpec.data`` names:
 
 A plugin registers a new kind through the ``offline_plugins_register_data_kinds``
 hook (docs/plugins.md); algorithms name it in ``AlgorithmSpec.data``. The shell never
-tests a family or an algorithm name.
+tests a family or an algorithm name. The contract lives here, beside the other records
+plugins register; the built-in kinds are in :mod:`offline_plugins.kinds`, which
+re-exports these names.
 """
 
 from __future__ import annotations

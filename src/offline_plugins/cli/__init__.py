@@ -1,6 +1,9 @@
 """``offline-plugins``: list and describe installed algorithms, make data, train, evaluate.
 
-The CLI only parses and calls. A bad input (a :class:`~offline_plugins.errors.UserError`)
+Argument parsing and printing live in this package only (``cli/data.py``: the ``data``
+commands; ``cli/train.py``: ``train`` and ``eval``); the library below knows no
+argparse. One plugin registry serves the whole command (``cli/registry.py``). The CLI
+only parses and calls. A bad input (a :class:`~offline_plugins.errors.UserError`)
 is printed as one line on stderr and exits 2; no traceback unless
 ``OFFLINE_PLUGINS_DEBUG=1``. Heavy imports happen inside the command that needs them.
 """
@@ -23,16 +26,11 @@ __all__ = ["main", "build_parser"]
 # Modules that add sub-commands: each defines ``add_parsers(subparsers)`` and must be
 # cheap to import (torch and friends are imported inside the command functions).
 _COMMAND_MODULES: tuple[str, ...] = (
-    "offline_plugins.data.commands",
-    "offline_plugins.lightning.commands",
+    "offline_plugins.cli.data",
+    "offline_plugins.cli.train",
 )
 
-
-def _registry(args):
-    from offline_plugins.plugins import load_registry
-
-    disable = [n.strip() for n in (args.disable or "").split(",") if n.strip()]
-    return load_registry(disable)
+from offline_plugins.cli.registry import registry_for as _registry  # noqa: E402
 
 
 def _print_json(obj) -> None:
@@ -184,6 +182,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         )
         return 1
 
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
