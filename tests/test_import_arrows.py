@@ -26,13 +26,7 @@ def _layer(path: Path) -> str:
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
-    found = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.append((node.lineno, node.module))
-        elif isinstance(node, ast.Import):
-            found.extend((node.lineno, a.name) for a in node.names)
-    return [(line, m) for line, m in found if m.startswith("offline_plugins.")]
+    return [(line, m) for line, m in _all_imports(path) if m.startswith("offline_plugins.")]
 
 
 def test_every_module_belongs_to_a_layer():
@@ -63,3 +57,19 @@ def test_the_moved_names_still_import_from_where_they_were():
     assert T is TokenizeReport and DiscretizationError is E1
     assert issubclass(ContextLengthError, OfflineLossError)
     assert callable(encode_example) and callable(pad_rows) and callable(pad_token_id)
+
+
+def test_only_the_cli_knows_argparse():
+    users = [str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+             if _layer(p) != "cli" and any(m == "argparse" for _, m in _all_imports(p))]
+    assert not users, f"argparse outside cli/: {users}"
+
+
+def _all_imports(path: Path) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            found.extend((node.lineno, a.name) for a in node.names)
+    return found
