@@ -71,6 +71,7 @@ BAD_INPUTS = [
     (["iql", "--dataset", DATASET, "--set", "steps=5"], "an option of the run: pass --steps 5"),
     (["iql", "--dataset", DATASET, "--set", "seed=3"], "pass --seed 3"),
     (["iql", "--dataset", DATASET, "--out", "{tmp}/r", "--resume", "--overwrite"], "contradict each other"),
+    (["iql", "--dataset", DATASET, "--reward", "m:f"], "--reward applies to algorithms trained on their own rollouts"),
 ]
 
 

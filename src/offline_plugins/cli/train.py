@@ -53,6 +53,11 @@ def add_parsers(subparsers) -> None:
         help="preference algorithms: the model the reference is made from: 'tiny' (built in, the default), "
         "a save_pretrained directory or a hub id",
     )
+    p.add_argument(
+        "--reward", default=None, metavar="MODULE:FUNCTION",
+        help="algorithms trained on their own rollouts: a reward function (prompts, responses, **row) -> floats, "
+        "instead of the dataset's verifier",
+    )
     p.add_argument("--steps", type=_positive, default=10_000, help="gradient steps (default 10000)")
     p.add_argument("--seed", type=int, default=0, help="seed of initialisation, batches and evaluation (default 0)")
     p.add_argument(
@@ -137,6 +142,7 @@ def cmd_train(args) -> int:
         registry=registry,
         progress=not args.no_progress,
         model=args.model,
+        reward=args.reward,
         drop_nonfinite=args.drop_nonfinite,
         drop_empty=args.drop_empty,
     )

@@ -76,6 +76,9 @@ class EnvironmentSteps(DataKind):
         return resolved, getattr(recipe, "action_space", None)
 
     def check_options(self, spec, options: DataOptions) -> None:
+        if options.reward is not None:
+            raise UserError(f"--reward applies to algorithms trained on their own rollouts (grpo...); {spec.name!r} "
+                            "reads the rewards recorded in the dataset: drop --reward")
         if options.model is not None:
             raise UserError(
                 f"--model applies to preference algorithms (dpo, kto, reward-model...); {spec.name!r} learns its "

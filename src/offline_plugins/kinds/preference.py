@@ -45,6 +45,9 @@ class PreferenceText(DataKind):
         return resolved, "tokens"
 
     def check_options(self, spec, options: DataOptions) -> None:
+        if options.reward is not None:
+            raise UserError(f"--reward applies to algorithms trained on their own rollouts (grpo...); {spec.name!r} "
+                            "learns from the labels of its preference data: drop --reward")
         for flag, on in (("--drop-nonfinite", options.drop_nonfinite), ("--drop-empty", options.drop_empty)):
             if on:
                 raise UserError(

@@ -109,6 +109,7 @@ _RUN_OPTIONS: dict[str, str] = {
     "resume": "--resume", "checkpoint_every": "--checkpoint-every", "log_every": "--log-every",
     "threads": "--threads", "compile": "--compile", "model": "--model", "dataset": "--dataset",
     "drop_nonfinite": "--drop-nonfinite", "drop_empty": "--drop-empty", "overwrite": "--overwrite",
+    "reward": "--reward",
 }
 
 
@@ -159,6 +160,7 @@ def plan_run(
     model: Optional[str] = None,
     drop_nonfinite: bool = False,
     drop_empty: bool = False,
+    reward: Optional[str] = None,
 ) -> RunPlan:
     """Resolve, check and load everything a run needs; raises a ``UserError`` on bad input.
 
@@ -182,6 +184,8 @@ def plan_run(
         drop_nonfinite: Minari datasets: drop episodes with NaN/inf values instead of
             refusing the dataset (``OfflineData.dropped`` counts them).
         drop_empty: Minari datasets: drop zero-length episodes instead of refusing.
+        reward: data scored while training (text rollouts): a reward function
+            ``"module:function"`` instead of the dataset's verifier.
     """
     from offline_plugins.config import apply_overrides
     from offline_plugins.plugins.datakind import DataOptions
@@ -193,7 +197,7 @@ def plan_run(
         registry = shared_registry()
     spec = algorithm if isinstance(algorithm, AlgorithmSpec) else registry.algorithm(algorithm)
     kind = registry.kind_of(spec)
-    options = DataOptions(model=model, drop_nonfinite=drop_nonfinite, drop_empty=drop_empty)
+    options = DataOptions(model=model, drop_nonfinite=drop_nonfinite, drop_empty=drop_empty, reward=reward)
     kind.check_options(spec, options)
     if isinstance(dataset, str):
         _refuse_foreign(spec, kind, dataset, registry)
@@ -285,6 +289,7 @@ def train(
     model: Optional[str] = None,
     drop_nonfinite: bool = False,
     drop_empty: bool = False,
+    reward: Optional[str] = None,
     verbose: bool = False,
 ) -> dict[str, Any]:
     """Train ``algorithm`` on ``dataset``, evaluate it, and write the run to ``out_dir``.
@@ -327,6 +332,8 @@ def train(
             (``"tiny"``, a ``save_pretrained`` directory or a hub id).
         drop_nonfinite, drop_empty: drop episodes with NaN/inf values, or of zero length,
             instead of refusing the dataset (counted in the summary's ``dropped``).
+        reward: algorithms trained on their own rollouts: a reward function
+            ``"module:function"`` instead of the dataset's verifier.
         verbose: show Lightning's own info lines (accelerator banner and the like).
 
     Raises:
@@ -372,7 +379,7 @@ def train(
             os.environ["OMP_NUM_THREADS"] = str(int(threads))
         if plan is None:
             plan = plan_run(algorithm, dataset, config=config, overrides=overrides, registry=registry, progress=progress,
-                            model=model, drop_nonfinite=drop_nonfinite, drop_empty=drop_empty)
+                            model=model, drop_nonfinite=drop_nonfinite, drop_empty=drop_empty, reward=reward)
         if plan.kind is None:  # a RunPlan made by hand
             from offline_plugins.plugins.datakind import DataOptions
             from offline_plugins.plugins import shared_registry
@@ -517,6 +524,7 @@ def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dic
             guard,
             TargetNetworkUpdate(),
             evaluation,
+            *plan.kind.callbacks(plan.data, parts, seed=seed),
             FinalCheckpoint(last_ckpt),
             InterruptCheckpoint(last_ckpt),
             checkpoint,
@@ -753,6 +761,7 @@ def load_trained_run(
         model=options.model if options is not None else None,
         drop_nonfinite=options.drop_nonfinite if options is not None else False,
         drop_empty=options.drop_empty if options is not None else False,
+        reward=options.reward if options is not None else None,
     )
     if hasattr(plan.data, "load_state_dict") and info.get("data_state"):
         plan.data.load_state_dict(info["data_state"])

@@ -14,6 +14,7 @@ the one object per data kind that an algorithm's ``AlgorithmSpec.data`` names:
 ``run_settings``              what a checkpoint must remember to rebuild the data
 ``reload_options``            the options to reload the data from those settings
 ``evaluation``                the Lightning callback that scores the run
+``callbacks``                 further callbacks the data needs (a refilled buffer binds the policy)
 ``summary_fields``            what ``summary.json`` adds (the last evaluation's figures)
 ``export``                    the trained policy in a form other tools load
 ``evaluate``                  ``offline-plugins eval`` of a checkpoint
@@ -47,11 +48,14 @@ class DataOptions:
             ``"tiny"``, a ``save_pretrained`` folder or a hub id; None: not given.
         drop_nonfinite: drop episodes with NaN/inf values instead of refusing them.
         drop_empty: drop zero-length episodes instead of refusing them.
+        reward: a reward function ``"module:function"`` (``--reward``) for data scored
+            while training (text rollouts); None: the dataset's own verifier.
     """
 
     model: Optional[str] = None
     drop_nonfinite: bool = False
     drop_empty: bool = False
+    reward: Optional[str] = None
 
 
 @dataclasses.dataclass
@@ -146,7 +150,8 @@ class DataKind:
         """Refuse options that do not apply to this kind (default: refuse all of them)."""
         if options.model is not None:
             raise UserError(f"--model does not apply to {spec.name!r}, which reads {self.name} data: drop --model")
-        for flag, on in (("--drop-nonfinite", options.drop_nonfinite), ("--drop-empty", options.drop_empty)):
+        for flag, on in (("--drop-nonfinite", options.drop_nonfinite), ("--drop-empty", options.drop_empty),
+                         ("--reward", options.reward is not None)):
             if on:
                 raise UserError(f"{flag} does not apply to {spec.name!r}, which reads {self.name} data: drop {flag}")
 
@@ -179,6 +184,11 @@ class DataKind:
         ``eval_s``), as :class:`~offline_plugins.lightning.callbacks.PolicyEvaluation` does.
         """
         raise NotImplementedError
+
+    def callbacks(self, data, parts, *, seed: int) -> list:
+        """Further Lightning callbacks the run needs for this data (default none): e.g. a kind
+        whose buffer is refilled from the policy being trained binds the policy here."""
+        return []
 
     def summary_fields(self, evaluation, data, *, eval_episodes: int) -> dict[str, Any]:
         """The fields this kind adds to ``summary.json`` (the last evaluation's figures)."""
