@@ -133,6 +133,13 @@ class RewardModelConfig:
     max_grad_norm: float = config_field(1.0, "clip the reward model's gradient norm to this")
     margin: float = config_field(0.0, "the chosen reward must win by this margin")
     center_coeff: float = config_field(0.0, "weight of the reward-centring term mean((r_w + r_l)^2); 0 disables")
+    ensemble: int = config_field(1, "reward heads on the shared backbone, each trained on its own bootstrap of "
+                                    "the pairs (1: one reward model)")
+    aggregate: str = config_field("mean", "how the heads' rewards become the reward RL reads: mean, min, or lcb "
+                                          "(mean minus uncertainty_coef std)")
+    uncertainty_coef: float = config_field(1.0, "k of aggregate=lcb: reward = mean - k * std over the heads")
+    bootstrap: bool = config_field(True, "weight each pair by a Poisson(1) draw per head (false: every head sees "
+                                         "every pair)")
 
 
 def _trainable_copy(model: Any) -> Any:
@@ -224,10 +231,22 @@ def build_reward_model(config: RewardModelConfig, data: Any):
     from offline_plugins.modules.causal_lm import CausalLMReward
     from offline_plugins.objectives.llm import BradleyTerryLoss
 
+    from offline_plugins.errors import UserError
+
     check_preference_data(data, "reward-model", "preference-pairs", needs_reference=False)
+    if isinstance(config.ensemble, bool) or int(config.ensemble) < 1:
+        raise UserError(f"reward-model: ensemble must be a whole number >= 1 (heads), got {config.ensemble!r}; "
+                        "fix it with --set ensemble=4")
+    from offline_plugins.modules.causal_lm import ENSEMBLE_AGGREGATES
+
+    if config.aggregate not in ENSEMBLE_AGGREGATES:
+        raise UserError(f"reward-model: aggregate must be one of {', '.join(ENSEMBLE_AGGREGATES)}, got "
+                        f"{config.aggregate!r}; fix it with --set aggregate=lcb")
     backbone = _trainable_copy(data.reference)
-    reward = CausalLMReward(backbone)
-    loss = BradleyTerryLoss(reward, margin=config.margin, center_coeff=config.center_coeff)
+    reward = CausalLMReward(backbone, heads=int(config.ensemble), aggregate=config.aggregate,
+                            uncertainty_coef=config.uncertainty_coef)
+    loss = BradleyTerryLoss(reward, margin=config.margin, center_coeff=config.center_coeff,
+                            bootstrap=config.bootstrap)
     keys = ("loss_reward", "loss_center") if config.center_coeff > 0 else ("loss_reward",)
     group = OptimizerGroup("reward", list(reward.parameters()), config.lr, keys, max_grad_norm=config.max_grad_norm)
     # a reward model is no language model to generate with or export: ``model`` stays None

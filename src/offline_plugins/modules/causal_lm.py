@@ -38,7 +38,8 @@ import torch
 from tensordict import NestedKey, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
-__all__ = ["CausalLMLogProbs", "CausalLMReward", "token_log_probs", "sequence_log_probs"]
+__all__ = ["CausalLMLogProbs", "CausalLMReward", "token_log_probs", "sequence_log_probs", "aggregate_rewards",
+           "ENSEMBLE_AGGREGATES"]
 
 
 def _is_hf_like(model: torch.nn.Module) -> bool:
@@ -138,6 +139,31 @@ class CausalLMLogProbs(TensorDictModuleBase):
         return tensordict
 
 
+#: how an ensemble's rewards become one: the mean, the min, or the mean minus k std ("lcb")
+ENSEMBLE_AGGREGATES = ("mean", "min", "lcb")
+def aggregate_rewards(heads: torch.Tensor, aggregate: str = "mean", *, k: float = 1.0) -> torch.Tensor:
+    """One reward from an ensemble's ``[..., K]`` rewards: ``mean``, ``min``, or ``lcb`` = mean - k * std.
+
+    The std is the population std over the K members (0 for one member). ``min`` and
+    ``lcb`` penalise what the members disagree on: the uncertainty-penalised reward of
+    reward-model ensembles against over-optimisation (Coste et al. 2023, arXiv:2310.02743;
+    Eisenstein et al. 2023, arXiv:2312.09244).
+
+    >>> r = torch.tensor([[1.0, 3.0], [2.0, 2.0]])
+    >>> aggregate_rewards(r, "mean").tolist(), aggregate_rewards(r, "min").tolist()
+    ([2.0, 2.0], [1.0, 2.0])
+    >>> aggregate_rewards(r, "lcb", k=1.0).tolist()
+    [1.0, 2.0]
+    """
+    if aggregate == "mean":
+        return heads.mean(-1)
+    if aggregate == "min":
+        return heads.amin(-1)
+    if aggregate == "lcb":
+        return heads.mean(-1) - k * heads.std(-1, correction=0)
+    raise ValueError(f"aggregate must be one of {', '.join(ENSEMBLE_AGGREGATES)}, got {aggregate!r}")
+
+
 class CausalLMReward(TensorDictModuleBase):
     """A scalar reward per sequence: a causal LM's last hidden state at the last real token, then a linear head.
 
@@ -152,6 +178,14 @@ class CausalLMReward(TensorDictModuleBase):
     Keyword Args:
         tokens_key, attention_mask_key: as :class:`CausalLMLogProbs`.
         reward_key: where the reward goes, shape ``[...]``. Defaults to ``"reward"``.
+        heads: an ensemble of this many linear heads on the shared backbone (each
+            initialised apart; :class:`~offline_plugins.objectives.llm.BradleyTerryLoss`
+            trains each on its own bootstrap of the pairs). Defaults to 1.
+        aggregate: how the heads' rewards become the reward: ``"mean"``, ``"min"`` or
+            ``"lcb"`` (mean minus ``uncertainty_coef`` std). Defaults to ``"mean"``.
+        uncertainty_coef: ``k`` of ``"lcb"``. Defaults to 1.0.
+        heads_key: where ``forward`` writes every head's reward ``[..., heads]`` when
+            ``heads > 1``. Defaults to ``"reward_heads"``.
     """
 
     def __init__(
@@ -161,29 +195,53 @@ class CausalLMReward(TensorDictModuleBase):
         tokens_key: NestedKey = ("tokens", "full"),
         attention_mask_key: NestedKey = ("masks", "all_attention_mask"),
         reward_key: NestedKey = "reward",
+        heads: int = 1,
+        aggregate: str = "mean",
+        uncertainty_coef: float = 1.0,
+        heads_key: NestedKey = "reward_heads",
     ) -> None:
         super().__init__()
+        if int(heads) < 1:
+            raise ValueError(f"heads must be at least 1, got {heads}")
+        if aggregate not in ENSEMBLE_AGGREGATES:
+            raise ValueError(f"aggregate must be one of {', '.join(ENSEMBLE_AGGREGATES)}, got {aggregate!r}")
         self.model = model
-        self.head = torch.nn.Linear(model.config.hidden_size, 1)
+        self.num_heads = int(heads)
+        self.aggregate = aggregate
+        self.uncertainty_coef = float(uncertainty_coef)
+        self.head = torch.nn.Linear(model.config.hidden_size, self.num_heads)
         torch.nn.init.zeros_(self.head.bias)
         self.tokens_key = tokens_key
         self.attention_mask_key = attention_mask_key
         self.reward_key = reward_key
+        self.heads_key = heads_key
         self.in_keys = [tokens_key, attention_mask_key]
-        self.out_keys = [reward_key]
+        self.out_keys = [reward_key] + ([heads_key] if self.num_heads > 1 else [])
 
-    def rewards(self, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def head_rewards(self, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Every head's reward, ``[..., heads]``."""
         lead = tokens.shape[:-1]
         ids = tokens.reshape(-1, tokens.shape[-1])
         mask = attention_mask.reshape(ids.shape).long()
         hidden = self.model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
         last = (mask.sum(-1) - 1).clamp_min(0)
         h = hidden[torch.arange(ids.shape[0], device=ids.device), last]
-        return self.head(h.float()).squeeze(-1).reshape(lead)
+        return self.head(h.float()).reshape(*lead, self.num_heads)
+
+    def combine(self, heads: torch.Tensor) -> torch.Tensor:
+        """The reward from ``[..., heads]`` head rewards, by ``aggregate``."""
+        if self.num_heads == 1:
+            return heads.squeeze(-1)
+        return aggregate_rewards(heads, self.aggregate, k=self.uncertainty_coef)
+
+    def rewards(self, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The (aggregated) reward per sequence, ``[...]``: what RL and evaluation read."""
+        return self.combine(self.head_rewards(tokens, attention_mask))
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        tensordict.set(
-            self.reward_key, self.rewards(tensordict.get(self.tokens_key), tensordict.get(self.attention_mask_key))
-        )
+        heads = self.head_rewards(tensordict.get(self.tokens_key), tensordict.get(self.attention_mask_key))
+        tensordict.set(self.reward_key, self.combine(heads))
+        if self.num_heads > 1:
+            tensordict.set(self.heads_key, heads)
         return tensordict
 

@@ -35,7 +35,12 @@ __all__ = [
     "orpo_loss",
     "simpo_loss",
     "group_relative_advantage",
+    "aggregate_rewards",
+    "ENSEMBLE_AGGREGATES",
 ]
+
+# an ensemble's rewards as one (defined beside the reward network, which combines its heads)
+from offline_plugins.modules.causal_lm import ENSEMBLE_AGGREGATES, aggregate_rewards  # noqa: E402
 
 _LOG_HALF = -math.log(2.0)
 
@@ -241,3 +246,4 @@ def group_relative_advantage(rewards: torch.Tensor, groups: torch.Tensor, *, eps
     var = torch.zeros_like(n).index_add(0, inverse, centred**2) / n
     std = var.sqrt()[inverse]
     return torch.where(std > eps, centred / std.clamp_min(eps), torch.zeros_like(centred))
+
