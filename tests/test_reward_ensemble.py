@@ -91,3 +91,4 @@ def test_cli_trains_an_ensemble_and_refuses_bad_settings(tmp_path, capsys, monke
                      "--set", bad, "--out", str(tmp_path / "bad"), "--no-progress"])
         err = capsys.readouterr().err
         assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+

@@ -72,6 +72,8 @@ BAD_INPUTS = [
     (["iql", "--dataset", DATASET, "--set", "seed=3"], "pass --seed 3"),
     (["iql", "--dataset", DATASET, "--out", "{tmp}/r", "--resume", "--overwrite"], "contradict each other"),
     (["iql", "--dataset", DATASET, "--reward", "m:f"], "--reward applies to algorithms trained on their own rollouts"),
+    (["iql", "--dataset", DATASET, "--precision", "8"], "--precision '8' is not one of"),
+    (["iql", "--dataset", DATASET, "--precision", "16-mixed", "--accelerator", "cpu"], "needs a CUDA GPU"),
 ]
 
 

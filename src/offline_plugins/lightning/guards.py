@@ -37,6 +37,8 @@ __all__ = [
     "RunInterrupted",
     "check_devices",
     "check_out_dir",
+    "check_precision",
+    "peak_memory_mb",
     "RunFolderLock",
     "read_checkpoint",
     "check_checkpoint",
@@ -122,6 +124,44 @@ def check_devices(devices: Union[int, str, list, None], accelerator: str = "auto
             f"--devices {wanted} asks for {wanted} {what}, but only {have} {where} to this process; "
             f"pass --devices {have} or fewer"
         )
+
+
+#: Lightning precisions a run accepts, and those that need CUDA
+PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "64-true", "16-mixed", "16-true")
+_CUDA_ONLY = ("16-mixed", "16-true")
+_ALIASES = {"32": "32-true", "64": "64-true", "bf16": "bf16-mixed", "16": "16-mixed"}
+
+
+def check_precision(precision: Union[str, int], accelerator: str = "auto") -> str:
+    """The canonical precision for Lightning's ``Trainer``; an unknown or unsupported one is a ``RunError``.
+
+    >>> check_precision("32"), check_precision("bf16-mixed")
+    ('32-true', 'bf16-mixed')
+    """
+    text = _ALIASES.get(str(precision), str(precision))
+    if text not in PRECISIONS:
+        raise RunError(f"--precision {precision!r} is not one of {', '.join(PRECISIONS)} (or 32, 64, bf16, 16)")
+    if text in _CUDA_ONLY:
+        import torch
+
+        if accelerator == "cpu" or not torch.cuda.is_available():
+            raise RunError(f"--precision {text} needs a CUDA GPU (float16 autocast on a CPU is not supported); "
+                           "use --precision bf16-mixed on a CPU")
+    return text
+
+
+def peak_memory_mb(device=None) -> dict[str, float]:
+    """Peak memory of this process: resident set on the host, and allocated on the CUDA device."""
+    import resource
+    import sys
+
+    import torch
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    out = {"host_max_rss": round(rss / (1024 * 1024 if sys.platform == "darwin" else 1024), 1)}
+    if device is not None and getattr(device, "type", str(device)) == "cuda" and torch.cuda.is_available():
+        out["cuda_max_allocated"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    return out
 
 
 def check_out_dir(out_dir: Union[str, os.PathLike]) -> Path:

@@ -42,7 +42,9 @@ from offline_plugins.lightning.guards import (
     check_checkpoint,
     check_devices,
     check_out_dir,
+    check_precision,
     check_resume,
+    peak_memory_mb,
     quiet_lightning,
     read_checkpoint,
     restored_process_state,
@@ -105,7 +107,7 @@ def _as_overrides(config: Union[None, str, os.PathLike, Mapping], overrides) -> 
 _RUN_OPTIONS: dict[str, str] = {
     "steps": "--steps", "max_steps": "--steps", "seed": "--seed", "eval_every": "--eval-every",
     "eval_episodes": "--eval-episodes", "devices": "--devices", "accelerator": "--accelerator",
-    "num_nodes": "--num-nodes", "strategy": "--devices", "out": "--out", "out_dir": "--out",
+    "num_nodes": "--num-nodes", "strategy": "--devices", "precision": "--precision", "out": "--out", "out_dir": "--out",
     "resume": "--resume", "checkpoint_every": "--checkpoint-every", "log_every": "--log-every",
     "threads": "--threads", "compile": "--compile", "model": "--model", "dataset": "--dataset",
     "drop_nonfinite": "--drop-nonfinite", "drop_empty": "--drop-empty", "overwrite": "--overwrite",
@@ -272,6 +274,7 @@ def train(
     accelerator: str = "auto",
     num_nodes: int = 1,
     strategy=None,
+    precision: str = "32-true",
     config: Union[None, str, os.PathLike, Mapping] = None,
     overrides: Union[None, Sequence[str], Mapping[str, Any]] = None,
     out_dir: Union[None, str, os.PathLike] = None,
@@ -307,6 +310,9 @@ def train(
         eval_episodes: episodes per evaluation.
         devices, accelerator, num_nodes, strategy: as Lightning's ``Trainer``; more
             than one device trains with DDP.
+        precision: Lightning's precision: ``32-true`` (default), ``bf16-mixed``,
+            ``bf16-true``, ``64-true``, and on CUDA ``16-mixed``/``16-true``. Cached
+            reference log-probs stay as computed at load (fp32) whatever it is.
         config: YAML/JSON file (or mapping) of config overrides.
         overrides: ``["key=value", ...]`` applied after ``config``.
         out_dir: output folder (default ``runs/<algorithm>-<dataset>-s<seed>``); it must not
@@ -368,6 +374,7 @@ def train(
     if eval_every is not None and eval_every < 0:
         raise RunError(f"--eval-every must be 0 (only at the end) or positive, got {eval_every}")
     check_devices(devices, accelerator, num_nodes)
+    precision = check_precision(precision, accelerator)
     if out_dir is not None:
         check_out_dir(out_dir)
     with restored_process_state():
@@ -411,7 +418,7 @@ def train(
                             eval_episodes=eval_episodes, devices=devices, accelerator=accelerator, num_nodes=num_nodes,
                             strategy=strategy, checkpoint_every=checkpoint_every, log_every=log_every,
                             progress=progress, compile=compile, callbacks=callbacks, started=started,
-                            steps_per_call=steps_per_call)
+                            steps_per_call=steps_per_call, precision=precision)
         except BaseException as exc:
             if lock is not None:
                 # a run refused before it wrote anything leaves no folder behind
@@ -438,7 +445,7 @@ def _lock_run_folder(out: Path, *, default: Optional[tuple]) -> RunFolderLock:
 def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dict], *, steps: int, seed: int,
          eval_every: Optional[int], eval_episodes: int, devices, accelerator: str, num_nodes: int, strategy,
          checkpoint_every: Optional[int], log_every: int, progress: bool, compile: bool, callbacks,
-         started: float, steps_per_call: int = 1) -> dict[str, Any]:
+         started: float, steps_per_call: int = 1, precision: str = "32-true") -> dict[str, Any]:
     """Build the module, the data module and the callbacks, fit, and write the run's files.
 
     What depends on the data (its evaluation, the summary's figures, the export) is asked
@@ -516,6 +523,7 @@ def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dic
         devices=devices,
         num_nodes=num_nodes,
         strategy=_strategy(devices, num_nodes, parts, strategy),
+        precision=precision,
         max_steps=steps,
         max_epochs=-1,
         logger=CSVLogger(save_dir=str(out), name="", version=""),
@@ -583,6 +591,8 @@ def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dic
         "train_s": round(train_s, 3),
         "steps_per_s": round((trainer.global_step - start_step) / max(train_s, 1e-9), 2),
         "world_size": trainer.world_size,
+        "precision": precision,
+        "peak_memory_mb": peak_memory_mb(trainer.strategy.root_device),
         "steps_per_call": steps_per_call,
         "resumed_from": str(ckpt_path) if ckpt_path else None,
         "losses": dict(module.last_logged),
