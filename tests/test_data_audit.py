@@ -261,7 +261,7 @@ def test_agreement_does_not_depend_on_which_response_the_row_calls_chosen():
 
 
 def test_bad_inputs_raise_user_errors(tmp_path):
-    with pytest.raises(AuditError, match=r"'pendulum/medium-v0' is not a preference dataset.*\.jsonl file"):
+    with pytest.raises(AuditError, match=r"data audit reads preference data, but 'pendulum/medium-v0' is not one.*\.jsonl file"):
         audit_preference_data("pendulum/medium-v0")
     with pytest.raises(AuditError, match="no rows to audit"):
         audit_preference_data([])
@@ -303,7 +303,7 @@ def test_cli_json_text_and_plot(tmp_path, capsys):
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
-    _fails_cleanly(capsys, "no-such-dataset", match="is not a preference dataset")
+    _fails_cleanly(capsys, "no-such-dataset", match="'no-such-dataset' is not one")
     _fails_cleanly(capsys, str(tmp_path / "missing.jsonl"), match="does not exist")
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")

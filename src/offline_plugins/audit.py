@@ -224,17 +224,9 @@ def _length_only_accuracy(diffs: Sequence[float], folds: int = 5) -> tuple[float
 
 
 def _unknown_dataset(dataset: str) -> AuditError:
-    import difflib
+    from offline_plugins.data.preference_sources import unknown_preference_dataset
 
-    from offline_plugins.data.preference_sources import _ALIASES, BUILTIN_PREFERENCE_DATASETS
-
-    known = list(BUILTIN_PREFERENCE_DATASETS)
-    close = difflib.get_close_matches(dataset, known + list(_ALIASES), n=2, cutoff=0.5)
-    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-    return AuditError(
-        f"data audit reads preference data, but {dataset!r} is not a preference dataset.{hint} Give a built-in one "
-        f"({', '.join(known)}), a .jsonl file of prompt/chosen/rejected rows, or hf:NAME[:SPLIT]"
-    )
+    return unknown_preference_dataset(dataset, "data audit", verb="reads", error=AuditError)
 
 
 def _decode_pairs(td, tokenizer) -> list[dict]:

@@ -95,12 +95,18 @@ def resolve_preference_id(dataset: str) -> Optional[str]:
     return None
 
 
-def unknown_preference_dataset(dataset: str, algorithm: str) -> PreferenceSourceError:
+def unknown_preference_dataset(dataset: str, algorithm: str, *, verb: str = "trains on",
+                               error: Optional[type] = None) -> PreferenceSourceError:
+    """The error for an id that names no preference dataset, with close matches and what is accepted.
+
+    ``algorithm`` and ``verb`` say who reads it (``"dpo trains on"``, ``"data audit reads"``);
+    ``error`` is the class to raise (default :class:`PreferenceSourceError`).
+    """
     known = list(BUILTIN_PREFERENCE_DATASETS)
     close = difflib.get_close_matches(dataset, known + list(_ALIASES), n=2, cutoff=0.5)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-    return PreferenceSourceError(
-        f"{algorithm} trains on preference data, but {dataset!r} is not one.{hint} Use a built-in preference "
+    return (error or PreferenceSourceError)(
+        f"{algorithm} {verb} preference data, but {dataset!r} is not one.{hint} Use a built-in preference "
         f"dataset ({', '.join(known)}), a .jsonl file of prompt/chosen/rejected rows, or hf:NAME[:SPLIT]"
     )
 
