@@ -149,6 +149,31 @@ def test_a_run_resumed_mid_way_and_with_another_k_is_exact(tmp_path):
     assert trained(resumed) == trained(straight)
 
 
+class _SigtermAfterStep(Callback):
+    """Send this process SIGTERM once, after gradient step ``step``: inside a call of several steps."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_gradient_step(self, trainer, pl_module, losses) -> None:
+        if trainer.global_step == self.step:
+            import signal
+
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_signal_inside_a_call_stops_at_its_end_and_resumes_exactly(tmp_path):
+    from offline_plugins.lightning.guards import RunInterrupted
+
+    kw = dict(algorithm="td3-bc", steps=20, eval_every=0, log_every=5)
+    with pytest.raises(RunInterrupted, match=r"at step 12 of 20"):
+        _run(tmp_path, "cut", 4, record=_SigtermAfterStep(10), **kw)
+    assert load_checkpoint(tmp_path / "cut" / "checkpoints" / "last.ckpt")["global_step"] == 12
+    resumed = _run(tmp_path, "cut", 4, resume=True, **kw)
+    straight = _run(tmp_path, "straight", 1, **kw)
+    _assert_same_run(resumed, straight, history=False)
+
+
 def test_the_non_finite_guard_names_the_same_step_with_several_steps_per_call(tmp_path):
     from offline_plugins.lightning.callbacks import NonFiniteLossError
 

@@ -52,7 +52,9 @@ class TargetNetworkUpdate(Callback):
     ``every`` defaults to the algorithm's ``AlgorithmParts.target_update_every``, else to the
     slowest optimiser group's period (TD3+BC moves its targets with the delayed actor, on
     the same steps: the every-th, 2 every-th...).
-    The updater's own progress (``HardUpdate``'s counter) is saved by the module.
+    The updater's own progress (``HardUpdate``'s counter) is saved by the module. Inside a
+    call of several steps the module calls :meth:`on_gradient_step` after each, so targets
+    move after the same steps as with one step per call.
     """
 
     def __init__(self, every: Optional[int] = None) -> None:

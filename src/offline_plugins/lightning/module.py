@@ -63,7 +63,8 @@ def resolve_steps_per_call(steps_per_call: Optional[int], callbacks: Sequence[An
     if isinstance(steps_per_call, bool) or not isinstance(steps_per_call, int) or steps_per_call < 1:
         from offline_plugins.errors import UserError
 
-        raise UserError(f"steps_per_call (--steps-per-call) must be a whole number >= 1, got {steps_per_call!r}")
+        raise UserError(f"steps_per_call (--steps-per-call) must be a whole number >= 1, got {steps_per_call!r}; "
+                        "pass None for the default, or 1 for one gradient step per Lightning call")
     return int(steps_per_call)
 
 
