@@ -71,6 +71,10 @@ def add_parsers(subparsers) -> None:
     )
     p.add_argument("--accelerator", default="auto", help="cpu, gpu, ... (default auto)")
     p.add_argument(
+        "--accumulate", type=_positive, default=1, metavar="N",
+        help="split each step's batch into N micro-batches (gradient accumulation; batch_size stays per step)",
+    )
+    p.add_argument(
         "--precision", default="32-true", metavar="P",
         help="Lightning precision: 32-true (default), bf16-mixed, bf16-true, 64-true; on CUDA also 16-mixed, 16-true",
     )
@@ -163,6 +167,7 @@ def cmd_train(args) -> int:
         accelerator=args.accelerator,
         num_nodes=args.num_nodes,
         precision=args.precision,
+        accumulate=args.accumulate,
         out_dir=args.out,
         resume=args.resume,
         overwrite=args.overwrite,

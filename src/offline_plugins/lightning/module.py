@@ -201,6 +201,11 @@ class OfflineAlgorithmModule(LightningModule):
             due terms; the parameters and checkpoints are the loss module's own).
         steps_per_call: gradient steps per ``training_step`` (the module also takes plain
             batches, one step each, whatever this is).
+        accumulate: split each step's batch into this many micro-batches along its first
+            dimension, backpropagate each (weighted by its share of the batch) and step once:
+            the same gradient as the whole batch for losses that average over it, with the
+            activations of one micro-batch in memory. The batch size stays the number per
+            optimiser step (preference pairs, rollouts...).
     """
 
     def __init__(
@@ -215,9 +220,15 @@ class OfflineAlgorithmModule(LightningModule):
         run: Optional[dict] = None,
         compile_loss: bool = False,
         steps_per_call: int = 1,
+        accumulate: int = 1,
     ) -> None:
         super().__init__()
         self.steps_per_call = resolve_steps_per_call(steps_per_call)
+        if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+            from offline_plugins.errors import UserError
+
+            raise UserError(f"accumulate (--accumulate) must be a whole number >= 1, got {accumulate!r}")
+        self.accumulate = int(accumulate)
         self.automatic_optimization = False
         self.save_hyperparameters(ignore=["parts", "data_state"])
         self.loss_module = parts.loss
@@ -357,19 +368,24 @@ class OfflineAlgorithmModule(LightningModule):
         self._seed_step(step)
         keys, groups, idle_keys, idle = self._active(step)
         zero_weight = self._zero_weight_idle and bool(idle_keys)
-        # under DDP's zero-weight scheme every term takes part in the backward
-        out = self._terms(batch, None if zero_weight else keys)
-        if not self._checked_keys:
-            self._check_keys(out, keys)
-        total = out.get(keys[0])
-        for k in keys[1:]:
-            total = total + out.get(k)
-        if zero_weight:
-            for k in idle_keys:
-                total = total + 0.0 * out.get(k)
         opt = self.optimizers()
         opt.zero_grad(set_to_none=True)
-        self.manual_backward(total)
+        micro = self._micro_batches(batch)
+        outs = []
+        for chunk, weight in micro:
+            # under DDP's zero-weight scheme every term takes part in the backward
+            out = self._terms(chunk, None if zero_weight else keys)
+            if not self._checked_keys:
+                self._check_keys(out, keys)
+            total = out.get(keys[0])
+            for k in keys[1:]:
+                total = total + out.get(k)
+            if zero_weight:
+                for k in idle_keys:
+                    total = total + 0.0 * out.get(k)
+            self.manual_backward(total if weight is None else total * weight)
+            outs.append((out, weight))
+        out = outs[0][0] if len(outs) == 1 else _weighted_outputs(outs)
         if zero_weight:
             for g in idle:
                 for p in g.params:
@@ -382,6 +398,18 @@ class OfflineAlgorithmModule(LightningModule):
             for scheduler in self._schedulers():
                 scheduler.step()
         return out, self._stack_losses(out)
+
+    def _micro_batches(self, batch) -> list:
+        """``[(batch, None)]``, or with ``accumulate = N`` the N chunks of ``batch`` with their shares."""
+        if self.accumulate == 1:
+            return [(batch, None)]
+        n = int(batch.batch_size[0]) if hasattr(batch, "batch_size") else len(batch)
+        if n < self.accumulate:
+            from offline_plugins.errors import UserError
+
+            raise UserError(f"--accumulate {self.accumulate} splits each batch into micro-batches, but a batch has "
+                            f"only {n} elements; raise batch_size (--set batch_size=...) or lower --accumulate")
+        return [(chunk, chunk.batch_size[0] / n) for chunk in batch.chunk(self.accumulate, dim=0)]
 
     @property
     def _has_schedulers(self) -> bool:
@@ -453,3 +481,15 @@ def _updater_state(updater) -> dict:
     if hasattr(updater, "state_dict"):
         return dict(updater.state_dict())
     return {"counter": updater.counter} if hasattr(updater, "counter") else {}
+
+
+def _weighted_outputs(outs: list):
+    """The micro-batches' loss outputs as one: scalar entries weighted by each micro-batch's share."""
+    first = outs[0][0]
+    merged = first.empty()
+    for key, value in first.items(include_nested=True, leaves_only=True):
+        if isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point():
+            merged.set(key, sum(w * o.get(key).detach() for o, w in outs))
+        else:
+            merged.set(key, value)
+    return merged

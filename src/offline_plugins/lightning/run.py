@@ -111,7 +111,7 @@ _RUN_OPTIONS: dict[str, str] = {
     "resume": "--resume", "checkpoint_every": "--checkpoint-every", "log_every": "--log-every",
     "threads": "--threads", "compile": "--compile", "model": "--model", "dataset": "--dataset",
     "drop_nonfinite": "--drop-nonfinite", "drop_empty": "--drop-empty", "overwrite": "--overwrite",
-    "reward": "--reward",
+    "reward": "--reward", "accumulate": "--accumulate", "gradient_accumulation_steps": "--accumulate",
 }
 
 
@@ -286,6 +286,7 @@ def train(
     threads: Optional[int] = None,
     compile: bool = False,
     steps_per_call: Optional[int] = None,
+    accumulate: int = 1,
     registry=None,
     callbacks: Sequence[Any] = (),
     plan: Optional[RunPlan] = None,
@@ -328,6 +329,9 @@ def train(
             networks on a busy machine train several times faster with 1.
         compile: run the loss through ``torch.compile`` (opt-in: the first steps wait for
             the compilation, about a minute on a CPU; see docs/benchmarks.md for the gain).
+        accumulate: split each step's batch into this many micro-batches, one backward each,
+            one optimiser step (gradient accumulation: the memory of a micro-batch, the
+            gradient of the batch). ``batch_size`` stays the elements per optimiser step.
         steps_per_call: gradient steps per Lightning ``training_step`` (the same run bit for bit,
             with Lightning's cost per call spread over them; None: ``DEFAULT_STEPS_PER_CALL`` of
             :mod:`offline_plugins.lightning.module`, or 1 when one of ``callbacks`` hooks every batch).
@@ -375,6 +379,8 @@ def train(
         raise RunError(f"--eval-every must be 0 (only at the end) or positive, got {eval_every}")
     check_devices(devices, accelerator, num_nodes)
     precision = check_precision(precision, accelerator)
+    if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+        raise RunError(f"--accumulate must be a whole number >= 1, got {accumulate!r}")
     if out_dir is not None:
         check_out_dir(out_dir)
     with restored_process_state():
@@ -387,6 +393,11 @@ def train(
         if plan is None:
             plan = plan_run(algorithm, dataset, config=config, overrides=overrides, registry=registry, progress=progress,
                             model=model, drop_nonfinite=drop_nonfinite, drop_empty=drop_empty, reward=reward)
+        if accumulate > 1 and plan.sampler == "slice" and (plan.batch_size // plan.slice_len) % accumulate:
+            windows = plan.batch_size // plan.slice_len
+            raise RunError(f"--accumulate {accumulate} must divide the {windows} windows of {plan.slice_len} steps in "
+                           f"a batch of {plan.batch_size} (micro-batches hold whole windows); pick a divisor of "
+                           f"{windows}, or --set batch_size to a multiple of {accumulate * plan.slice_len}")
         if plan.kind is None:  # a RunPlan made by hand
             from offline_plugins.plugins.datakind import DataOptions
             from offline_plugins.plugins import shared_registry
@@ -418,7 +429,7 @@ def train(
                             eval_episodes=eval_episodes, devices=devices, accelerator=accelerator, num_nodes=num_nodes,
                             strategy=strategy, checkpoint_every=checkpoint_every, log_every=log_every,
                             progress=progress, compile=compile, callbacks=callbacks, started=started,
-                            steps_per_call=steps_per_call, precision=precision)
+                            steps_per_call=steps_per_call, precision=precision, accumulate=accumulate)
         except BaseException as exc:
             if lock is not None:
                 # a run refused before it wrote anything leaves no folder behind
@@ -445,7 +456,8 @@ def _lock_run_folder(out: Path, *, default: Optional[tuple]) -> RunFolderLock:
 def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dict], *, steps: int, seed: int,
          eval_every: Optional[int], eval_episodes: int, devices, accelerator: str, num_nodes: int, strategy,
          checkpoint_every: Optional[int], log_every: int, progress: bool, compile: bool, callbacks,
-         started: float, steps_per_call: int = 1, precision: str = "32-true") -> dict[str, Any]:
+         started: float, steps_per_call: int = 1, precision: str = "32-true",
+         accumulate: int = 1) -> dict[str, Any]:
     """Build the module, the data module and the callbacks, fit, and write the run's files.
 
     What depends on the data (its evaluation, the summary's figures, the export) is asked
@@ -482,6 +494,7 @@ def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dic
         "eval_episodes": eval_episodes,
         "eval_every": eval_every,
         "steps_per_call": steps_per_call,
+        "accumulate": accumulate,
         **plan.kind.run_settings(plan.data, plan.options),
     }
     module = OfflineAlgorithmModule(
@@ -494,6 +507,7 @@ def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dic
         run=run_settings,
         compile_loss=compile,
         steps_per_call=steps_per_call,
+        accumulate=accumulate,
     )
     module.provenance = {"provider": plan.spec.provider, "provider_version": plan.spec.version,
                          "plugin": plan.spec.plugin}
@@ -846,16 +860,18 @@ def plot_learning_curve(metrics_csv: Union[str, os.PathLike], out_png: Union[str
                     except ValueError:
                         continue
     score_key = "eval/normalized_score" if "eval/normalized_score" in columns else "eval/return_mean"
-    accuracy_keys = [k for k in ("eval/exact_match", "eval/preference_accuracy", "eval/likelihood_accuracy")
-                     if k in columns]
+    # online runs add the sampled responses' reward beside the held-out accuracy, and their KL to the reference
+    accuracy_keys = [k for k in ("eval/exact_match", "eval/preference_accuracy", "eval/likelihood_accuracy",
+                                 "rollout/reward_mean") if k in columns]
     loss_keys = sorted(k for k in columns if k.startswith("train/loss_"))
+    loss_keys += [k for k in ("rollout/kl_to_reference",) if k in columns]
     fig, (ax_score, ax_loss) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
     if accuracy_keys and score_key not in columns:  # a preference run: held-out accuracies
         for key in accuracy_keys:
             xs, ys = zip(*sorted(columns[key]))
             ax_score.plot(xs, ys, marker="o", label=key.split("/", 1)[1].replace("_", " "))
         ax_score.legend(fontsize="small")
-        ax_score.set_ylabel("held-out accuracy")
+        ax_score.set_ylabel("held-out accuracy" + (" / reward" if "rollout/reward_mean" in columns else ""))
     elif score_key in columns:
         xs, ys = zip(*sorted(columns[score_key]))
         ax_score.plot(xs, ys, marker="o")
@@ -869,7 +885,7 @@ def plot_learning_curve(metrics_csv: Union[str, os.PathLike], out_png: Union[str
         ax_loss.set_yscale("symlog", linthresh=1e-3)
         ax_loss.legend(fontsize="small")
     ax_loss.set_xlabel("gradient step")
-    ax_loss.set_ylabel("loss")
+    ax_loss.set_ylabel("loss" + (" / KL" if "rollout/kl_to_reference" in columns else ""))
     ax_loss.grid(alpha=0.3)
     if title:
         ax_score.set_title(title)
