@@ -87,9 +87,9 @@ def test_an_algorithm_whose_kind_no_plugin_provides_is_refused_by_name(tmp_path)
     from offline_plugins.lightning.run import plan_run
 
     registry = load_registry()
-    spec = AlgorithmSpec(name="grpo-ish", summary="", family="online-llm", data="text-rollouts", loss="a:b",
+    spec = AlgorithmSpec(name="grpo-ish", summary="", family="online-llm", data="video-frames", loss="a:b",
                          build="a:b", config=make_dataclass("C", []))
-    with pytest.raises(UnknownNameError, match="'grpo-ish' reads text-rollouts data, which no installed plugin"):
+    with pytest.raises(UnknownNameError, match="'grpo-ish' reads video-frames data, which no installed plugin"):
         plan_run(spec, "anything", registry=registry)
     with pytest.raises(ValueError, match="data must name a data kind"):
         AlgorithmSpec(name="x", summary="", family="offline-rl", data="Two Words", loss="a:b", build="a:b",

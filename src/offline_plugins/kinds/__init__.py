@@ -18,6 +18,7 @@ from __future__ import annotations
 from offline_plugins.plugins.datakind import BatchLayout, DataKind, DataOptions, LoadedData, config_value
 from offline_plugins.kinds.environment import Trajectories, Transitions
 from offline_plugins.kinds.preference import PreferencePairs, UnpairedFeedback
+from offline_plugins.kinds.rollouts import TextCompletions, TextRollouts
 from offline_plugins.plugins.hookspecs import hookimpl
 
 __all__ = [
@@ -30,12 +31,15 @@ __all__ = [
     "Trajectories",
     "PreferencePairs",
     "UnpairedFeedback",
+    "TextRollouts",
+    "TextCompletions",
     "offline_plugins_register_data_kinds",
 ]
 
 
 @hookimpl
 def offline_plugins_register_data_kinds(registry):
-    """Register the four built-in data kinds."""
-    for kind in (Transitions(), Trajectories(), PreferencePairs(), UnpairedFeedback()):
+    """Register the built-in data kinds."""
+    for kind in (Transitions(), Trajectories(), PreferencePairs(), UnpairedFeedback(), TextRollouts(),
+                 TextCompletions()):
         registry.add(kind)

@@ -39,6 +39,12 @@ _EXPORTS = {
     "RobustDPOLoss": "llm.preference",
     "RPOLoss": "llm.preference",
     "SimPOLoss": "llm.preference",
+    "GRPOLoss": "llm.online",
+    "DAPOLoss": "llm.online",
+    "DrGRPOLoss": "llm.online",
+    "RLOOLoss": "llm.online",
+    "ExpertIterationLoss": "llm.online",
+    "SFTLoss": "llm.online",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -20,5 +20,6 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "offline_plugins.algorithms.sequence.tt": "offline_plugins.algorithms.sequence.tt",
     "offline_plugins.algorithms.sequence.diffuser": "offline_plugins.algorithms.sequence.diffuser",
     "offline_plugins.algorithms.preference": "offline_plugins.algorithms.preference",
+    "offline_plugins.algorithms.online": "offline_plugins.algorithms.online",
     "datasets": "offline_plugins.data.recipes",
 }

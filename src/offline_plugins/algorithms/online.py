@@ -1,0 +1,214 @@
+"""Online RL on text as plugins: GRPO, DAPO, Dr. GRPO, RLOO, expert iteration (family ``online-llm``).
+
+Each ``build(config, data)`` takes a :class:`~offline_plugins.data.rollouts.RolloutData`
+(prompts, reward, the frozen reference, the rollout collector) and returns the loss of
+:mod:`offline_plugins.objectives.llm.online` around a trainable copy of the reference (the
+policy starts at the reference). The rollouts are sampled while training, by the
+``text-rollouts`` kind's callback (:mod:`offline_plugins.kinds.rollouts`).
+
+The config fields the kind reads (``group_size``, ``prompts_per_round``, ``ppo_epochs``,
+``max_new_tokens``, ``temperature``, ``top_p``, ``batch_size``, ``reference_sft_steps``,
+``eval_prompts``) are declared here with each algorithm's defaults.
+
+``lr`` defaults to ``None``: the algorithm's rate for a pretrained or SFT reference, and
+:data:`~offline_plugins.algorithms.preference.FROM_SCRATCH_LR` for the tiny model at its
+random initialisation (a JSONL task with ``--model tiny``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Optional
+
+from offline_plugins.config import config_field
+from offline_plugins.plugins.hookspecs import hookimpl
+from offline_plugins.plugins.registry import AlgorithmSpec
+
+__all__ = ["SFTConfig", "GRPOConfig", "DAPOConfig", "DrGRPOConfig", "RLOOConfig", "ExpertIterationConfig"]
+
+_LOSSES = "offline_plugins.objectives.llm.online"
+
+
+def _lr_help(pretrained: float) -> str:
+    return (f"Adam learning rate of the policy; unset: {pretrained:g} for a pretrained or SFT reference, "
+            "1e-3 for --model tiny from its random init (a .jsonl task)")
+
+
+@dataclass
+class _RolloutFields:
+    pretrained_lr: ClassVar[float] = 1e-4
+    lr: Optional[float] = config_field(None, _lr_help(1e-4))
+    batch_size: int = config_field(32, "rollouts per gradient step (must divide prompts_per_round * group_size)")
+    max_grad_norm: float = config_field(1.0, "clip the policy's gradient norm to this")
+    group_size: int = config_field(8, "responses sampled per prompt (G >= 2)")
+    prompts_per_round: int = config_field(16, "prompts per round of rollouts")
+    ppo_epochs: int = config_field(1, "passes over each round's rollouts (PPO-style reuse)")
+    max_new_tokens: int = config_field(6, "response budget in tokens")
+    temperature: float = config_field(1.0, "sampling temperature")
+    top_p: float = config_field(1.0, "nucleus sampling threshold (1.0: off)")
+    reference_sft_steps: int = config_field(2000, "built-in task with --model tiny: SFT steps of the cached reference")
+    eval_prompts: int = config_field(200, "held-out prompts scored by greedy exact match")
+
+
+@dataclass
+class GRPOConfig(_RolloutFields):
+    clip_epsilon: float = config_field(0.2, "PPO ratio clipping")
+    beta: float = config_field(0.04, "weight of the k3 KL to the reference (0: no KL term)")
+
+
+@dataclass
+class DAPOConfig(_RolloutFields):
+    clip_low: float = config_field(0.2, "ratio clipping below (1 - clip_low)")
+    clip_high: float = config_field(0.28, "ratio clipping above (1 + clip_high): clip-higher")
+    beta: float = config_field(0.0, "weight of the k3 KL to the reference (DAPO drops it)")
+    overlong_cache: int = config_field(2, "soft overlong penalty over the last this many tokens of max_new_tokens "
+                                          "(0: off)")
+    max_attempts: int = config_field(4, "dynamic sampling: batches of prompts sampled to fill a round with groups "
+                                        "whose rewards differ")
+
+
+@dataclass
+class DrGRPOConfig(_RolloutFields):
+    clip_epsilon: float = config_field(0.2, "PPO ratio clipping")
+    beta: float = config_field(0.0, "weight of the k3 KL to the reference")
+
+
+@dataclass
+class RLOOConfig(_RolloutFields):
+    clip_epsilon: float = config_field(0.2, "PPO ratio clipping")
+    beta: float = config_field(0.05, "weight of the sequence-level KL subtracted from the reward")
+
+
+@dataclass
+class ExpertIterationConfig(_RolloutFields):
+    pretrained_lr: ClassVar[float] = 3e-4
+    lr: Optional[float] = config_field(None, _lr_help(3e-4))
+    threshold: float = config_field(1.0, "reward a sampled response must reach to be kept for fine-tuning")
+
+
+@dataclass
+class SFTConfig:
+    pretrained_lr: ClassVar[float] = 1e-4
+    #: the SFT reference recipe of the preference results (data/text_tasks.py)
+    from_scratch_lr: ClassVar[float] = 3e-3
+    lr: Optional[float] = config_field(None, "Adam learning rate; unset: 1e-4 for a pretrained model, 3e-3 for "
+                                             "--model tiny from its random init")
+    batch_size: int = config_field(64, "prompt/completion rows per gradient step")
+    max_grad_norm: float = config_field(1.0, "clip the gradient norm to this")
+    max_length: int = config_field(32, "token budget of prompt + completion")
+    eval_prompts: int = config_field(200, "held-out rows scored by greedy exact match")
+
+
+def build_sft(config: SFTConfig, data: Any):
+    """Supervised fine-tuning of a trainable copy of ``data.reference`` on the completions."""
+    import copy
+
+    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
+    from offline_plugins.errors import UserError
+    from offline_plugins.modules.causal_lm import CausalLMLogProbs
+    from offline_plugins.objectives.llm.online import SFTLoss
+
+    if not hasattr(data, "held_out_rows"):
+        raise UserError(f"sft trains on prompt/completion rows: give it a CompletionData "
+                        f"(offline_plugins.data.rollouts.load_completion_data), not a {type(data).__name__}")
+    if config.lr is None:
+        config.lr = SFTConfig.from_scratch_lr if data.from_scratch else SFTConfig.pretrained_lr
+    elif isinstance(config.lr, bool) or not isinstance(config.lr, (int, float)) or not config.lr > 0:
+        raise UserError(f"sft: lr must be a positive number, got {config.lr!r}; fix it with --set lr=1e-4")
+    policy = copy.deepcopy(data.reference)
+    for p in policy.parameters():
+        p.requires_grad_(True)
+    policy.train()
+    actor = CausalLMLogProbs(policy)
+    group = OptimizerGroup("policy", list(policy.parameters()), float(config.lr), ("loss_nll",),
+                           max_grad_norm=config.max_grad_norm)
+    return AlgorithmParts(loss=SFTLoss(actor), policy=actor, optimizers=[group], model=policy,
+                          tokenizer=data.tokenizer)
+
+
+def _parts(config: Any, data: Any, name: str, loss_cls: str, kwargs: dict):
+    import copy
+
+    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
+    from offline_plugins.algorithms.preference import resolve_lr
+    from offline_plugins.modules.causal_lm import CausalLMLogProbs
+    import offline_plugins.objectives.llm.online as online
+
+    if not hasattr(data, "collector"):
+        from offline_plugins.errors import UserError
+
+        raise UserError(f"{name} trains on its own rollouts: give it a RolloutData "
+                        "(offline_plugins.data.rollouts.load_rollout_data), not a {type(data).__name__}")
+    policy = copy.deepcopy(data.reference)
+    for p in policy.parameters():
+        p.requires_grad_(True)
+    policy.train()
+    actor = CausalLMLogProbs(policy)
+    loss = getattr(online, loss_cls)(actor, **kwargs)
+    keys = ("loss_nll",) if loss_cls == "ExpertIterationLoss" else (
+        ("loss_objective", "loss_kl") if loss.has_kl_term else ("loss_objective",))
+    group = OptimizerGroup("policy", list(policy.parameters()), resolve_lr(config, data, name), keys,
+                           max_grad_norm=config.max_grad_norm)
+    return AlgorithmParts(loss=loss, policy=actor, optimizers=[group], model=policy, tokenizer=data.tokenizer)
+
+
+def build_grpo(config: GRPOConfig, data: Any):
+    return _parts(config, data, "grpo", "GRPOLoss", {"clip_epsilon": config.clip_epsilon, "beta": config.beta})
+
+
+def build_dapo(config: DAPOConfig, data: Any):
+    return _parts(config, data, "dapo", "DAPOLoss",
+                  {"clip_epsilon": (config.clip_low, config.clip_high), "beta": config.beta,
+                   "max_new_tokens": config.max_new_tokens, "overlong_cache": config.overlong_cache})
+
+
+def build_dr_grpo(config: DrGRPOConfig, data: Any):
+    return _parts(config, data, "dr-grpo", "DrGRPOLoss",
+                  {"clip_epsilon": config.clip_epsilon, "beta": config.beta,
+                   "length_normalizer": config.max_new_tokens})
+
+
+def build_rloo(config: RLOOConfig, data: Any):
+    return _parts(config, data, "rloo", "RLOOLoss", {"clip_epsilon": config.clip_epsilon, "beta": config.beta})
+
+
+def build_expert_iteration(config: ExpertIterationConfig, data: Any):
+    return _parts(config, data, "expert-iteration", "ExpertIterationLoss", {"threshold": config.threshold})
+
+
+_SPECS = (
+    ("sft", "Supervised fine-tuning on prompt/completion rows: the LLM's behaviour cloning, makes a reference",
+     "SFTLoss", "build_sft", SFTConfig, "Ouyang et al. 2022, Training language models to follow instructions "
+     "with human feedback, arXiv:2203.02155"),
+    ("grpo", "Group Relative Policy Optimization: group-normalised advantages, clipped ratio, k3 KL",
+     "GRPOLoss", "build_grpo", GRPOConfig,
+     "Shao et al. 2024, DeepSeekMath: Pushing the Limits of Mathematical Reasoning, arXiv:2402.03300"),
+    ("dapo", "DAPO: clip-higher, token-level loss, dynamic sampling, overlong penalty", "DAPOLoss", "build_dapo",
+     DAPOConfig, "Yu et al. 2025, DAPO: An Open-Source LLM Reinforcement Learning System at Scale, arXiv:2503.14476"),
+    ("dr-grpo", "Dr. GRPO: GRPO without std scaling, constant length normaliser", "DrGRPOLoss", "build_dr_grpo",
+     DrGRPOConfig, "Liu et al. 2025, Understanding R1-Zero-Like Training: A Critical Perspective, arXiv:2503.20783"),
+    ("rloo", "REINFORCE leave-one-out: baseline from the group's other responses, KL in the reward", "RLOOLoss",
+     "build_rloo", RLOOConfig, "Ahmadian et al. 2024, Back to Basics: Revisiting REINFORCE Style Optimization "
+     "for Learning from Human Feedback in LLMs, arXiv:2402.14740"),
+    ("expert-iteration", "Expert iteration / STaR: fine-tune on sampled responses that pass, repeat",
+     "ExpertIterationLoss", "build_expert_iteration", ExpertIterationConfig,
+     "Zelikman et al. 2022, STaR: Bootstrapping Reasoning With Reasoning, arXiv:2203.14465"),
+)
+
+
+@hookimpl
+def offline_plugins_register_algorithms(registry):
+    for name, summary, loss, build, config, paper in _SPECS:
+        registry.add(
+            AlgorithmSpec(
+                name=name,
+                summary=summary,
+                family="online-llm",
+                data="text-completions" if name == "sft" else "text-rollouts",
+                loss=f"{_LOSSES}:{loss}",
+                build=f"offline_plugins.algorithms.online:{build}",
+                config=config,
+                paper=paper,
+                action_spaces=("tokens",),
+            )
+        )

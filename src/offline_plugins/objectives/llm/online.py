@@ -1,0 +1,490 @@
+"""Online RL on text: GRPO, DAPO, Dr. GRPO, RLOO and expert iteration as TorchRL loss modules.
+
+Every loss reads one batch of rollouts in the TED text layout (DESIGN.md), the rows a
+rollout collector (:mod:`offline_plugins.data.rollouts`) writes into a TorchRL replay
+buffer:
+
+=========================================  ==========================================================
+``("tokens", "full")`` ``[B, T]``          prompt + response, right-padded
+``("masks", "all_attention_mask")``        real tokens
+``("masks", "all_assistant_mask")``        response tokens (the ones the policy chose)
+``("log_probs", "full")``                  the sampling policy's per-token log-probs (PPO's old policy)
+``("next", "ref_log_probs", "full")``      the reference's per-token log-probs
+``("next", "reward")`` ``[B, 1]``          the task's reward
+``"group"`` ``[B]``                        prompt id: rows of a group answer the same prompt
+``"advantage"`` ``[B, T, 1]``              the row's advantage on its response tokens, 0 elsewhere
+=========================================  ==========================================================
+
+The advantage is written once per batch of rollouts by the loss's own estimator
+(:meth:`GRPOLoss.process_rollouts`: rewards -> advantages, which each variant overrides),
+so the same buffer serves several optimisation epochs, each step a PPO-style clipped
+ratio against the sampling log-probs. TorchRL's own ``torchrl.objectives.llm.GRPOLoss``
+reads these rows unchanged (``tests/test_online_losses.py``).
+
+Why our own loss beside TorchRL's ``GRPOLoss``: TorchRL's computes the current log-probs
+from a distribution its LLM wrapper builds (``get_dist``: a full-vocabulary
+``[B, T, V]`` distribution, for its entropy bonus), so it needs a ``TransformersWrapper``
+actor; ours reads the gathered log-probs of :class:`~offline_plugins.modules.causal_lm.CausalLMLogProbs`
+(the actor the preference losses use). TorchRL's k3 KL term averages over every
+position of the padded batch (``(diff.expm1() - diff).mean()``, with padding counted as
+zero), so its size depends on the padding; ours averages over response tokens. And the
+variants here differ in the advantage estimator and the aggregation, each one hook.
+
+Advantages on the seeds' worked example 5.6.2(a), population std:
+
+>>> import torch
+>>> group_advantages(torch.tensor([1., 0., 1., 0.]), torch.tensor([0, 0, 0, 0]))[0]
+tensor([ 1., -1.,  1., -1.])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from tensordict import NestedKey, TensorDict, TensorDictBase
+from torchrl.objectives import LossModule
+
+from offline_plugins.objectives.llm.common import get_checked
+
+__all__ = [
+    "group_advantages",
+    "overlong_penalty",
+    "k3_kl",
+    "GRPOLoss",
+    "DAPOLoss",
+    "DrGRPOLoss",
+    "RLOOLoss",
+    "ExpertIterationLoss",
+    "SFTLoss",
+]
+
+
+def group_advantages(
+    rewards: torch.Tensor,
+    groups: torch.Tensor,
+    *,
+    scale: bool = True,
+    leave_one_out: bool = False,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(advantage, has_signal)`` per row: each reward against the other rewards of its group.
+
+    * ``scale=True`` (GRPO, Shao et al. 2024, arXiv:2402.03300): ``(r - mean_g) / std_g`` with
+      the **population** std (divide by ``G``), as the seeds' example 5.6.2(a);
+    * ``scale=False`` (Dr. GRPO, Liu et al. 2025, arXiv:2503.20783): ``r - mean_g``;
+    * ``leave_one_out=True`` (RLOO, Ahmadian et al. 2024, arXiv:2402.14740):
+      ``r_i - mean_{j != i} r_j = G / (G - 1) * (r_i - mean_g)``, unscaled.
+
+    A group whose rewards are all equal (std below ``eps``) carries no signal: its
+    advantages are exactly 0 (never NaN) and ``has_signal`` is False for its rows.
+    Groups may have different sizes; a group of one row has no signal.
+
+    >>> a, s = group_advantages(torch.tensor([1., 0., 1., 1.]), torch.tensor([0, 0, 1, 1]), leave_one_out=True)
+    >>> a.tolist(), s.tolist()
+    ([1.0, -1.0, 0.0, 0.0], [True, True, False, False])
+    """
+    rewards = rewards.reshape(-1).to(torch.float32)
+    groups = groups.reshape(-1)
+    _, inverse = torch.unique(groups, return_inverse=True)
+    n_groups = groups.numel()  # an upper bound on the number of groups: no host sync for the max
+    ones = torch.ones_like(rewards)
+    n = torch.zeros(n_groups, dtype=rewards.dtype, device=rewards.device).index_add(0, inverse, ones)
+    mean = torch.zeros_like(n).index_add(0, inverse, rewards) / n.clamp_min(1)
+    centred = rewards - mean[inverse]
+    var = torch.zeros_like(n).index_add(0, inverse, centred**2) / n.clamp_min(1)
+    std = var.sqrt()[inverse]
+    size = n[inverse]
+    signal = (std > eps) & (size > 1)
+    if leave_one_out:
+        adv = centred * size / (size - 1).clamp_min(1)
+    elif scale:
+        adv = centred / std.clamp_min(eps)
+    else:
+        adv = centred
+    return torch.where(signal, adv, torch.zeros_like(adv)), signal
+
+
+def overlong_penalty(lengths: torch.Tensor, *, max_length: int, cache: int) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476, eq. 13).
+
+    0 for responses up to ``max_length - cache`` tokens, falling linearly to -1 at
+    ``max_length``, -1 beyond.
+
+    >>> overlong_penalty(torch.tensor([4, 6, 7, 8, 9]), max_length=8, cache=2).tolist()
+    [0.0, 0.0, -0.5, -1.0, -1.0]
+    """
+    lengths = lengths.to(torch.float32)
+    if cache <= 0:
+        return torch.where(lengths > max_length, -torch.ones_like(lengths), torch.zeros_like(lengths))
+    soft = ((max_length - cache) - lengths) / cache
+    return soft.clamp(-1.0, 0.0)
+
+
+def k3_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(pi || pi_ref) per token: ``exp(d) - d - 1``, ``d = ref - logp``.
+
+    Non-negative, unbiased, and what GRPO adds to its loss (arXiv:2402.03300, eq. 4).
+
+    >>> k3_kl(torch.tensor([-1.0]), torch.tensor([-1.0])).item()
+    0.0
+    """
+    d = ref_log_probs - log_probs
+    return torch.expm1(d) - d
+
+
+class GRPOLoss(LossModule):
+    """GRPO: group-normalised advantages, a clipped ratio, k3 KL to the reference.
+
+    Shao et al. 2024, DeepSeekMath, arXiv:2402.03300. Per response token,
+    ``min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A) - beta * KL_k3`` with
+    ``rho = pi / pi_sample``; averaged over each response's tokens, then over responses
+    (the paper's ``1/G sum_i 1/|o_i| sum_t``).
+
+    Args:
+        actor_network: writes per-token log-probs at ``("log_probs", "full")`` from
+            ``("tokens", "full")`` (e.g. :class:`~offline_plugins.modules.causal_lm.CausalLMLogProbs`).
+            The loss writes them at its ``log_probs`` key instead (the batch's entry there
+            is the sampling policy's).
+
+    Keyword Args:
+        clip_epsilon (float or (low, high)): ratio clipping. Defaults to ``0.2``.
+        beta (float): weight of the k3 KL to the reference. Defaults to ``0.04`` (the paper's).
+        length_normalizer (int, optional): Dr. GRPO's constant normaliser; unused here.
+
+    Examples:
+        >>> import torch
+        >>> from offline_plugins.modules.causal_lm import CausalLMLogProbs
+        >>> from offline_plugins.objectives.llm.online import GRPOLoss
+        >>> loss = GRPOLoss(CausalLMLogProbs(torch.nn.Embedding(6, 6)))
+        >>> tokens = torch.randint(0, 6, (4, 5))
+        >>> td = loss.process_rollouts(_example_rollouts(tokens, [1., 0., 1., 0.], [0, 0, 0, 0]))
+        >>> td["advantage"][:, -1, 0].tolist()
+        [1.0, -1.0, 1.0, -1.0]
+        >>> out = loss(td)
+        >>> sorted(k for k in out.keys() if k.startswith("loss_"))
+        ['loss_kl', 'loss_objective']
+    """
+
+    @dataclass
+    class _AcceptedKeys:
+        """Keys the loss reads; rename them with ``set_keys(...)``.
+
+        Attributes:
+            tokens: ``("tokens", "full")``. attention_mask: ``("masks", "all_attention_mask")``.
+            response_mask: ``("masks", "all_assistant_mask")``.
+            sample_log_probs: ``("log_probs", "full")`` (the sampling policy's).
+            ref_log_probs: ``("next", "ref_log_probs", "full")``. reward: ``("next", "reward")``.
+            group: ``"group"``. advantage: ``"advantage"`` (``[B, T, 1]``, as TorchRL's GRPOLoss).
+            log_probs: where the actor writes the current log-probs, ``("log_probs", "current")``.
+        """
+
+        tokens: NestedKey = ("tokens", "full")
+        attention_mask: NestedKey = ("masks", "all_attention_mask")
+        response_mask: NestedKey = ("masks", "all_assistant_mask")
+        sample_log_probs: NestedKey = ("log_probs", "full")
+        ref_log_probs: NestedKey = ("next", "ref_log_probs", "full")
+        reward: NestedKey = ("next", "reward")
+        group: NestedKey = "group"
+        advantage: NestedKey = "advantage"
+        log_probs: NestedKey = ("log_probs", "current")
+
+    default_keys = _AcceptedKeys
+    tensor_keys: _AcceptedKeys
+    #: drop all-equal groups and sample again (DAPO's dynamic sampling); read by the collector
+    dynamic_sampling: bool = False
+    #: whether the KL to the reference is a loss term (RLOO puts it in the reward instead)
+    kl_as_term: bool = True
+    default_clip = 0.2
+    default_beta = 0.04
+
+    def __init__(
+        self,
+        actor_network: Optional[torch.nn.Module],
+        *,
+        clip_epsilon=None,
+        beta: Optional[float] = None,
+        length_normalizer: Optional[int] = None,
+    ) -> None:
+        super().__init__()
+        self.actor_network = actor_network
+        clip = self.default_clip if clip_epsilon is None else clip_epsilon
+        low, high = (clip, clip) if isinstance(clip, (int, float)) else tuple(clip)
+        if not (0 < float(low) < 1 and float(high) > 0):
+            raise ValueError(f"{type(self).__name__}: clip_epsilon must be in (0, 1), got {clip_epsilon!r}")
+        self.register_buffer("clip_low", torch.tensor(float(low)))
+        self.register_buffer("clip_high", torch.tensor(float(high)))
+        self.register_buffer("beta", torch.tensor(float(self.default_beta if beta is None else beta)))
+        self.length_normalizer = length_normalizer
+        # a python flag, so forward needs no host sync to know whether the KL term exists
+        self.has_kl_term = self.kl_as_term and float(self.beta) > 0
+
+    def _forward_value_estimator_keys(self, **kwargs) -> None:
+        pass
+
+    @property
+    def in_keys(self):
+        k = self.tensor_keys
+        return [getattr(k, f) for f in k.__dataclass_fields__ if f != "log_probs"]
+
+    @property
+    def out_keys(self):
+        return ["loss_objective", "loss_kl", "kl_to_reference", "clip_fraction", "ratio_mean"]
+
+    def _get(self, td: TensorDictBase, name: str, what: str) -> torch.Tensor:
+        return get_checked(td, getattr(self.tensor_keys, name), what=what, loss=type(self).__name__, setter=name)
+
+    # -- what runs once per batch of rollouts ---------------------------------
+    def rollout_rewards(self, td: TensorDictBase) -> torch.Tensor:
+        """The reward the advantages come from, ``[B]`` (default: the task's ``("next", "reward")``)."""
+        return self._get(td, "reward", "the rollouts' rewards").reshape(-1).to(torch.float32)
+
+    def advantages(self, rewards: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(advantage [B], has_signal [B])``: GRPO's group-standardised reward (population std)."""
+        return group_advantages(rewards, groups, scale=True)
+
+    def process_rollouts(self, td: TensorDictBase) -> TensorDictBase:
+        """Write ``"advantage"`` (``[B, T, 1]``, on response tokens) and ``"has_signal"`` into ``td``."""
+        mask = self._get(td, "response_mask", "the response-token mask")
+        adv, signal = self.advantages(self.rollout_rewards(td), self._get(td, "group", "the prompt ids"))
+        td.set(self.tensor_keys.advantage, (adv.unsqueeze(-1) * mask.to(adv.dtype)).unsqueeze(-1))
+        td.set("has_signal", signal)
+        return td
+
+    # -- the objective --------------------------------------------------------
+    def aggregate(self, per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """GRPO: mean over each response's tokens, then over responses."""
+        m = mask.to(per_token.dtype)
+        return ((per_token * m).sum(-1) / m.sum(-1).clamp_min(1)).mean()
+
+    def surrogate(self, log_ratio: torch.Tensor, advantage: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """PPO's clipped surrogate per token and whether each token was clipped."""
+        ratio = log_ratio.exp()
+        clipped = ratio.clamp(1 - self.clip_low, 1 + self.clip_high)
+        gain = torch.minimum(ratio * advantage, clipped * advantage)
+        return gain, (ratio * advantage) > (clipped * advantage)
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        k = self.tensor_keys
+        tokens = self._get(tensordict, "tokens", "the rollouts' tokens")
+        attn = self._get(tensordict, "attention_mask", "the attention mask")
+        mask = self._get(tensordict, "response_mask", "the response-token mask").bool()
+        sample_lp = self._get(tensordict, "sample_log_probs", "the sampling policy's log-probs")
+        advantage = self._get(tensordict, "advantage", "the advantages (written by loss.process_rollouts)")
+        advantage = advantage.reshape(mask.shape)
+        lp = self.actor_network.log_probs(tokens, attn) if hasattr(self.actor_network, "log_probs") else \
+            self.actor_network(tensordict.select(k.tokens, k.attention_mask).clone()).get(("log_probs", "full"))
+        log_ratio = torch.where(mask, lp - sample_lp, torch.zeros_like(lp))
+        gain, clipped = self.surrogate(log_ratio, advantage)
+        m = mask.to(lp.dtype)
+        out = TensorDict({"loss_objective": -self.aggregate(gain, mask)}, [])
+        ref = tensordict.get(k.ref_log_probs, None)
+        if ref is not None:
+            kl = torch.where(mask, k3_kl(lp, ref), torch.zeros_like(lp))
+            if self.has_kl_term:
+                out.set("loss_kl", self.beta * self.aggregate(kl, mask))
+            with torch.no_grad():
+                out.set("kl_to_reference", (kl.sum(-1)).mean().detach())
+        with torch.no_grad():
+            n = m.sum().clamp_min(1)
+            out.set("clip_fraction", (clipped.to(lp.dtype) * m).sum() / n)
+            out.set("ratio_mean", (log_ratio.exp() * m).sum() / n)
+        return out
+
+
+class DAPOLoss(GRPOLoss):
+    """DAPO: clip-higher, token-level aggregation, dynamic sampling, overlong penalty.
+
+    Yu et al. 2025, DAPO, arXiv:2503.14476. The ratio is clipped to ``[1 - 0.2, 1 + 0.28]``;
+    the loss averages over all response tokens of the batch (long responses weigh by
+    their length); groups whose rewards are all equal are dropped and more prompts sampled
+    (the collector reads ``dynamic_sampling``); a response within ``overlong_cache``
+    tokens of ``max_new_tokens`` is penalised (:func:`overlong_penalty`). No KL term
+    (``beta = 0``), as in the paper.
+
+    Keyword Args:
+        max_new_tokens, overlong_cache: the overlong penalty's length budget and its soft zone
+            (``overlong_cache = 0``: no penalty). Others as :class:`GRPOLoss`.
+    """
+
+    dynamic_sampling = True
+    default_clip = (0.2, 0.28)
+    default_beta = 0.0
+
+    def __init__(self, actor_network, *, max_new_tokens: int = 8, overlong_cache: int = 0, **kwargs) -> None:
+        super().__init__(actor_network, **kwargs)
+        self.max_new_tokens = int(max_new_tokens)
+        self.overlong_cache = int(overlong_cache)
+
+    def aggregate(self, per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Token-level: the sum over every response token of the batch over their number."""
+        m = mask.to(per_token.dtype)
+        return (per_token * m).sum() / m.sum().clamp_min(1)
+
+    def rollout_rewards(self, td: TensorDictBase) -> torch.Tensor:
+        reward = super().rollout_rewards(td)
+        if self.overlong_cache <= 0:
+            return reward
+        lengths = self._get(td, "response_mask", "the response-token mask").sum(-1)
+        return reward + overlong_penalty(lengths, max_length=self.max_new_tokens, cache=self.overlong_cache)
+
+
+class DrGRPOLoss(GRPOLoss):
+    """Dr. GRPO: GRPO without the std scaling and with a constant length normaliser.
+
+    Liu et al. 2025, Understanding R1-Zero-Like Training, arXiv:2503.20783: dividing by the
+    group's std up-weights easy and hard prompts, and dividing by each response's length
+    favours long wrong answers; Dr. GRPO uses ``r - mean_g`` and divides each response's
+    token sum by one constant (``length_normalizer``, the generation budget).
+    """
+
+    default_beta = 0.0
+
+    def advantages(self, rewards, groups):
+        return group_advantages(rewards, groups, scale=False)
+
+    def aggregate(self, per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Each response's token sum over the constant ``length_normalizer``, averaged over responses."""
+        norm = float(self.length_normalizer or per_token.shape[-1])
+        return ((per_token * mask.to(per_token.dtype)).sum(-1) / norm).mean()
+
+
+class RLOOLoss(GRPOLoss):
+    """RLOO: REINFORCE with the leave-one-out baseline, the KL to the reference in the reward.
+
+    Ahmadian et al. 2024, Back to Basics, arXiv:2402.14740. Each response's reward is
+    ``r - beta * sum_t (log pi_sample - log pi_ref)`` (the sequence-level KL, from the
+    sampling log-probs), its advantage that reward minus the mean of the other ``G - 1`` of
+    its group, unscaled. The update keeps PPO's clipped ratio so the buffer serves several
+    epochs (TRL's RLOO trainer does the same). ``beta`` defaults to ``0.05``.
+    """
+
+    default_beta = 0.05
+
+    kl_as_term = False
+
+    def rollout_rewards(self, td: TensorDictBase) -> torch.Tensor:
+        reward = super().rollout_rewards(td)
+        ref = td.get(self.tensor_keys.ref_log_probs, None)
+        if ref is None:
+            return reward
+        mask = self._get(td, "response_mask", "the response-token mask").to(reward.dtype)
+        sample = self._get(td, "sample_log_probs", "the sampling policy's log-probs")
+        kl = ((sample - ref) * mask).sum(-1)
+        return reward - self.beta * kl
+
+    def advantages(self, rewards, groups):
+        return group_advantages(rewards, groups, leave_one_out=True)
+
+
+class ExpertIterationLoss(GRPOLoss):
+    """Expert iteration (STaR / rejection-sampling fine-tuning): SFT on the sampled responses
+    whose reward reaches ``threshold``.
+
+    Zelikman et al. 2022, STaR, arXiv:2203.14465; Anthony et al. 2017, Thinking Fast and
+    Slow, arXiv:1705.08439. Sample, keep the responses that pass, fine-tune on them by
+    token-mean NLL, sample again from the improved policy: the seeds' "iterative DT" (a
+    policy conditioned on success). The row's weight (1 kept, 0 dropped) is written as its
+    advantage; the loss is ``-sum(w * logp) / sum(w * tokens)``, 0 when no row passed.
+
+    Keyword Args:
+        threshold (float): the reward a response must reach. Defaults to ``1.0``.
+    """
+
+    default_beta = 0.0
+
+    def __init__(self, actor_network, *, threshold: float = 1.0, **kwargs) -> None:
+        super().__init__(actor_network, **kwargs)
+        self.threshold = float(threshold)
+
+    def advantages(self, rewards, groups):
+        keep = rewards >= self.threshold
+        return keep.to(torch.float32), keep
+
+    kl_as_term = False
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        tokens = self._get(tensordict, "tokens", "the rollouts' tokens")
+        attn = self._get(tensordict, "attention_mask", "the attention mask")
+        mask = self._get(tensordict, "response_mask", "the response-token mask").bool()
+        weight = self._get(tensordict, "advantage", "the kept-row weights").reshape(mask.shape)
+        lp = self.actor_network.log_probs(tokens, attn)
+        w = weight * mask.to(lp.dtype)
+        out = TensorDict({"loss_nll": -(lp * w).sum() / w.sum().clamp_min(1)}, [])
+        with torch.no_grad():
+            out.set("kept_fraction", (w.sum(-1) > 0).to(lp.dtype).mean())
+        return out
+
+
+class SFTLoss(LossModule):
+    """Supervised fine-tuning: token-mean NLL of the completions given their prompts.
+
+    The LLM's behaviour cloning (Ouyang et al. 2022, arXiv:2203.02155, step 1): its result
+    is the reference the preference and online algorithms start from.
+
+    Args:
+        actor_network: as :class:`GRPOLoss`.
+
+    Examples:
+        >>> import torch
+        >>> from offline_plugins.modules.causal_lm import CausalLMLogProbs
+        >>> td = TensorDict({"tokens": {"full": torch.randint(0, 6, (2, 4))},
+        ...                  "masks": {"all_attention_mask": torch.ones(2, 4, dtype=torch.bool),
+        ...                            "all_assistant_mask": torch.tensor([[0, 0, 1, 1]] * 2).bool()}}, [2])
+        >>> SFTLoss(CausalLMLogProbs(torch.nn.Embedding(6, 6)))(td)["loss_nll"].shape
+        torch.Size([])
+    """
+
+    @dataclass
+    class _AcceptedKeys:
+        """tokens: ``("tokens", "full")``; attention_mask: ``("masks", "all_attention_mask")``;
+        response_mask: ``("masks", "all_assistant_mask")``."""
+
+        tokens: NestedKey = ("tokens", "full")
+        attention_mask: NestedKey = ("masks", "all_attention_mask")
+        response_mask: NestedKey = ("masks", "all_assistant_mask")
+
+    default_keys = _AcceptedKeys
+    tensor_keys: _AcceptedKeys
+
+    def __init__(self, actor_network: torch.nn.Module) -> None:
+        super().__init__()
+        self.actor_network = actor_network
+
+    def _forward_value_estimator_keys(self, **kwargs) -> None:
+        pass
+
+    @property
+    def in_keys(self):
+        k = self.tensor_keys
+        return [k.tokens, k.attention_mask, k.response_mask]
+
+    @property
+    def out_keys(self):
+        return ["loss_nll"]
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        k = self.tensor_keys
+        get = lambda key, name: get_checked(tensordict, key, what=name, loss="SFTLoss", setter=name)  # noqa: E731
+        tokens, attn = get(k.tokens, "tokens"), get(k.attention_mask, "attention_mask")
+        mask = get(k.response_mask, "response_mask").to(torch.float32)
+        lp = self.actor_network.log_probs(tokens, attn)
+        return TensorDict({"loss_nll": -(lp * mask).sum() / mask.sum().clamp_min(1)}, [])
+
+
+def _example_rollouts(tokens: torch.Tensor, rewards, groups) -> TensorDict:
+    """A batch of rollouts for the doctests: the last two tokens of each row are the response."""
+    b, t = tokens.shape
+    resp = torch.zeros(b, t, dtype=torch.bool)
+    resp[:, -2:] = True
+    return TensorDict(
+        {
+            "tokens": {"full": tokens},
+            "masks": {"all_attention_mask": torch.ones(b, t, dtype=torch.bool), "all_assistant_mask": resp},
+            "log_probs": {"full": torch.full((b, t), -1.8)},
+            "next": {"reward": torch.tensor(rewards).reshape(b, 1), "ref_log_probs": {"full": torch.full((b, t), -1.8)}},
+            "group": torch.tensor(groups),
+        },
+        [b],
+    )

@@ -1,0 +1,266 @@
+"""Online RL losses on text: advantages and objectives against hand computations, TorchRL's GRPOLoss
+reading our rollout buffer, and the collector's errors on bad reward functions and settings."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from offline_plugins.data.rollouts import (
+    PromptSource,
+    RolloutCollector,
+    RolloutError,
+    jsonl_prompt_source,
+    load_reward_function,
+    score_responses,
+    task_prompt_source,
+)
+from offline_plugins.envs.tasks import ArithmeticTask
+from offline_plugins.errors import UserError
+from offline_plugins.modules.causal_lm import CausalLMLogProbs
+from offline_plugins.modules.tiny_lm import load_causal_lm, tiny_causal_lm
+from offline_plugins.objectives.llm.online import (
+    DAPOLoss,
+    DrGRPOLoss,
+    ExpertIterationLoss,
+    GRPOLoss,
+    RLOOLoss,
+    SFTLoss,
+    group_advantages,
+    k3_kl,
+    overlong_penalty,
+)
+
+torch.set_num_threads(1)
+
+
+# -- advantages ---------------------------------------------------------------------------
+def test_worked_example_and_all_equal_group():
+    # seeds, example 5.6.2(a): r = (1, 0, 1, 0), population std 0.5 -> A = (1, -1, 1, -1)
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0])
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    adv, signal = group_advantages(rewards, groups)
+    assert adv.tolist() == [1.0, -1.0, 1.0, -1.0, 0.0, 0.0, 0.0, 0.0]
+    assert torch.isfinite(adv).all()
+    assert signal.tolist() == [True] * 4 + [False] * 4
+    # Bessel's std would give 0.577 and advantages +-0.866: we use the population std
+    assert not math.isclose(adv[0].item(), 0.5 / torch.tensor([1.0, 0.0, 1.0, 0.0]).std().item())
+
+
+@pytest.mark.parametrize("loss_cls, expected", [
+    (GRPOLoss, [1.0, -1.0, 1.0, -1.0]),                  # (r - mean) / population std
+    (DrGRPOLoss, [0.5, -0.5, 0.5, -0.5]),                # r - mean
+    (RLOOLoss, [2 / 3, -2 / 3, 2 / 3, -2 / 3]),          # r_i - mean of the other three
+    (ExpertIterationLoss, [1.0, 0.0, 1.0, 0.0]),         # kept (reward >= 1) or not
+])
+def test_advantage_per_variant_on_the_worked_example(loss_cls, expected):
+    adv, _ = loss_cls(None).advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.zeros(4, dtype=torch.long))
+    torch.testing.assert_close(adv, torch.tensor(expected))
+
+
+def test_rloo_leave_one_out_by_hand_on_uneven_rewards():
+    # r = (3, 1, 0): baselines (1+0)/2, (3+0)/2, (3+1)/2 -> 2.5, -0.5, -2
+    adv, _ = group_advantages(torch.tensor([3.0, 1.0, 0.0]), torch.zeros(3, dtype=torch.long), leave_one_out=True)
+    torch.testing.assert_close(adv, torch.tensor([2.5, -0.5, -2.0]))
+
+
+def _rows(rewards, *, resp_lengths, t=5, sample_lp=-1.0, ref_lp=-1.0):
+    b = len(rewards)
+    resp = torch.zeros(b, t, dtype=torch.bool)
+    for i, n in enumerate(resp_lengths):
+        resp[i, 1:1 + n] = True
+    attn = torch.zeros(b, t, dtype=torch.bool)
+    for i, n in enumerate(resp_lengths):
+        attn[i, : 1 + n] = True
+    return TensorDict({
+        "tokens": {"full": torch.zeros(b, t, dtype=torch.long)},
+        "masks": {"all_attention_mask": attn, "all_assistant_mask": resp},
+        "log_probs": {"full": torch.full((b, t), sample_lp)},
+        "next": {"reward": torch.tensor(rewards).reshape(b, 1), "ref_log_probs": {"full": torch.full((b, t), ref_lp)}},
+        "group": torch.zeros(b, dtype=torch.long),
+    }, [b])
+
+
+class _FixedLogProbs(torch.nn.Module):
+    """An actor whose log-probs are a constant (a parameter), so objectives can be computed by hand."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__()
+        self.value = torch.nn.Parameter(torch.tensor(value))
+
+    def log_probs(self, tokens, mask):
+        return self.value.expand(tokens.shape).clone()
+
+
+def test_rloo_puts_the_sequence_kl_in_the_reward():
+    # sample log-prob -1, reference -2 on 2 response tokens: KL sum 2, beta 0.05 -> reward - 0.1
+    td = _rows([1.0, 0.0], resp_lengths=[2, 2], sample_lp=-1.0, ref_lp=-2.0)
+    loss = RLOOLoss(None, beta=0.05)
+    torch.testing.assert_close(loss.rollout_rewards(td), torch.tensor([0.9, -0.1]))
+    assert not loss.has_kl_term
+
+
+def test_aggregation_per_variant_by_hand():
+    # on-policy (ratio 1): each token's gain is its row's advantage; row 0 has 3 response tokens
+    # with A = +1, row 1 one token with A = -1
+    td = _rows([1.0, 0.0], resp_lengths=[3, 1])
+    GRPOLoss(None).process_rollouts(td)  # DAPO's advantages are GRPO's
+    adv = td["advantage"][..., 0]
+    assert adv[0, 1:4].tolist() == [1.0] * 3 and adv[1, 1].item() == -1.0 and adv[:, 0].abs().sum() == 0
+    grpo = GRPOLoss(_FixedLogProbs(-1.0))(td)
+    dapo = DAPOLoss(_FixedLogProbs(-1.0))(td)
+    td_dr = DrGRPOLoss(None).process_rollouts(td.clone())  # advantages +-0.5
+    dr = DrGRPOLoss(_FixedLogProbs(-1.0), length_normalizer=4)(td_dr)
+    # GRPO: mean over rows of each row's token mean: (1 + (-1)) / 2 = 0
+    assert grpo["loss_objective"].item() == pytest.approx(0.0, abs=1e-6)
+    # DAPO: over all 4 response tokens: (3 - 1) / 4 = 0.5
+    assert dapo["loss_objective"].item() == pytest.approx(-0.5)
+    # Dr. GRPO: (3 * 0.5 / 4 + 1 * (-0.5) / 4) / 2 = 0.125
+    assert dr["loss_objective"].item() == pytest.approx(-0.125)
+    assert grpo["kl_to_reference"].item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_clipping_and_k3_kl_by_hand():
+    # current log-prob log(1.5) above the sampling one: ratio 1.5
+    td = _rows([1.0, 0.0], resp_lengths=[2, 2], sample_lp=-1.0, ref_lp=-1.5)
+    lp = -1.0 + math.log(1.5)
+    grpo = GRPOLoss(_FixedLogProbs(lp), beta=0.04)
+    grpo.process_rollouts(td)
+    out = grpo(td)
+    # A = +1: min(1.5, 1.2) = 1.2; A = -1: min(-1.5, -1.2) = -1.5 -> loss -(1.2 - 1.5) / 2
+    assert out["loss_objective"].item() == pytest.approx(0.15, rel=1e-5)
+    assert out["clip_fraction"].item() == pytest.approx(0.5)  # the positive row's tokens
+    d = -1.5 - lp
+    assert out["loss_kl"].item() == pytest.approx(0.04 * (math.exp(d) - d - 1), rel=1e-5)
+    # DAPO's clip-higher: 1 + 0.28
+    dapo = DAPOLoss(_FixedLogProbs(lp))(td)
+    assert dapo["loss_objective"].item() == pytest.approx(-(2 * 1.28 - 2 * 1.5) / 4, rel=1e-5)
+    assert "loss_kl" not in dapo.keys()  # DAPO has no KL term
+
+
+def test_k3_and_overlong_penalty():
+    assert k3_kl(torch.tensor(0.0), torch.tensor(math.log(0.5))).item() == pytest.approx(0.5 - math.log(0.5) - 1)
+    torch.testing.assert_close(overlong_penalty(torch.tensor([3, 5, 6, 7]), max_length=6, cache=2),
+                               torch.tensor([0.0, -0.5, -1.0, -1.0]))
+    # DAPO's rollout reward adds the penalty
+    td = _rows([1.0, 1.0], resp_lengths=[2, 4], t=6)
+    torch.testing.assert_close(DAPOLoss(None, max_new_tokens=4, overlong_cache=2).rollout_rewards(td),
+                               torch.tensor([1.0, 0.0]))
+
+
+def test_gradients_push_the_better_response_up_and_sft_is_nll():
+    td = _rows([1.0, 0.0], resp_lengths=[2, 2])
+    actor = _FixedLogProbs(-1.0)
+    loss = ExpertIterationLoss(actor)
+    loss.process_rollouts(td)
+    out = loss(td)
+    assert out["loss_nll"].item() == pytest.approx(1.0)  # -mean log-prob of the kept row's tokens
+    out["loss_nll"].backward()
+    assert actor.value.grad.item() < 0  # raising log-probs lowers the loss
+    assert SFTLoss(_FixedLogProbs(-2.0))(td)["loss_nll"].item() == pytest.approx(2.0)
+
+
+# -- the collector and TorchRL --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def lm():
+    model, tok = load_causal_lm("tiny", seed=0)
+    return model, tok
+
+
+def test_rollouts_in_a_torchrl_buffer_read_by_torchrl_grpo_loss(lm):
+    from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+    from torchrl.modules.llm import TransformersWrapper
+    from torchrl.objectives.llm import GRPOLoss as TorchRLGRPOLoss
+
+    model, tok = lm
+    task = ArithmeticTask()
+    source = task_prompt_source(task, n_held_out=4)
+    # make two right answers in group 0, so its advantages are not all zero
+    reward_calls = []
+
+    def reward(prompts, responses, **row):
+        reward_calls.append(row)
+        out = task.rewards(prompts, responses)
+        out[0], out[1] = 1.0, 1.0
+        return out
+
+    source.reward_fn = reward
+    collector = RolloutCollector(source, tok, tiny_causal_lm(tok, seed=3), group_size=4, prompts_per_round=2,
+                                 max_new_tokens=4, seed=0)
+    ours = GRPOLoss(CausalLMLogProbs(model))
+    td, stats = collector.collect(model, round=0, process=ours.process_rollouts)
+    assert "answer" in reward_calls[0]  # the rows' other columns reach the reward function
+    assert td.batch_size == torch.Size([8]) and stats["groups_without_signal"] == pytest.approx(0.5)
+    assert td["group"].tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert list(td["text", "prompt"])[0] == list(td["text", "prompt"])[3]
+    buffer = TensorDictReplayBuffer(storage=LazyTensorStorage(8), batch_size=8)
+    buffer.extend(td)
+    batch = buffer[torch.arange(8)]
+    # the response tokens are the sampled ones, right after the prompt, and the text decodes from them
+    first = batch["masks", "all_assistant_mask"][0]
+    decoded = tok.decode(batch["tokens", "full"][0][first].tolist(), skip_special_tokens=True)
+    assert decoded == list(batch["text", "response"])[0]
+    scorer = TransformersWrapper(model, tokenizer=tok, input_mode="tokens", generate=False, return_log_probs=True,
+                                 pad_output=True)
+    torchrl_loss = TorchRLGRPOLoss(scorer, masking_strategy="rlhf", kl_to_ref_coeff=0.04)
+    out = torchrl_loss(batch.clone())
+    assert torch.isfinite(out.loss_objective) and torch.isfinite(out.loss_kl_to_ref)
+    assert out.ESS.item() == pytest.approx(1.0, abs=1e-4)  # the buffer's log-probs are the sampling policy's
+    mine = ours(batch.clone())
+    assert mine["ratio_mean"].item() == pytest.approx(1.0, abs=1e-5)
+    assert torch.isfinite(mine["loss_objective"])
+
+
+def test_same_seed_same_rollouts_other_rank_other_prompts(lm):
+    model, tok = lm
+    source = task_prompt_source(ArithmeticTask(), n_held_out=4)
+    make = lambda: RolloutCollector(source, tok, None, group_size=2, prompts_per_round=3, max_new_tokens=3, seed=5)  # noqa: E731
+    a, _ = make().collect(model, round=2)
+    b, _ = make().collect(model, round=2)
+    c, _ = make().collect(model, round=2, rank=1)
+    assert torch.equal(a["tokens", "full"], b["tokens", "full"])
+    assert list(a["text", "prompt"]) != list(c["text", "prompt"])
+
+
+@pytest.mark.parametrize("fn, match", [
+    (lambda p, r, **k: 1 / 0, "raised ZeroDivisionError"),
+    (lambda p, r, **k: [1.0], "returned 1 rewards for 4 responses"),
+    (lambda p, r, **k: [float("nan")] * len(r), "must be finite"),
+    (lambda p, r, **k: ["yes"] * len(r), "return floats"),
+    (lambda p, r, **k: 3.0, "expected a list"),
+])
+def test_bad_reward_functions_get_one_clear_error(lm, fn, match):
+    model, tok = lm
+    source = PromptSource("prompts.jsonl", held_out=[], reward_fn=fn, reward_name="mymod:score",
+                          train=[{"prompt": "1+1="}], longest_prompts=["1+1="])
+    collector = RolloutCollector(source, tok, None, group_size=2, prompts_per_round=2, max_new_tokens=2)
+    with pytest.raises(RolloutError, match=match) as info:
+        collector.collect(model, round=0)
+    assert "mymod:score" in str(info.value)
+
+
+def test_bad_settings_and_files(lm, tmp_path):
+    model, tok = lm
+    source = task_prompt_source(ArithmeticTask(), n_held_out=2)
+    with pytest.raises(UserError, match="group_size must be a whole number >= 2"):
+        RolloutCollector(source, tok, None, group_size=1)
+    long = PromptSource("long.jsonl", held_out=[], reward_fn=lambda p, r, **k: [0.0] * len(r), reward_name="f",
+                        train=[{"prompt": "9" * 200}], longest_prompts=["9" * 200])
+    with pytest.raises(UserError, match="exceeds the model's context of 128 tokens"):
+        RolloutCollector(long, tok, model, group_size=2)
+    with pytest.raises(UserError, match="must be 'module:function'"):
+        load_reward_function("nocolon")
+    with pytest.raises(UserError, match="cannot import module"):
+        load_reward_function("no_such_module_xyz:f")
+    bad = tmp_path / "t.jsonl"
+    bad.write_text('{"prompt": "1+1="}\n')
+    with pytest.raises(UserError, match="has no 'answer'"):
+        jsonl_prompt_source(str(bad))
+    ok = tmp_path / "ok.jsonl"
+    ok.write_text("".join(f'{{"prompt": "{i}+{i}=", "answer": "{2 * i}"}}\n' for i in range(300)))
+    s1, s2 = jsonl_prompt_source(str(ok)), jsonl_prompt_source(str(ok))
+    assert len(s1.held_out) == 100 and [r["prompt"] for r in s1.held_out] == [r["prompt"] for r in s2.held_out]
+    assert score_responses(s1, s1.held_out[:2], [s1.held_out[0]["answer"], "x"]) == [1.0, 0.0]

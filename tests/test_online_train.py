@@ -1,0 +1,125 @@
+"""Online RL through the training shell: a user's JSONL task and reward function, learning in a
+small budget, exact resume, the exported model, and the CLI's one-line errors."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from offline_plugins.errors import UserError
+from offline_plugins.lightning.run import train
+
+torch.set_num_threads(1)
+
+
+def digit_share(prompts, responses, **columns):
+    """A dense reward a random policy already earns sometimes: the share of digits in the response."""
+    return [sum(c.isdigit() for c in r) / max(len(r), 1) for r in responses]
+
+
+def broken_reward(prompts, responses, **columns):
+    return [float("nan")] * len(responses)
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory):
+    rng = random.Random(0)
+    path = tmp_path_factory.mktemp("online") / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": "".join(rng.choice("abcdef") for _ in range(4)) + ":"}) + "\n"
+                            for _ in range(220)))
+    return path
+
+
+_SMALL = {"group_size": 4, "prompts_per_round": 6, "batch_size": 8, "max_new_tokens": 4, "eval_prompts": 20}
+
+
+def _weights(out):
+    from safetensors.torch import load_file
+
+    return load_file(str(out / "model" / "model.safetensors"))
+
+
+@pytest.mark.slow
+def test_grpo_raises_the_reward_of_a_user_task_and_exports_the_policy(prompt_file, tmp_path):
+    summary = train("grpo", str(prompt_file), steps=36, seed=0, out_dir=tmp_path / "run", progress=False,
+                    threads=1, reward="test_online_train:digit_share", eval_every=0,
+                    overrides={**_SMALL, "lr": 3e-3})
+    assert summary["data_kind"] == "text-rollouts" and summary["rounds"] == 12
+    # seeded: the last round's reward is well above the first's (0.09 -> 0.3 or more here)
+    assert summary["reward_mean"] > summary["reward_mean_first_round"] + 0.1
+    assert 0 <= summary["groups_without_signal"] <= 1
+    assert summary["exact_match_after"] is None  # prompt rows without answers: reward only
+    assert summary["heldout_reward_after"] > summary["heldout_reward_before"]
+    from offline_plugins.modules.tiny_lm import load_causal_lm
+
+    model, tok = load_causal_lm(tmp_path / "run" / "model")  # what --model of the next run accepts
+    assert tok("ab")["input_ids"] and sum(p.numel() for p in model.parameters()) > 0
+
+
+@pytest.mark.slow
+def test_resume_equals_an_uninterrupted_run(prompt_file, tmp_path):
+    kwargs = dict(seed=1, progress=False, threads=1, reward="test_online_train:digit_share", eval_every=0,
+                  overrides={**_SMALL, "lr": 3e-3, "ppo_epochs": 2})
+    # 6 prompts x 4 = 24 rollouts, batch 8, 2 epochs: 6 steps per round; step 4 is mid-round
+    train("dapo", str(prompt_file), steps=10, out_dir=tmp_path / "full", **kwargs)
+    train("dapo", str(prompt_file), steps=4, out_dir=tmp_path / "part", **kwargs)
+    resumed = train("dapo", str(prompt_file), steps=10, out_dir=tmp_path / "part", resume=True, **kwargs)
+    assert resumed["steps"] == 10 and resumed["rounds"] == 2
+    full, part = _weights(tmp_path / "full"), _weights(tmp_path / "part")
+    assert all(torch.equal(full[k], part[k]) for k in full)
+
+
+def test_errors_are_one_line_user_errors(prompt_file, tmp_path):
+    with pytest.raises(UserError, match="group_size must be a whole number >= 2"):
+        train("grpo", str(prompt_file), steps=2, out_dir=tmp_path / "g1", progress=False,
+              reward="test_online_train:digit_share", overrides={**_SMALL, "group_size": 1})
+    with pytest.raises(UserError, match="batch_size 7 must divide the 24 rollouts"):
+        train("grpo", str(prompt_file), steps=2, out_dir=tmp_path / "b", progress=False,
+              reward="test_online_train:digit_share", overrides={**_SMALL, "batch_size": 7})
+    with pytest.raises(UserError, match="has no 'answer'"):
+        train("grpo", str(prompt_file), steps=2, out_dir=tmp_path / "a", progress=False, overrides=_SMALL)
+    with pytest.raises(UserError, match="must be finite"):
+        train("rloo", str(prompt_file), steps=2, out_dir=tmp_path / "n", progress=False, threads=1,
+              reward="test_online_train:broken_reward", overrides=_SMALL)
+    assert not (tmp_path / "g1").exists()  # refused before anything was written
+
+
+def test_cli_lists_the_online_algorithms(capsys):
+    from offline_plugins.cli import main
+
+    assert main(["list", "--json"]) == 0
+    listed = {a["name"]: a for a in json.loads(capsys.readouterr().out)}
+    for name in ("grpo", "dapo", "dr-grpo", "rloo", "expert-iteration"):
+        assert listed[name]["family"] == "online-llm" and listed[name]["data"] == "text-rollouts"
+        assert "arXiv" in listed[name]["paper"]
+
+
+@pytest.mark.slow
+def test_sft_makes_a_reference_that_the_online_algorithms_start_from(tmp_path):
+    import csv
+
+    rng = random.Random(1)
+    rows = []
+    for _ in range(300):
+        word = "".join(rng.choice("abc") for _ in range(3))
+        rows.append({"prompt": word + "=", "completion": word[::-1], "answer": word[::-1]})
+    sft_file, rl_file = tmp_path / "sft.jsonl", tmp_path / "rl.jsonl"
+    sft_file.write_text("".join(json.dumps({"prompt": r["prompt"], "completion": r["completion"]}) + "\n" for r in rows))
+    rl_file.write_text("".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"]}) + "\n" for r in rows))
+    sft = train("sft", str(sft_file), steps=60, seed=0, out_dir=tmp_path / "sft", progress=False, threads=1,
+                log_every=10, eval_every=0, overrides={"batch_size": 32})
+    assert sft["data_kind"] == "text-completions" and sft["exact_match_before"] == 0.0
+    with open(tmp_path / "sft" / "metrics.csv") as fh:
+        nll = [float(r["train/loss_nll"]) for r in csv.DictReader(fh) if r.get("train/loss_nll")]
+    assert nll[-1] < 0.5 * nll[0]
+    # the next run starts from the sft run's save_pretrained folder: its reference scores what sft reached
+    ei = train("expert-iteration", str(rl_file), steps=6, seed=0, out_dir=tmp_path / "ei", progress=False,
+               threads=1, eval_every=0, model=str(tmp_path / "sft" / "model"), overrides=_SMALL)
+    assert ei["exact_match_before"] is not None and ei["rounds"] == 2
+    assert (tmp_path / "ei" / "model" / "config.json").is_file()
+    with pytest.raises(UserError, match="--reward applies to algorithms trained on their own rollouts"):
+        train("sft", str(sft_file), steps=2, out_dir=tmp_path / "x", progress=False,
+              reward="test_online_train:digit_share")
