@@ -41,6 +41,7 @@ __all__ = [
     "ORPOConfig",
     "SimPOConfig",
     "RewardModelConfig",
+    "LoRAFields",
     "FROM_SCRATCH_LR",
     "resolve_lr",
 ]
@@ -57,6 +58,31 @@ def _lr_help(pretrained: float) -> str:
 
 
 @dataclass
+class LoRAFields:
+    """Config fields of every policy-training preference algorithm: LoRA adapters instead of full weights."""
+
+    lora_r: int = config_field(0, "LoRA rank: train low-rank adapters only, the reference being the base model "
+                                  "with adapters off (no second copy; needs pip install 'offline-plugins[peft]'); "
+                                  "0: train every weight")
+    lora_alpha: float = config_field(16.0, "LoRA scale: the weight update is lora_alpha / lora_r * B A")
+    lora_dropout: float = config_field(0.0, "dropout on the LoRA adapters' input")
+    lora_target: str = config_field("", "comma-separated names of the modules to adapt (empty: peft's default "
+                                        "for the architecture, e.g. c_attn for GPT-2, q_proj,v_proj for Llama)")
+
+
+def _with_lora(cls: type) -> type:
+    """``cls`` with the :class:`LoRAFields` after its own fields (``info`` lists them last)."""
+    import dataclasses
+
+    extra = [(f.name, f.type, dataclasses.field(default=f.default, metadata=f.metadata))
+             for f in dataclasses.fields(LoRAFields)]
+    return dataclasses.make_dataclass(cls.__name__, extra, bases=(cls,),
+                                      namespace={"__module__": cls.__module__, "__doc__": cls.__doc__,
+                                                 "__qualname__": cls.__qualname__})
+
+
+@_with_lora
+@dataclass
 class DPOConfig:
     pretrained_lr: ClassVar[float] = 1e-5
     lr: Optional[float] = config_field(None, _lr_help(pretrained_lr))
@@ -66,6 +92,7 @@ class DPOConfig:
     label_smoothing: float = config_field(0.0, "assumed label-flip rate (conservative DPO); 0 is DPO")
 
 
+@_with_lora
 @dataclass
 class RobustDPOConfig:
     pretrained_lr: ClassVar[float] = 1e-5
@@ -76,6 +103,7 @@ class RobustDPOConfig:
     label_smoothing: float = config_field(0.1, "label-flip rate the loss is unbiased under, in [0, 0.5)")
 
 
+@_with_lora
 @dataclass
 class RPOConfig:
     pretrained_lr: ClassVar[float] = 3e-5
@@ -86,6 +114,7 @@ class RPOConfig:
     alpha: float = config_field(1.0, "weight of the length-normalised NLL term on the chosen response")
 
 
+@_with_lora
 @dataclass
 class IPOConfig:
     pretrained_lr: ClassVar[float] = 1e-5
@@ -96,6 +125,7 @@ class IPOConfig:
     length_normalize: bool = config_field(True, "average log-probs over response tokens (false: sums)")
 
 
+@_with_lora
 @dataclass
 class KTOConfig:
     pretrained_lr: ClassVar[float] = 1e-5
@@ -107,6 +137,7 @@ class KTOConfig:
     undesirable_weight: float = config_field(1.0, "weight of undesirable (label false) rows")
 
 
+@_with_lora
 @dataclass
 class ORPOConfig:
     pretrained_lr: ClassVar[float] = 3e-5
@@ -116,6 +147,7 @@ class ORPOConfig:
     lam: float = config_field(0.1, "weight lambda of the log odds-ratio term")
 
 
+@_with_lora
 @dataclass
 class SimPOConfig:
     pretrained_lr: ClassVar[float] = 1e-5
@@ -152,6 +184,41 @@ def _trainable_copy(model: Any) -> Any:
     return model
 
 
+def _lora_policy(config: Any, data: Any, name: str) -> Any:
+    """The reference with LoRA adapters (peft) as the policy; ``data.reference`` becomes the same
+    model with its adapters switched off (:class:`~offline_plugins.modules.causal_lm.AdaptersOff`),
+    so the weights are held once."""
+    from offline_plugins.errors import UserError
+    from offline_plugins.modules.causal_lm import AdaptersOff
+
+    if isinstance(config.lora_r, bool) or int(config.lora_r) < 0:
+        raise UserError(f"{name}: lora_r must be a whole number >= 0, got {config.lora_r!r}; fix it with --set lora_r=16")
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise UserError(f"{name}: lora_r={config.lora_r} trains LoRA adapters, which needs peft: "
+                        "pip install 'offline-plugins[peft]' (or drop --set lora_r)") from None
+    if isinstance(data.reference, AdaptersOff):
+        raise UserError(f"{name}: this dataset's reference already carries LoRA adapters from an earlier run in "
+                        "this process; load the dataset again for a new LoRA run")
+    targets = [t.strip() for t in str(config.lora_target or "").split(",") if t.strip()] or None
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            # peft notes that GPT-2's Conv1D stores its weight transposed, and handles it
+            warnings.filterwarnings("ignore", message="fan_in_fan_out is set to False")
+            policy = get_peft_model(data.reference, LoraConfig(r=int(config.lora_r), lora_alpha=config.lora_alpha,
+                                                               lora_dropout=config.lora_dropout,
+                                                               target_modules=targets, task_type="CAUSAL_LM"))
+    except ValueError as exc:
+        first = str(exc).splitlines()[0][:200]
+        raise UserError(f"{name}: LoRA could not adapt the model with lora_target={config.lora_target!r} ({first}); "
+                        "name modules the model has (e.g. --set lora_target=c_attn for GPT-2)") from None
+    data.reference = AdaptersOff(policy)
+    return policy
+
+
 def resolve_lr(config: Any, data: Any, name: str) -> float:
     """The policy's learning rate: ``config.lr``, or the default for where the reference starts.
 
@@ -179,7 +246,7 @@ def _policy_parts(config: Any, data: Any, name: str, loss_cls_name: str, kwargs:
 
     kind = "unpaired-feedback" if loss_cls_name == "KTOLoss" else "preference-pairs"
     check_preference_data(data, name, kind, needs_reference=True)
-    policy_model = _trainable_copy(data.reference)
+    policy_model = _lora_policy(config, data, name) if int(config.lora_r) > 0 else _trainable_copy(data.reference)
     policy_model.train()
     actor = CausalLMLogProbs(policy_model)
     loss = getattr(llm, loss_cls_name)(actor, **kwargs)

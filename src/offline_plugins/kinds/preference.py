@@ -90,7 +90,9 @@ class PreferenceText(DataKind):
         }
 
     def export(self, parts, out: Path) -> dict[str, Any]:
-        """The trained policy's language model and tokenizer as a ``save_pretrained`` folder ``out/model``."""
+        """The trained policy's language model and tokenizer as a ``save_pretrained`` folder ``out/model``;
+        a LoRA run also writes its adapters to ``out/adapter`` (``peft.PeftModel.from_pretrained``)
+        and ``out/model`` holds the merged weights."""
         model = parts.model
         if model is None or not hasattr(model, "save_pretrained"):
             return {}  # a reward model's score head: the checkpoint holds it
@@ -99,14 +101,22 @@ class PreferenceText(DataKind):
 
         bars = hf_logging.is_progress_bar_enabled()
         hf_logging.disable_progress_bar()
+        written = {"model_dir": str(out / "model")}
         try:
+            if hasattr(model, "merge_and_unload"):  # LoRA (peft): the adapters, and the merged model
+                import copy
+
+                model.save_pretrained(out / "adapter")
+                written["adapter_dir"] = str(out / "adapter")
+                model = copy.deepcopy(model).merge_and_unload()
             model.save_pretrained(out / "model")
         finally:
             if bars:
                 hf_logging.enable_progress_bar()
         if hasattr(parts.tokenizer, "save_pretrained"):
-            parts.tokenizer.save_pretrained(out / "model")
-        return {"model_dir": str(out / "model")}
+            for key in written:
+                parts.tokenizer.save_pretrained(written[key])
+        return written
 
     def evaluate(self, module, data, *, episodes: int, seed: int, device: str) -> dict[str, Any]:
         from offline_plugins.eval.preference import evaluate_preference_model

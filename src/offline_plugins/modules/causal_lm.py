@@ -38,7 +38,7 @@ import torch
 from tensordict import NestedKey, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
-__all__ = ["CausalLMLogProbs", "CausalLMReward", "token_log_probs", "sequence_log_probs", "aggregate_rewards",
+__all__ = ["CausalLMLogProbs", "CausalLMReward", "AdaptersOff", "token_log_probs", "sequence_log_probs", "aggregate_rewards",
            "ENSEMBLE_AGGREGATES"]
 
 
@@ -245,3 +245,56 @@ class CausalLMReward(TensorDictModuleBase):
             tensordict.set(self.heads_key, heads)
         return tensordict
 
+
+class AdaptersOff(torch.nn.Module):
+    """A peft model seen with its adapters switched off and in eval mode: the frozen reference of a LoRA run.
+
+    DPO-style losses compare the policy with its reference; with LoRA the reference is
+    the base model the adapters sit on, so one set of weights serves both
+    (``disable_adapter()`` for each reference forward). It registers no submodule, so
+    switching it to train or eval mode leaves the policy alone, and it moves with the
+    policy. ``generate`` and ``config`` are the base model's.
+
+    Args:
+        peft_model: a ``peft.PeftModel`` (``get_peft_model(base, LoraConfig(...))``).
+    """
+
+    def __init__(self, peft_model: torch.nn.Module) -> None:
+        super().__init__()
+        self.__dict__["peft_model"] = peft_model  # not a submodule: the policy owns these weights
+
+    def _off(self):
+        import contextlib
+
+        @contextlib.contextmanager
+        def off():
+            was = self.peft_model.training
+            self.peft_model.eval()
+            try:
+                with self.peft_model.disable_adapter():
+                    yield
+            finally:
+                self.peft_model.train(was)
+
+        return off()
+
+    def forward(self, *args, **kwargs):
+        with self._off():
+            return self.peft_model(*args, **kwargs)
+
+    def generate(self, *args, **kwargs):
+        with self._off():
+            return self.peft_model.generate(*args, **kwargs)
+
+    def parameters(self, recurse: bool = True):
+        return self.peft_model.parameters(recurse)
+
+    def named_parameters(self, *args, **kwargs):
+        return self.peft_model.named_parameters(*args, **kwargs)
+
+    @property
+    def config(self):
+        return self.peft_model.config
+
+    def to(self, *args, **kwargs):  # the weights are the policy's; they move with it
+        return self
