@@ -1,0 +1,73 @@
+"""The reward-hacking monitor: gold against proxy along the KL, the best-gold checkpoint, Gao et al.'s fit."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _lightning_fixtures import TINY_SPEC, FakeOfflineData  # noqa: E402
+
+from offline_plugins.eval.overoptimization import fit_gao  # noqa: E402
+from offline_plugins.lightning.callbacks import ScheduledEvaluation  # noqa: E402
+from offline_plugins.lightning.monitor import RewardHackingMonitor, RewardHackingWarning  # noqa: E402
+from offline_plugins.lightning.run import load_checkpoint, train  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+class Overoptimised(ScheduledEvaluation):
+    """An online run's evaluations, made up: the proxy rises with the step; the gold score follows
+    best-of-n's d (alpha - beta d) with alpha 0.1, beta 0.05 (peak at d = 1), d = sqrt(KL) = step / 20."""
+
+    def __init__(self) -> None:
+        self.every, self.history, self.before = 10, [], {"exact_match": 0.5, "reward_mean": 0.0}
+
+    @property
+    def state_key(self) -> str:
+        return "Overoptimised"
+
+    def _score(self, trainer, pl_module):
+        d = trainer.global_step / 20
+        record = {"exact_match": 0.5 + d * (0.1 - 0.05 * d), "reward_mean": 0.01 * trainer.global_step,
+                  "kl_to_reference": d * d}
+        return record, {}
+
+
+def test_the_monitor_finds_the_peak_keeps_its_checkpoint_and_warns(tmp_path):
+    evaluation = Overoptimised()
+    monitor = RewardHackingMonitor(evaluation, checkpoint=tmp_path / "best_gold.ckpt")
+    with pytest.warns(RewardHackingWarning, match="gold score fell .* while the proxy reward rose"):
+        train(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "run", steps=60, eval_every=0, progress=False,
+              eval_episodes=1, callbacks=[evaluation, monitor])
+    report = monitor.report()
+    # the best gold score was at step 20 (d = 1, KL 1), and its checkpoint is that step's
+    assert report["best_gold"]["step"] == 20 and report["best_gold"]["kl"] == pytest.approx(1.0)
+    assert load_checkpoint(report["best_gold_checkpoint"])["global_step"] == 20
+    # six evaluations, the fitted best-of-n form recovers alpha, beta and the peak exactly
+    fit = report["gao_fit_bon"]
+    assert fit["points"] == 6
+    assert fit["alpha"] == pytest.approx(0.1) and fit["beta"] == pytest.approx(0.05)
+    assert fit["peak_kl"] == pytest.approx(1.0) and fit["r2"] == pytest.approx(1.0)
+    assert report["hacking_warnings"][0].startswith("between steps 20 and 30")
+    # logged beside the run's metrics: the gap between proxy and gold gains grows
+    import csv
+
+    rows = [r for r in csv.DictReader((tmp_path / "run" / "metrics.csv").open()) if r.get("monitor/gap")]
+    gaps = [float(r["monitor/gap"]) for r in rows]
+    assert len(gaps) == 6 and gaps[-1] > gaps[0]
+
+
+def test_gao_rl_form_against_a_hand_computation():
+    # R(d) = d (alpha - beta log d): with alpha 0.3, beta 0.2 the peak is at d = exp(0.3/0.2 - 1) = e^0.5
+    d = [0.4, 0.9, 1.6, 2.5, 3.6]
+    fit = fit_gao(d, [x * (0.3 - 0.2 * math.log(x)) for x in d], form="rl")
+    assert fit["alpha"] == pytest.approx(0.3) and fit["beta"] == pytest.approx(0.2)
+    assert fit["peak_d"] == pytest.approx(math.exp(0.5)) and fit["peak_kl"] == pytest.approx(math.e)
+    assert fit_gao([1.0], [0.1]) is None  # one point fits nothing
+    # a gold score that only rises has no peak within the form (beta <= 0)
+    assert fit_gao([1.0, 2.0, 3.0], [0.1, 0.2, 0.3], form="bon")["peak_kl"] is None
