@@ -1,0 +1,38 @@
+"""Run by tests/test_llm_ddp.py: a 2-process CPU DDP run of DPO or GRPO on a small JSONL file.
+
+Lightning's launcher re-runs this script once per extra rank; every rank writes its
+final parameters to OUT/rank<r>.pt.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from lightning.pytorch import Callback
+
+from offline_plugins.lightning.run import train
+
+
+def length_reward(prompts, responses, **row):
+    """A reward with signal from a random initialisation: shorter responses score higher."""
+    return [1.0 / (1.0 + len(r)) for r in responses]
+
+
+class SaveRank(Callback):
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        state = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
+        torch.save({"state": state, "world_size": trainer.world_size}, self.out / f"rank{trainer.global_rank}.pt")
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    algorithm, data, out, steps = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
+    overrides = ["batch_size=8"] if algorithm == "dpo" else ["group_size=4", "prompts_per_round=4", "batch_size=8"]
+    reward = None if algorithm == "dpo" else "_llm_ddp_run:length_reward"
+    train(algorithm, data, model="tiny", reward=reward, steps=steps, seed=0, eval_every=0, devices=2,
+          accelerator="cpu", out_dir=out, progress=False, overrides=overrides, callbacks=[SaveRank(out)])
