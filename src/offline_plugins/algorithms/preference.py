@@ -59,7 +59,8 @@ def _lr_help(pretrained: float) -> str:
 
 @dataclass
 class LoRAFields:
-    """Config fields of every policy-training preference algorithm: LoRA adapters instead of full weights."""
+    """Config fields of every policy-training preference algorithm: LoRA adapters instead of full
+    weights, and activation checkpointing."""
 
     lora_r: int = config_field(0, "LoRA rank: train low-rank adapters only, the reference being the base model "
                                   "with adapters off (no second copy; needs pip install 'offline-plugins[peft]'); "
@@ -68,6 +69,9 @@ class LoRAFields:
     lora_dropout: float = config_field(0.0, "dropout on the LoRA adapters' input")
     lora_target: str = config_field("", "comma-separated names of the modules to adapt (empty: peft's default "
                                         "for the architecture, e.g. c_attn for GPT-2, q_proj,v_proj for Llama)")
+    gradient_checkpointing: bool = config_field(False, "recompute the policy's activations in the backward "
+                                                       "(transformers' gradient checkpointing): less memory, "
+                                                       "about a third more compute")
 
 
 def _with_lora(cls: type) -> type:
@@ -240,6 +244,7 @@ def resolve_lr(config: Any, data: Any, name: str) -> float:
 
 def _policy_parts(config: Any, data: Any, name: str, loss_cls_name: str, kwargs: dict, loss_keys: tuple):
     import offline_plugins.objectives.llm as llm
+    from offline_plugins.errors import UserError
     from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
     from offline_plugins.data.preference import check_preference_data
     from offline_plugins.modules.causal_lm import CausalLMLogProbs
@@ -247,6 +252,12 @@ def _policy_parts(config: Any, data: Any, name: str, loss_cls_name: str, kwargs:
     kind = "unpaired-feedback" if loss_cls_name == "KTOLoss" else "preference-pairs"
     check_preference_data(data, name, kind, needs_reference=True)
     policy_model = _lora_policy(config, data, name) if int(config.lora_r) > 0 else _trainable_copy(data.reference)
+    if config.gradient_checkpointing:
+        if not hasattr(policy_model, "gradient_checkpointing_enable"):
+            raise UserError(f"{name}: gradient_checkpointing=true needs a transformers model, got "
+                            f"{type(policy_model).__name__}")
+        # non-reentrant: works with inputs that need no grad (token ids) and with LoRA's frozen base
+        policy_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     policy_model.train()
     actor = CausalLMLogProbs(policy_model)
     loss = getattr(llm, loss_cls_name)(actor, **kwargs)
