@@ -78,6 +78,11 @@ def add_parsers(subparsers) -> None:
         "--precision", default="32-true", metavar="P",
         help="Lightning precision: 32-true (default), bf16-mixed, bf16-true, 64-true; on CUDA also 16-mixed, 16-true",
     )
+    p.add_argument(
+        "--strategy", default=None, metavar="NAME",
+        help="Lightning strategy: ddp (the default with several devices), ddp_spawn, and on GPUs fsdp (shards a "
+        "language model layer by layer) or deepspeed",
+    )
     p.add_argument("--num-nodes", type=_positive, default=1, help="nodes for multi-node DDP (default 1)")
     p.add_argument("--config", metavar="FILE.yaml", help="YAML file of config overrides")
     p.add_argument(
@@ -133,12 +138,13 @@ def add_parsers(subparsers) -> None:
 
 def cmd_train(args) -> int:
     """``offline-plugins train``: check everything, then train and print the final evaluation."""
-    from offline_plugins.lightning.guards import check_devices, check_out_dir, check_precision
+    from offline_plugins.lightning.guards import check_devices, check_out_dir, check_precision, check_strategy
     from offline_plugins.lightning.run import plan_run, train
 
     # what the machine and the file system can refuse, before a dataset is loaded or made
     check_devices(args.devices, args.accelerator, args.num_nodes)
     check_precision(args.precision, args.accelerator)
+    check_strategy(args.strategy, args.accelerator)
     steps_per_call = _steps_per_call(args.steps_per_call)
     if args.out is not None:
         check_out_dir(args.out)
@@ -167,6 +173,7 @@ def cmd_train(args) -> int:
         accelerator=args.accelerator,
         num_nodes=args.num_nodes,
         precision=args.precision,
+        strategy=args.strategy,
         accumulate=args.accumulate,
         out_dir=args.out,
         resume=args.resume,

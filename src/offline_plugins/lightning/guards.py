@@ -38,6 +38,7 @@ __all__ = [
     "check_devices",
     "check_out_dir",
     "check_precision",
+    "check_strategy",
     "peak_memory_mb",
     "RunFolderLock",
     "read_checkpoint",
@@ -148,6 +149,30 @@ def check_precision(precision: Union[str, int], accelerator: str = "auto") -> st
             raise RunError(f"--precision {text} needs a CUDA GPU (float16 autocast on a CPU is not supported); "
                            "use --precision bf16-mixed on a CPU")
     return text
+
+
+#: the strategies ``train`` passes to Lightning by name, and those that need CUDA
+STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp", "deepspeed")
+_CUDA_STRATEGIES = ("fsdp", "deepspeed")
+
+
+def check_strategy(strategy: Optional[str], accelerator: str = "auto") -> Optional[str]:
+    """``strategy`` if this machine can run it; a ``RunError`` naming what is missing otherwise.
+
+    >>> check_strategy(None), check_strategy("ddp")
+    (None, 'ddp')
+    """
+    if strategy is None or not isinstance(strategy, str):
+        return strategy
+    if strategy not in STRATEGIES:
+        raise RunError(f"--strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
+    if strategy in _CUDA_STRATEGIES:
+        import torch
+
+        if accelerator == "cpu" or not torch.cuda.is_available():
+            raise RunError(f"--strategy {strategy} needs CUDA GPUs (Lightning runs it on GPUs only); on a CPU use "
+                           "--strategy ddp with --devices N")
+    return strategy
 
 
 def peak_memory_mb(device=None) -> dict[str, float]:

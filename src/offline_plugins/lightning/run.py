@@ -44,6 +44,7 @@ from offline_plugins.lightning.guards import (
     check_out_dir,
     check_precision,
     check_resume,
+    check_strategy,
     peak_memory_mb,
     quiet_lightning,
     read_checkpoint,
@@ -107,7 +108,7 @@ def _as_overrides(config: Union[None, str, os.PathLike, Mapping], overrides) -> 
 _RUN_OPTIONS: dict[str, str] = {
     "steps": "--steps", "max_steps": "--steps", "seed": "--seed", "eval_every": "--eval-every",
     "eval_episodes": "--eval-episodes", "devices": "--devices", "accelerator": "--accelerator",
-    "num_nodes": "--num-nodes", "strategy": "--devices", "precision": "--precision", "out": "--out", "out_dir": "--out",
+    "num_nodes": "--num-nodes", "strategy": "--strategy", "precision": "--precision", "out": "--out", "out_dir": "--out",
     "resume": "--resume", "checkpoint_every": "--checkpoint-every", "log_every": "--log-every",
     "threads": "--threads", "compile": "--compile", "model": "--model", "dataset": "--dataset",
     "drop_nonfinite": "--drop-nonfinite", "drop_empty": "--drop-empty", "overwrite": "--overwrite",
@@ -251,8 +252,29 @@ def _needs_unused_parameters(parts) -> bool:
     return any(id(p) not in grouped for p in parts.loss.parameters() if p.requires_grad)
 
 
+def decoder_layer_classes(model) -> set:
+    """The layer classes of a transformers model that FSDP wraps one by one (its ``_no_split_modules``).
+
+    >>> from offline_plugins.modules.tiny_lm import load_causal_lm
+    >>> sorted(c.__name__ for c in decoder_layer_classes(load_causal_lm("tiny", seed=0)[0]))
+    ['GPT2Block']
+    """
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    return {type(m) for m in model.modules() if type(m).__name__ in names} if model is not None else set()
+
+
 def _strategy(devices, num_nodes: int, parts, strategy):
-    if strategy is not None:
+    if strategy == "fsdp":
+        # shard a language model layer by layer; the parameters keep their identity, so the
+        # optimiser groups built before wrapping still name them
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        layers = decoder_layer_classes(parts.model)
+        if not layers:
+            raise RunError("--strategy fsdp wraps the decoder layers of a transformers model (its "
+                           "_no_split_modules); this algorithm's networks have none: use --strategy ddp")
+        return FSDPStrategy(auto_wrap_policy=layers, use_orig_params=True)
+    if strategy is not None and strategy != "auto":
         return strategy
     single = (isinstance(devices, int) and devices == 1) or devices in ("1", [0])
     if single and num_nodes == 1:
@@ -310,7 +332,9 @@ def train(
             run's; 0: only at the end).
         eval_episodes: episodes per evaluation.
         devices, accelerator, num_nodes, strategy: as Lightning's ``Trainer``; more
-            than one device trains with DDP.
+            than one device trains with DDP. ``strategy`` may be a Lightning strategy object or
+            a name (``ddp``, ``ddp_spawn``, ``deepspeed``, ``fsdp``: shards a transformers
+            policy layer by layer; CUDA only).
         precision: Lightning's precision: ``32-true`` (default), ``bf16-mixed``,
             ``bf16-true``, ``64-true``, and on CUDA ``16-mixed``/``16-true``. Cached
             reference log-probs stay as computed at load (fp32) whatever it is.
@@ -379,6 +403,7 @@ def train(
         raise RunError(f"--eval-every must be 0 (only at the end) or positive, got {eval_every}")
     check_devices(devices, accelerator, num_nodes)
     precision = check_precision(precision, accelerator)
+    strategy = check_strategy(strategy, accelerator)
     if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
         raise RunError(f"--accumulate must be a whole number >= 1, got {accumulate!r}")
     if out_dir is not None:
