@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The device check, for a session that is lent a GPU machine (run through the `device` tool
-# from the repository root; about 6 minutes on one GPU). It runs the gpu-marked tests and
+# from the repository root; about 8 minutes on one GPU). It runs the gpu-marked tests and
 # the bench scripts with --device cuda, writing logs and JSON to $OUT.
 #
 # The device image holds torch, lightning, transformers, h5py, pyarrow, matplotlib, pluggy;
@@ -35,4 +35,8 @@ timeout 150 python3 bench/offline_bench.py --device cuda --algos iql,td3-bc,cql 
   | tee "$OUT/offline_bench.log" || rc=1
 timeout 120 python3 bench/sequence_bench.py --device cuda --rounds 5 --steps 10 --json 2>&1 \
   | tee "$OUT/sequence_bench.json" || rc=1
+# DPO on a ~86 M-parameter GPT-2 built from a config, bf16 autocast: ours against a bare
+# forward+backward and the hand-written step (and TRL's DPOTrainer where trl is importable)
+timeout 150 python3 bench/preference_bench.py --device cuda --model-size 100m --precision bf16 --steps 20 \
+  --rounds 3 --json 2>&1 | tee "$OUT/preference_bench_100m.json" || rc=1
 exit $rc

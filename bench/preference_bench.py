@@ -15,18 +15,28 @@ Same tiny model (``load_causal_lm("tiny")``), same data (16 pairs of 64 tokens:
 
 Targets: ours >= 1.5x TRL and >= 0.7x bare.
 
+On a GPU (``--device cuda``), ``--model-size 100m`` builds a 12-layer, 768-wide GPT-2
+(about 86 M parameters with the character vocabulary) from a config, and ``--precision
+bf16`` runs every contender under bf16 autocast (TRL with ``bf16=True``); peak memory per
+contender is reported.
+
     python bench/preference_bench.py [--threads 2] [--steps 20] [--rounds 3] [--skip-trl] [--json]
+        [--device cuda] [--model-size tiny|100m] [--precision fp32|bf16]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import statistics
 import time
 
 import torch
+
+#: set by main: the autocast context every contender's forward runs under
+AUTOCAST = contextlib.nullcontext
 
 
 def make_batch(tok, pairs: int = 16, prompt_len: int = 32, response_len: int = 32, seed: int = 0):
@@ -45,12 +55,30 @@ def make_batch(tok, pairs: int = 16, prompt_len: int = 32, response_len: int = 3
     )
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def rate(step, batch_pairs: int, steps: int) -> float:
     step()  # warm-up
+    _sync()
     t0 = time.perf_counter()
     for _ in range(steps):
         step()
+    _sync()
     return batch_pairs * steps / (time.perf_counter() - t0)
+
+
+def model_100m(tok, seed: int = 0):
+    """A 12-layer, 768-wide GPT-2 from a config (no download), on the character vocabulary."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=len(tok), n_positions=256, n_embd=768, n_layer=12, n_head=12,
+                        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                        activation_function="gelu")
+    return GPT2LMHeadModel(config)
 
 
 def bench_bare(model, batch):
@@ -59,7 +87,9 @@ def bench_bare(model, batch):
 
     def step():
         model.zero_grad(set_to_none=True)
-        model(input_ids=ids, attention_mask=mask, labels=ids).loss.backward()
+        with AUTOCAST():
+            loss = model(input_ids=ids, attention_mask=mask, labels=ids).loss
+        loss.backward()
 
     return step
 
@@ -72,7 +102,8 @@ def bench_ours(model, batch):
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, foreach=True)
 
     def step():
-        out = loss(batch)
+        with AUTOCAST():
+            out = loss(batch)
         opt.zero_grad(set_to_none=True)
         out["loss_dpo"].backward()
         opt.step()
@@ -95,10 +126,11 @@ def bench_hand(model, reference, batch):
         return (logp * resp).sum(1).view(-1, 2)
 
     def step():
-        with torch.no_grad():
-            ref = seq_logp(reference)
-        pol = seq_logp(model)
-        z = 0.1 * ((pol[:, 0] - ref[:, 0]) - (pol[:, 1] - ref[:, 1]))
+        with AUTOCAST():
+            with torch.no_grad():
+                ref = seq_logp(reference)
+            pol = seq_logp(model)
+        z = 0.1 * ((pol[:, 0] - ref[:, 0]) - (pol[:, 1] - ref[:, 1])).float()
         loss = -F.logsigmoid(z).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -136,7 +168,8 @@ def bench_trl(model, tok, batch, steps: int):
     args = trl.DPOConfig(
         output_dir="/tmp/preference_bench_trl", per_device_train_batch_size=pairs, max_steps=steps + 1,
         beta=0.1, learning_rate=1e-4, max_length=full.shape[-1] + 2, report_to=[], logging_steps=10_000,
-        save_strategy="no", use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
+        save_strategy="no", use_cpu=not torch.cuda.is_available() or next(model.parameters()).device.type == "cpu",
+        dataloader_num_workers=0, disable_tqdm=True, bf16=AUTOCAST is not contextlib.nullcontext,
     )
     trainer = trl.DPOTrainer(model=model, ref_model=copy.deepcopy(model), args=args, train_dataset=data,
                              processing_class=tok, callbacks=[clock])
@@ -152,24 +185,42 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--skip-trl", action="store_true", help="do not time TRL's DPOTrainer")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--model-size", choices=("tiny", "100m"), default="tiny")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    global AUTOCAST
+    device = torch.device(args.device)
+    if args.precision == "bf16":
+        AUTOCAST = lambda: torch.autocast(device.type, dtype=torch.bfloat16)  # noqa: E731
 
     from offline_plugins.modules.tiny_lm import load_causal_lm
 
     base, tok = load_causal_lm("tiny", seed=0)
-    batch = make_batch(tok)
+    if args.model_size == "100m":
+        base = model_100m(tok)
+    base = base.to(device)
+    batch = make_batch(tok).to(device)
     from offline_plugins.data.preference import add_reference_log_probs
 
-    add_reference_log_probs(batch, base)  # once, outside the timed loop, as training does
+    add_reference_log_probs(batch, base)  # once, in fp32, outside the timed loop, as training does
     pairs = batch.batch_size[0]
     results: dict[str, list[float]] = {"bare": [], "ours": [], "hand": []}
+    peak: dict[str, float] = {}
+
+    def measured(name, make):
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        results[name].append(rate(make(), pairs, args.steps))
+        if device.type == "cuda":
+            peak[name] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+
     for _ in range(args.rounds):
-        results["bare"].append(rate(bench_bare(copy.deepcopy(base).train(), batch), pairs, args.steps))
-        results["ours"].append(rate(bench_ours(copy.deepcopy(base).train(), batch), pairs, args.steps))
-        results["hand"].append(
-            rate(bench_hand(copy.deepcopy(base).train(), copy.deepcopy(base).eval(), batch), pairs, args.steps)
-        )
+        measured("bare", lambda: bench_bare(copy.deepcopy(base).train(), batch))
+        measured("ours", lambda: bench_ours(copy.deepcopy(base).train(), batch))
+        measured("hand", lambda: bench_hand(copy.deepcopy(base).train(), copy.deepcopy(base).eval(), batch))
     med = {k: statistics.median(v) for k, v in results.items()}
     trl_rate = None if args.skip_trl else bench_trl(copy.deepcopy(base), tok, batch, args.steps)
     if trl_rate is not None:
@@ -180,6 +231,9 @@ def main() -> None:
         "ours_over_hand": round(med["ours"] / med["hand"], 2),
         "ours_over_trl": round(med["ours"] / med["trl"], 2) if "trl" in med else None,
         "threads": args.threads,
+        "device": str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),
+        "precision": args.precision,
+        "peak_memory_mb": peak or None,
         "params": sum(p.numel() for p in base.parameters()),
         "batch": f"{pairs} pairs x {batch['tokens', 'full'].shape[-1]} tokens",
     }
