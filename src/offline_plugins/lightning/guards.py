@@ -140,15 +140,21 @@ def check_precision(precision: Union[str, int], accelerator: str = "auto") -> st
     ('32-true', 'bf16-mixed')
     """
     text = _ALIASES.get(str(precision), str(precision))
-    if text not in PRECISIONS:
-        raise RunError(f"--precision {precision!r} is not one of {', '.join(PRECISIONS)} (or 32, 64, bf16, 16)")
-    if text in _CUDA_ONLY:
+    return _check_choice("--precision", precision, text, PRECISIONS, _CUDA_ONLY, accelerator, " (or 32, 64, bf16, 16)",
+                         "a CUDA GPU (float16 autocast on a CPU is not supported); use --precision bf16-mixed on a CPU")
+
+
+def _check_choice(flag: str, given: Any, value: str, choices: tuple, cuda_only: tuple, accelerator: str,
+                  also: str, needs: str) -> str:
+    """``value`` when it is one of ``choices`` and, if it is in ``cuda_only``, CUDA is here; else a RunError."""
+    if value not in choices:
+        raise RunError(f"{flag} {given!r} is not one of {', '.join(choices)}{also}")
+    if value in cuda_only:
         import torch
 
         if accelerator == "cpu" or not torch.cuda.is_available():
-            raise RunError(f"--precision {text} needs a CUDA GPU (float16 autocast on a CPU is not supported); "
-                           "use --precision bf16-mixed on a CPU")
-    return text
+            raise RunError(f"{flag} {value} needs {needs}")
+    return value
 
 
 #: the strategies ``train`` passes to Lightning by name, and those that need CUDA
@@ -164,15 +170,8 @@ def check_strategy(strategy: Optional[str], accelerator: str = "auto") -> Option
     """
     if strategy is None or not isinstance(strategy, str):
         return strategy
-    if strategy not in STRATEGIES:
-        raise RunError(f"--strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
-    if strategy in _CUDA_STRATEGIES:
-        import torch
-
-        if accelerator == "cpu" or not torch.cuda.is_available():
-            raise RunError(f"--strategy {strategy} needs CUDA GPUs (Lightning runs it on GPUs only); on a CPU use "
-                           "--strategy ddp with --devices N")
-    return strategy
+    return _check_choice("--strategy", strategy, strategy, STRATEGIES, _CUDA_STRATEGIES, accelerator, "",
+                         "CUDA GPUs (Lightning runs it on GPUs only); on a CPU use --strategy ddp with --devices N")
 
 
 def peak_memory_mb(device=None) -> dict[str, float]:
