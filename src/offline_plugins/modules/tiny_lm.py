@@ -154,10 +154,14 @@ def _tiny_gpt2_class():
         from transformers import GPT2LMHeadModel
 
         class TinyGPT2LMHeadModel(GPT2LMHeadModel):
-            def forward(self, input_ids=None, attention_mask=None, *args, **kwargs):
+            # ``position_ids`` is named: transformers' generate derives it from the attention mask
+            # (positions counted from each row's first real token) only for a forward that names
+            # it; without it a left-padded prompt is read as many positions late as it is padded
+            def forward(self, input_ids=None, attention_mask=None, *args, position_ids=None, **kwargs):
                 if args:
                     raise TypeError("pass arguments after attention_mask by keyword")
-                return super().forward(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+                return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                       **kwargs)
 
         _TINY_CLASS = TinyGPT2LMHeadModel
     return _TINY_CLASS
