@@ -1,0 +1,93 @@
+"""Online RL on the built-in task: every method from the same SFT reference, several seeds.
+
+    OFFLINE_PLUGINS_CACHE=~/.cache/offline-plugins python scripts/online_results.py run \\
+        --root runs/results-online --steps 1200 --seeds 0 1 2
+    python scripts/online_results.py table --root runs/results-online
+
+``run`` trains each algorithm with its registered defaults through the CLI, one run at a
+time (``--threads 1``), into ``ROOT/ALGO/sSEED``; an existing ``summary.json`` is kept (rerun
+with ``--overwrite``). ``table`` prints the docs/results.md table: held-out greedy exact
+match after training (mean ± std over seeds, and per seed), the gain over the reference,
+the last round's sampled reward and KL to the reference, the share of groups without
+signal, and the wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ALGOS = ("grpo", "dapo", "dr-grpo", "rloo", "expert-iteration")
+
+
+def run(args) -> None:
+    for seed in args.seeds:  # every algorithm's seed 0 first, then seed 1...
+        for algo in args.algos:
+            out = Path(args.root) / algo / f"s{seed}"
+            if (out / "summary.json").is_file() and not args.overwrite:
+                print(f"{out}: done, kept", flush=True)
+                continue
+            cmd = ["offline-plugins", "train", algo, "--dataset", "arithmetic", "--model", "tiny",
+                   "--steps", str(args.steps), "--eval-every", str(args.eval_every), "--seed", str(seed),
+                   "--threads", "1", "--no-progress", "--out", str(out), "--overwrite"]
+            for kv in args.set or []:
+                cmd += ["--set", kv]
+            print(" ".join(cmd), flush=True)
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            lines = [line for line in (done.stdout + done.stderr).splitlines() if "held-out" in line]
+            print(lines[-1] if lines else (done.stdout + done.stderr)[-2000:], flush=True)
+            if done.returncode:
+                sys.exit(done.returncode)
+
+
+def _fmt(values, scale=100.0, digits=1) -> str:
+    values = [v * scale for v in values]
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def table(args) -> None:
+    root = Path(args.root)
+    print("| algorithm | held-out exact match | gain | per seed | sampled reward, first -> last round "
+          "| KL to reference | groups without signal | rounds | wall time per run |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for algo in ALGOS:
+        runs = sorted((root / algo).glob("s*/summary.json"))
+        if not runs:
+            continue
+        s = [json.loads(p.read_text()) for p in runs]
+        after = [r["exact_match_after"] for r in s]
+        before = s[0]["exact_match_before"]
+        gain = statistics.mean(after) - before
+        print(f"| {algo} | {_fmt(after)} | {100 * gain:+.1f} | {', '.join(f'{100 * a:.1f}' for a in after)} "
+              f"| {_fmt([r['reward_mean_first_round'] for r in s], 1, 2)} -> {_fmt([r['reward_mean'] for r in s], 1, 2)} "
+              f"| {_fmt([r['kl_to_reference'] for r in s], 1, 3)} | {_fmt([r['groups_without_signal'] for r in s])} % "
+              f"| {s[0]['rounds']} | {statistics.mean(r['wall_s'] for r in s):.0f} s |")
+    print(f"\nreference (exact_match_before): {100 * before:.1f} %, seeds: {len(s)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--root", default="runs/results-online")
+    r.add_argument("--algos", nargs="+", default=list(ALGOS))
+    r.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    r.add_argument("--steps", type=int, default=1200)
+    r.add_argument("--eval-every", type=int, default=300)
+    r.add_argument("--set", action="append", help="KEY=VALUE passed to every run")
+    r.add_argument("--timeout", type=int, default=900)
+    r.add_argument("--overwrite", action="store_true")
+    t = sub.add_parser("table")
+    t.add_argument("--root", default="runs/results-online")
+    args = parser.parse_args()
+    run(args) if args.cmd == "run" else table(args)
+
+
+if __name__ == "__main__":
+    main()
