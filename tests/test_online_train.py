@@ -53,6 +53,11 @@ def test_grpo_raises_the_reward_of_a_user_task_and_exports_the_policy(prompt_fil
     assert 0 <= summary["groups_without_signal"] <= 1
     assert summary["exact_match_after"] is None  # prompt rows without answers: reward only
     assert summary["heldout_reward_after"] > summary["heldout_reward_before"]
+    # the reward-hacking monitor watched the run: the held-out reward is its gold score here
+    watch = summary["reward_hacking"]
+    assert watch["best_gold"]["gold_gain"] == pytest.approx(summary["heldout_reward_after"]
+                                                           - summary["heldout_reward_before"])
+    assert (tmp_path / "run" / "checkpoints" / "best_gold.ckpt").is_file()
     from offline_plugins.modules.tiny_lm import load_causal_lm
 
     model, tok = load_causal_lm(tmp_path / "run" / "model")  # what --model of the next run accepts

@@ -273,12 +273,23 @@ class TextRollouts(DataKind):
     def evaluation(self, data, *, every: int, episodes: int, seed: int):
         from offline_plugins.kinds.rollouts import RolloutEvaluation
 
-        return RolloutEvaluation(data, every=every)
+        evaluation = RolloutEvaluation(data, every=every)
+        data.evaluation = evaluation  # the reward-hacking monitor reads its records
+        return evaluation
 
     def callbacks(self, data, parts, *, seed: int) -> list:
         from offline_plugins.kinds.rollouts import RolloutRefill
+        from offline_plugins.lightning.monitor import RewardHackingMonitor
 
-        return [RolloutRefill(data, parts, seed=seed)]
+        callbacks = [RolloutRefill(data, parts, seed=seed)]
+        evaluation = getattr(data, "evaluation", None)
+        if evaluation is not None:
+            # the reward optimised (the rollouts' mean reward) against the held-out gold score: exact
+            # match where the rows carry answers, else the reward on the held-out prompts
+            gold = "exact_match" if data.source.has_answers else "heldout_reward"
+            data.monitor = RewardHackingMonitor(evaluation, gold=gold, proxy="reward_mean", checkpoint="auto")
+            callbacks.append(data.monitor)
+        return callbacks
 
     def summary_fields(self, evaluation, data, *, eval_episodes: int) -> dict[str, Any]:
         last = evaluation.history[-1] if evaluation.history else {}
@@ -299,6 +310,7 @@ class TextRollouts(DataKind):
             "groups_without_signal": mean("groups_without_signal"),
             "rounds": len(rounds),
             "heldout_prompts": len(data.source.held_out),
+            "reward_hacking": data.monitor.report() if getattr(data, "monitor", None) is not None else None,
             "model_dir": None,
         }
 

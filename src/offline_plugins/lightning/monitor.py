@@ -45,7 +45,8 @@ class RewardHackingMonitor(Callback):
         proxy: the record's proxy reward (default ``"reward_mean"``: what the policy is
             optimised on).
         kl: the record's KL to the reference (default ``"kl_to_reference"``).
-        checkpoint: where the best-gold checkpoint goes (None: not saved).
+        checkpoint: where the best-gold checkpoint goes (None: not saved; ``"auto"``: the run's
+            ``checkpoints/best_gold.ckpt``).
         window: evaluations over which "gold fell while proxy rose" is judged.
     """
 
@@ -102,6 +103,10 @@ class RewardHackingMonitor(Callback):
         if signal is not None and signal not in self.warnings:
             self.warnings.append(signal)
             warnings.warn(RewardHackingWarning(f"possible reward hacking: {signal}"), stacklevel=2)
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        if self.checkpoint == "auto":
+            self.checkpoint = str(Path(trainer.default_root_dir) / "checkpoints" / "best_gold.ckpt")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self._check(trainer)
