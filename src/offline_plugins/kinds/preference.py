@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from offline_plugins.errors import UserError
-from offline_plugins.plugins.datakind import DataKind, DataOptions, LoadedData
+from offline_plugins.plugins.datakind import DataKind, DataOptions, LoadedData, result_line
 
 __all__ = ["PreferenceText", "PreferencePairs", "UnpairedFeedback"]
 
@@ -124,9 +124,6 @@ class PreferenceText(DataKind):
         return evaluate_preference_model(module.policy, data, model=module.parts.model)
 
     def describe(self, result: dict) -> str:
-        head = f"{result['algorithm']} on {result['dataset']}"
-        if "steps" in result:
-            head += f", {result['steps']} steps, seed {result['seed']}"
         parts = [f"held-out preference accuracy {_pct(result.get('preference_accuracy'))}"]
         if result.get("exact_match_after") is not None or result.get("exact_match") is not None:
             after = result.get("exact_match_after", result.get("exact_match"))
@@ -135,8 +132,7 @@ class PreferenceText(DataKind):
                          else f"exact match {_pct(after)}")
         if result.get("kl_to_reference") is not None:
             parts.append(f"KL to reference {result['kl_to_reference']:.3f}")
-        tail = f" in {result['wall_s']:.0f} s; wrote {result['out_dir']}" if "wall_s" in result else ""
-        return f"{head}: {', '.join(parts)}{tail}"
+        return result_line(result, parts)
 
 
 class PreferencePairs(PreferenceText):

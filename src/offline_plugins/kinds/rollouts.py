@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from offline_plugins.errors import UserError
-from offline_plugins.plugins.datakind import DataKind, DataOptions, LoadedData, config_value
+from offline_plugins.plugins.datakind import DataKind, DataOptions, LoadedData, config_value, result_line
 
 __all__ = ["TextRollouts", "TextCompletions", "RolloutRefill", "RolloutEvaluation"]
 
@@ -324,9 +324,6 @@ class TextRollouts(DataKind):
         return data.held_out_scores(module.parts.model)
 
     def describe(self, result: dict) -> str:
-        head = f"{result['algorithm']} on {result['dataset']}"
-        if "steps" in result:
-            head += f", {result['steps']} steps, seed {result['seed']}"
         after = result.get("exact_match_after", result.get("exact_match"))
         parts = []
         if after is not None:
@@ -344,8 +341,7 @@ class TextRollouts(DataKind):
             parts.append(f"KL to reference {result['kl_to_reference']:.3f}")
         if result.get("groups_without_signal") is not None:
             parts.append(f"groups without signal {_pct(result['groups_without_signal'])}")
-        tail = f" in {result['wall_s']:.0f} s; wrote {result['out_dir']}" if "wall_s" in result else ""
-        return f"{head}: {', '.join(parts)}{tail}"
+        return result_line(result, parts)
 
 
 class TextCompletions(TextRollouts):

@@ -36,7 +36,7 @@ from typing import Any, ClassVar, Optional
 
 from offline_plugins.errors import UserError
 
-__all__ = ["DataKind", "DataOptions", "LoadedData", "BatchLayout", "config_value"]
+__all__ = ["DataKind", "DataOptions", "LoadedData", "BatchLayout", "config_value", "result_line"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +106,20 @@ def config_value(config: Any, name: str, default: Any = None) -> Any:
     if isinstance(config, dict) and name in config:
         return config[name]
     return default
+
+
+def result_line(result: dict, figures: list) -> str:
+    """``ALGO on DATASET[, N steps, seed S]: figure, figure[ in W s; wrote OUT]``: the CLI's line
+    for a training summary (which has ``steps`` and ``wall_s``) or an evaluation result.
+
+    >>> result_line({"algorithm": "dpo", "dataset": "d", "step": 5}, ["accuracy 90%"])
+    'dpo on d: accuracy 90%'
+    """
+    head = f"{result['algorithm']} on {result['dataset']}"
+    if "steps" in result:
+        head += f", {result['steps']} steps, seed {result['seed']}"
+    tail = f" in {result['wall_s']:.0f} s; wrote {result['out_dir']}" if "wall_s" in result else ""
+    return f"{head}: {', '.join(figures)}{tail}"
 
 
 class DataKind:
