@@ -119,3 +119,16 @@ def test_the_shell_asks_the_data_kind_and_tests_no_family_or_algorithm_name():
         text = path.read_text()
         for pattern in patterns:
             assert not re.search(pattern, text), f"{path.name} matches {pattern!r}"
+
+
+def test_a_kind_missing_part_of_the_contract_cannot_be_made():
+    from offline_plugins.kinds import DataKind
+
+    class Half(DataKind):
+        name = "half"
+
+        def resolve(self, dataset, *, spec, registry):
+            return dataset, None
+
+    with pytest.raises(TypeError, match="abstract"):
+        Half()

@@ -30,6 +30,7 @@ re-exports these names.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from pathlib import Path
 from typing import Any, ClassVar, Optional
@@ -122,8 +123,9 @@ def result_line(result: dict, figures: list) -> str:
     return f"{head}: {', '.join(figures)}{tail}"
 
 
-class DataKind:
-    """One kind of training data. Subclass it and implement the methods that raise.
+class DataKind(abc.ABC):
+    """One kind of training data. Subclass it and implement its abstract methods (``resolve``,
+    ``load``, ``evaluation``, ``evaluate``); a subclass missing one cannot be instantiated.
 
     Class attributes:
         name: the kind's name, as ``AlgorithmSpec.data`` writes it (``"transitions"``).
@@ -156,9 +158,9 @@ class DataKind:
         other kinds before resolving an id, to refuse one meant for another kind's algorithms."""
         return False
 
+    @abc.abstractmethod
     def resolve(self, dataset: str, *, spec, registry) -> tuple[str, Optional[str]]:
         """``(canonical id, action space or None)`` of ``dataset``; raises a ``UserError`` if unknown."""
-        raise NotImplementedError
 
     def check_options(self, spec, options: DataOptions) -> None:
         """Refuse options that do not apply to this kind (default: refuse all of them)."""
@@ -169,10 +171,10 @@ class DataKind:
             if on:
                 raise UserError(f"{flag} does not apply to {spec.name!r}, which reads {self.name} data: drop {flag}")
 
+    @abc.abstractmethod
     def load(self, dataset_id: str, *, spec, config, registry, device: str, progress: bool,
              options: DataOptions) -> LoadedData:
         """Load (or make) the dataset ``dataset_id`` for ``spec`` with its ``config``."""
-        raise NotImplementedError
 
     def batch_layout(self, config) -> BatchLayout:
         """The batch size and sampler: ``batch_size`` from the config (default 256), random elements."""
@@ -191,13 +193,13 @@ class DataKind:
         return DataOptions()
 
     # -- evaluation, summary, export ---------------------------------------------
+    @abc.abstractmethod
     def evaluation(self, data, *, every: int, episodes: int, seed: int):
         """The Lightning callback that scores the run every ``every`` steps and at the end.
 
         It keeps its records in ``history`` (a list of dicts with ``step`` and
         ``eval_s``), as :class:`~offline_plugins.lightning.callbacks.PolicyEvaluation` does.
         """
-        raise NotImplementedError
 
     def callbacks(self, data, parts, *, seed: int) -> list:
         """Further Lightning callbacks the run needs for this data (default none): e.g. a kind
@@ -213,9 +215,9 @@ class DataKind:
         naming what was written (default: nothing beyond the checkpoint)."""
         return {}
 
+    @abc.abstractmethod
     def evaluate(self, module, data, *, episodes: int, seed: int, device: str) -> dict[str, Any]:
         """Score a trained module (rebuilt from a checkpoint) as the run's evaluation did."""
-        raise NotImplementedError
 
     def describe(self, result: dict) -> str:
         """The CLI's one line for a training summary or an evaluation result."""
