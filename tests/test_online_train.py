@@ -179,3 +179,30 @@ def test_left_padding_samples_the_scored_model():
     td, _ = collector.collect(model, round=0)
     for p, r in zip(td.get(("text", "prompt")).tolist(), td.get(("text", "response")).tolist()):
         assert r == alone[p], (p, r, alone[p])
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
+def test_the_recorded_sampling_log_probs_are_the_scoring_forwards(temperature, top_p):
+    """The collector records each sampled token's log-prob inside ``generate`` (no second policy
+    forward); they must be the model's own (unwarped) log-probs, what the losses' ratio divides
+    by, whatever the temperature and top-p it samples with, on left-padded prompts."""
+    from offline_plugins.data.rollouts import PromptSource, RolloutCollector
+    from offline_plugins.modules.causal_lm import CausalLMLogProbs
+    from offline_plugins.modules.tiny_lm import load_causal_lm
+
+    model, tok = load_causal_lm("tiny", seed=0)
+    model.eval()
+    prompts = ["7+5=", "12+3=", "45+67=", "1+1=", "3+80="]
+    source = PromptSource("lp", [], lambda ps, rs, **_: [0.0] * len(rs), "zero",
+                          train=[{"prompt": p} for p in prompts], longest_prompts=prompts)
+    collector = RolloutCollector(source, tok, model, group_size=3, prompts_per_round=5, max_new_tokens=6,
+                                 temperature=temperature, top_p=top_p, seed=3)
+    td, _ = collector.collect(model, round=0)
+    mask = td.get(("masks", "all_assistant_mask"))
+    assert mask.sum() > 15
+    scored = CausalLMLogProbs(model).log_probs(td.get(("tokens", "full")), td.get(("masks", "all_attention_mask")))
+    recorded = td.get(("log_probs", "full"))
+    torch.testing.assert_close(recorded[mask], scored[mask], atol=1e-4, rtol=0)
+    assert (recorded[~mask] == 0).all()
+    # the reference here is the policy itself: its log-probs agree too, so the KL is ~0
+    torch.testing.assert_close(td.get(("next", "ref_log_probs", "full"))[mask], scored[mask], atol=1e-5, rtol=0)

@@ -47,3 +47,38 @@ def test_gradient_checkpointing_gives_the_same_dpo_gradients(tmp_path, monkeypat
     assert grads[0].keys() == grads[1].keys() and grads[0]
     for name, g in grads[0].items():
         assert torch.allclose(g, grads[1][name], atol=1e-6), name
+
+
+def test_summary_reports_the_tokens_trained_and_their_rate(tmp_path, monkeypatch):
+    """``tokens_trained`` is every real token of every pair the steps read: here each step reads
+    4 pairs whose prompt + response lengths are known, so the count is exact."""
+    from offline_plugins.data.preference_sources import load_preference_source
+    from offline_plugins.lightning.run import train
+
+    monkeypatch.setenv("OFFLINE_PLUGINS_CACHE", str(tmp_path / "cache"))
+    rows = [{"prompt": f"q{i:03d}=", "chosen": "good", "rejected": "bad"} for i in range(200)]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = load_preference_source(str(path), kind="preference-pairs", progress=False)
+    per_pair = int(data.train[0]["masks", "all_attention_mask"].sum())
+    assert (data.train["masks", "all_attention_mask"].sum((-1, -2)) == per_pair).all()
+    summary = train("dpo", data, steps=6, out_dir=tmp_path / "run", progress=False, eval_every=0,
+                    overrides={"batch_size": 4})
+    assert summary["tokens_trained"] == 6 * 4 * per_pair
+    assert summary["tokens_per_s"] > 0 and summary["tokens_per_s_all_ranks"] == summary["tokens_per_s"]
+    written = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert written["tokens_trained"] == summary["tokens_trained"]
+
+
+def test_offline_rl_batches_report_no_tokens(tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _lightning_fixtures import FakeOfflineData
+
+    from offline_plugins.lightning.run import train
+
+    summary = train("iql", FakeOfflineData(), steps=3, out_dir=tmp_path / "run", progress=False, eval_episodes=1,
+                    eval_every=0, overrides=["hidden=[16,16]", "batch_size=32"])
+    assert "tokens_trained" not in summary and "tokens_per_s" not in summary

@@ -19,9 +19,10 @@ environment with a policy, one response per environment row; ours are one-step e
 whose prompts must be a function of ``(seed, rank, round)`` so that a resumed run samples
 exactly the prompts and responses of an uninterrupted one, and ``TextEnv`` keeps its
 position as a counter of resets and re-tokenises decoded text (a BPE round trip need not
-give back the generated tokens, which the PPO ratio needs). The sampling log-probs come
-from the same gathered forward the losses use (``CausalLMLogProbs``), not from
-``generate``'s scores, which are those of the temperature / top-p warped distribution.
+give back the generated tokens, which the PPO ratio needs). The sampling log-probs are
+recorded inside ``generate`` from the model's raw logits (``_SampledLogProbs``, before the
+temperature / top-p warpers), the distribution ``CausalLMLogProbs`` scores for the losses,
+so a round costs one ``generate`` and one reference forward, not a second policy forward.
 TorchRL's ``TransformersWrapper`` still scores these rows (tests/test_online_losses.py).
 """
 
@@ -295,6 +296,39 @@ def greedy_responses(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[s
     return out_texts
 
 
+class _SampledLogProbs:
+    """Records, during ``generate``, the policy's log-prob of each token it samples.
+
+    A ``LogitsProcessor`` that runs first, on the model's raw next-token logits: at step
+    ``t + 1`` it gathers, from step ``t``'s log-softmax, the token ``generate`` chose at
+    ``t``; :meth:`finish` gathers the last one. The log-probs are those of the model's own
+    distribution (not the temperature / top-p warped one it samples from), as
+    :class:`~offline_plugins.modules.causal_lm.CausalLMLogProbs` scores them for the losses'
+    ratio, so the collector needs no second forward of the policy over the rollouts. It
+    holds one step's ``[N, V]`` log-softmax at a time, where ``output_logits=True`` would
+    keep every step's logits until ``generate`` returns.
+    """
+
+    def __init__(self) -> None:
+        self.steps: list[torch.Tensor] = []
+        self._last: Optional[torch.Tensor] = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self._last is not None:
+            self.steps.append(self._last.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self._last = scores.float().log_softmax(-1)
+        return scores
+
+    def finish(self, generated: torch.Tensor) -> torch.Tensor:
+        """``[N, K]`` log-probs of the ``K`` generated tokens (garbage after a row's eos: mask them)."""
+        if self._last is not None and len(self.steps) < generated.shape[1]:
+            self.steps.append(self._last.gather(-1, generated[:, len(self.steps):len(self.steps) + 1]).squeeze(-1))
+        self._last = None
+        if not self.steps:
+            return generated.new_zeros(generated.shape, dtype=torch.float32)
+        return torch.stack(self.steps, 1)
+
+
 class RolloutCollector:
     """Samples ``group_size`` responses per prompt from a policy and writes TED text rows to a buffer.
 
@@ -383,18 +417,17 @@ class RolloutCollector:
                 left_mask[i * g + j, width - len(ids):] = 1
         was_training = model.training
         model.eval()
+        recorder = _SampledLogProbs()
         try:
             devices = [device.index or 0] if device.type == "cuda" else []
             with torch.random.fork_rng(devices=devices):
                 torch.manual_seed(seed)
-                out = generate_left_padded(
-                    model, left.to(device), left_mask.to(device), do_sample=True,
-                    temperature=self.temperature, top_p=self.top_p, top_k=0, max_new_tokens=self.max_new_tokens,
-                    pad_token_id=self.pad_id, eos_token_id=self.tokenizer.eos_token_id, use_cache=True,
-                )
+                out = generate_left_padded(model, left.to(device), left_mask.to(device),
+                                           **self._sampling_kwargs(recorder))
         finally:
             model.train(was_training)
         gen = out[:, width:]
+        gen_lp = recorder.finish(gen)
         eos = self.tokenizer.eos_token_id
         # each response runs to its first eos (kept: the policy chose to stop), else to the budget
         is_eos = gen == eos if eos is not None else torch.zeros_like(gen, dtype=torch.bool)
@@ -413,11 +446,12 @@ class RolloutCollector:
         rows_idx = torch.arange(n, device=device).unsqueeze(1).expand_as(target)
         full[rows_idx[valid], target[valid]] = gen[valid]
         resp_mask[rows_idx[valid], target[valid]] = True
+        lp_policy = torch.zeros(n, self.width, dtype=torch.float32, device=device)
+        lp_policy[rows_idx[valid], target[valid]] = gen_lp[valid]
         attn = pos.unsqueeze(0) < (lengths_p + resp_len).unsqueeze(1)
         texts = self.tokenizer.batch_decode(torch.where(valid, gen, self.pad_id).tolist(), skip_special_tokens=True)
         expanded = [rows[i // g] for i in range(n)]
         rewards = score_responses(self.source, expanded, texts)
-        lp_policy = CausalLMLogProbs(model).log_probs(full, attn)
         lp_ref = CausalLMLogProbs(self.reference).log_probs(full, attn) if self.reference is not None else None
         done = torch.ones(n, 1, dtype=torch.bool, device=device)
         td = TensorDict(
@@ -434,9 +468,26 @@ class RolloutCollector:
         )
         if lp_ref is not None:
             td.set(("next", "ref_log_probs", "full"), lp_ref)
-        td.set(("text", "prompt"), NonTensorStack(*[r["prompt"] for r in expanded], batch_size=[n]))
-        td.set(("text", "response"), NonTensorStack(*texts, batch_size=[n]))
+        # from_list: NonTensorStack(*items) on a device TensorDict moves every item (a tenth of a round)
+        td.set(("text", "prompt"), NonTensorStack.from_list([r["prompt"] for r in expanded]))
+        td.set(("text", "response"), NonTensorStack.from_list(texts))
         return td
+
+    def _sampling_kwargs(self, recorder) -> dict[str, Any]:
+        """``generate``'s arguments: a clean sampling config (no processor from the model's own
+        ``generation_config``: a repetition penalty there would make the samples off-policy), and the
+        log-prob recorder first, then transformers' temperature and top-p warpers."""
+        from transformers import GenerationConfig, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+
+        processors = [recorder]
+        if self.temperature != 1.0:
+            processors.append(TemperatureLogitsWarper(self.temperature))
+        if self.top_p < 1.0:
+            processors.append(TopPLogitsWarper(self.top_p))
+        config = GenerationConfig(do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                                  max_new_tokens=self.max_new_tokens, pad_token_id=self.pad_id,
+                                  eos_token_id=self.tokenizer.eos_token_id, use_cache=True)
+        return {"generation_config": config, "logits_processor": LogitsProcessorList(processors)}
 
     def collect(self, model: torch.nn.Module, *, round: int, rank: int = 0,
                 process: Optional[Callable[[TensorDict], TensorDict]] = None,

@@ -33,6 +33,7 @@ __all__ = [
     "NonFiniteLossError",
     "TargetNetworkUpdate",
     "NonFiniteGuard",
+    "TokenThroughput",
     "ScheduledEvaluation",
     "PolicyEvaluation",
     "PreferenceEvaluation",
@@ -146,6 +147,56 @@ class NonFiniteGuard(Callback):
         else:
             msg = "non-finite loss on another rank; see that rank's message"
         raise NonFiniteLossError(msg)
+
+
+class TokenThroughput(Callback):
+    """Counts the real tokens the training steps read, for ``tokens_per_s`` in ``summary.json``.
+
+    A token is a ``True`` of a batch leaf named ``all_attention_mask`` (TorchRL's LLM layout:
+    prompt and response tokens; both sides of a preference pair; KTO's mismatched rows too);
+    a batch without one (offline RL) counts nothing and, after the first, costs one check
+    per step. The count is kept as a device tensor (no host sync per step) and read once
+    at the end: :meth:`run_summary` gives ``tokens_trained`` and ``tokens_per_s`` of this
+    rank, over the fit's wall time (evaluations and rollouts included, as ``steps_per_s``),
+    and ``tokens_per_s_all_ranks`` (this rank's rate times the world size: ranks read
+    batches of one size).
+    """
+
+    def __init__(self) -> None:
+        self._keys: Optional[list] = None
+        self._count: Optional[torch.Tensor] = None
+        self._started: Optional[float] = None
+        self._seconds = 0.0
+        self._world = 1
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._started = time.perf_counter()
+        self._world = int(trainer.world_size)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self._started is not None:
+            self._seconds = time.perf_counter() - self._started
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        for b in (batch.batches if isinstance(batch, StepBatches) else [batch]):
+            if self._keys is None:
+                keys = getattr(b, "keys", None)
+                self._keys = [] if keys is None else [
+                    k for k in b.keys(include_nested=True, leaves_only=True)
+                    if (k[-1] if isinstance(k, tuple) else k) == "all_attention_mask"]
+            if not self._keys:
+                return
+            n = sum(b.get(k).sum() for k in self._keys)
+            self._count = n if self._count is None else self._count + n
+
+    def run_summary(self) -> dict[str, Any]:
+        """``{}`` for batches without tokens; else the count and the rates (one host read)."""
+        if self._count is None:
+            return {}
+        tokens = int(self._count)
+        rate = tokens / max(self._seconds, 1e-9)
+        return {"tokens_trained": tokens, "tokens_per_s": round(rate, 1),
+                "tokens_per_s_all_ranks": round(rate * self._world, 1)}
 
 
 class ScheduledEvaluation(Callback):

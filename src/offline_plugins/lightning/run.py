@@ -381,7 +381,9 @@ def train(
         ``normalized_score_std``, ``eval_episodes``, ``ms_per_action`` (the policy's time per
         action in the last evaluation: a planner's planning cost), ``eval_s`` (all
         evaluations), ``wall_s``, ``train_s`` (the fit, evaluations included),
-        ``steps_per_s``, ``world_size``, ``losses``, ``eval_history``, ``config``,
+        ``steps_per_s``, ``world_size``, ``peak_memory_mb`` (host resident set, CUDA allocated),
+        ``tokens_trained``, ``tokens_per_s`` and ``tokens_per_s_all_ranks`` (language-model
+        batches: :class:`~offline_plugins.lightning.callbacks.TokenThroughput`), ``losses``, ``eval_history``, ``config``,
         ``checkpoint``, ``metrics_csv``, ``learning_curve``, ``out_dir``, ``dropped``. Preference
         algorithms report ``preference_accuracy``, ``likelihood_accuracy``,
         ``kl_to_reference``, ``exact_match_before`` and ``exact_match_after`` (held out;
@@ -503,6 +505,7 @@ def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dic
         NonFiniteGuard,
         StepProgressBar,
         TargetNetworkUpdate,
+        TokenThroughput,
     )
     from offline_plugins.lightning.data import OfflineDataModule
     from offline_plugins.lightning.module import OfflineAlgorithmModule
@@ -557,6 +560,7 @@ def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dic
         # CSVLogger deletes an existing metrics.csv; keep the earlier rows and merge them back
         earlier_metrics = out / "metrics.before-resume.csv"
         (out / "metrics.csv").replace(earlier_metrics)
+    tokens = TokenThroughput()
     trainer = Trainer(
         accelerator=accelerator,
         devices=devices,
@@ -570,6 +574,7 @@ def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dic
             *([StepProgressBar(refresh_rate=max(1, min(50, steps // 100)))] if progress else []),
             guard,
             TargetNetworkUpdate(),
+            tokens,
             evaluation,
             *plan.kind.callbacks(plan.data, parts, seed=seed),
             FinalCheckpoint(last_ckpt),
@@ -629,6 +634,7 @@ def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dic
         "wall_s": round(time.perf_counter() - started, 3),
         "train_s": round(train_s, 3),
         "steps_per_s": round((trainer.global_step - start_step) / max(train_s, 1e-9), 2),
+        **tokens.run_summary(),
         "world_size": trainer.world_size,
         "precision": precision,
         "peak_memory_mb": peak_memory_mb(trainer.strategy.root_device),
