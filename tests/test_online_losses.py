@@ -264,3 +264,40 @@ def test_bad_settings_and_files(lm, tmp_path):
     s1, s2 = jsonl_prompt_source(str(ok)), jsonl_prompt_source(str(ok))
     assert len(s1.held_out) == 100 and [r["prompt"] for r in s1.held_out] == [r["prompt"] for r in s2.held_out]
     assert score_responses(s1, s1.held_out[:2], [s1.held_out[0]["answer"], "x"]) == [1.0, 0.0]
+
+
+def test_group_advantages_are_torchrls_mcadvantage_up_to_bessels_correction():
+    """TorchRL's ``MCAdvantage`` (a replay-buffer transform that groups rows by prompt) reads the
+    collector's rows unchanged; its advantages are ours times ``sqrt((G - 1) / G)`` (it divides by
+    the Bessel std, we by the population std, docs/online.md), and both give an all-equal group 0."""
+    from torchrl.data import LazyStackStorage, ReplayBuffer
+    from torchrl.objectives.llm.grpo import MCAdvantage
+
+    from offline_plugins.data.rollouts import PromptSource, RolloutCollector
+    from offline_plugins.modules.causal_lm import CausalLMLogProbs
+    from offline_plugins.modules.tiny_lm import load_causal_lm
+    from offline_plugins.objectives.llm.online import GRPOLoss
+
+    model, tok = load_causal_lm("tiny", seed=0)
+    model.eval()
+    prompts = ["7+5=", "12+3=", "45+67="]
+    source = PromptSource("mc", [], lambda ps, rs, **_: [0.0] * len(rs), "zero",
+                          train=[{"prompt": p} for p in prompts], longest_prompts=prompts)
+    g = 4
+    collector = RolloutCollector(source, tok, model, group_size=g, prompts_per_round=3, max_new_tokens=4, seed=0)
+    td, _ = collector.collect(model, round=0)
+    td.set(("next", "reward"), torch.tensor([1., 0., 1., 0., 3., 3., 3., 3., 2., 0., 1., 5.]).reshape(-1, 1))
+    ours = GRPOLoss(CausalLMLogProbs(model)).process_rollouts(td.clone())
+    mask = ours.get(("masks", "all_assistant_mask"))
+    ours_adv = (ours.get("advantage").squeeze(-1) * mask).sum(-1) / mask.sum(-1)
+
+    buffer = ReplayBuffer(storage=LazyStackStorage(16))
+    buffer.append_transform(MCAdvantage(grpo_size=g, prompt_key=("text", "prompt")))
+    for start in range(0, len(td), g):  # one group at a time, as a rollout round arrives
+        buffer.extend(td[start:start + g])
+    rows = buffer[:]  # the groups as they completed, in order
+    assert rows.get(("text", "prompt")).tolist() == td.get(("text", "prompt")).tolist()
+    assert torch.equal(rows.get(("next", "reward")), td.get(("next", "reward")))
+    torch.testing.assert_close(rows.get("advantage").reshape(-1), ours_adv * math.sqrt((g - 1) / g),
+                               atol=1e-5, rtol=0)
+    assert ours_adv[:4].tolist() == [1.0, -1.0, 1.0, -1.0] and (ours_adv[4:8] == 0).all()
