@@ -74,3 +74,35 @@ def test_lora_settings_are_checked_by_name(tmp_path, capsys, monkeypatch):
                  "--set", "lora_target=no_such_layer", "--out", str(tmp_path / "r"), "--no-progress"])
     err = capsys.readouterr().err
     assert code == 2 and "lora_target='no_such_layer'" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_grpo_with_lora_samples_and_scores_against_the_base_with_adapters_off(tmp_path):
+    """The online family takes the same LoRA settings: adapters only are trained, the rollouts'
+    reference log-probs come from the policy's base with adapters off (no second copy), and the
+    export merges the adapters into OUT/model."""
+    from offline_plugins.data.rollouts import load_rollout_data
+    from offline_plugins.lightning.run import train
+    from offline_plugins.modules.causal_lm import AdaptersOff
+
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10, 40) for b in range(10, 17)]
+    path = tmp_path / "sums.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    settings = {"group_size": 4, "prompts_per_round": 4, "batch_size": 8, "max_new_tokens": 3, "eval_prompts": 8}
+    data = load_rollout_data(str(path), model="tiny", **settings)
+    base = {k: v.clone() for k, v in data.reference.state_dict().items()}
+    summary = train("grpo", data, steps=6, out_dir=tmp_path / "run", progress=False, eval_every=0, threads=1,
+                    overrides={**settings, "lora_r": 4, "lr": 1e-2})
+    assert isinstance(data.reference, AdaptersOff) and data.collector.reference is data.reference
+    policy = data.reference.peft_model
+    trainable = [n for n, p in policy.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    after_base = {k.replace("base_model.model.", "").replace(".base_layer", ""): v
+                  for k, v in policy.state_dict().items() if "lora_" not in k}
+    assert all(torch.equal(after_base[k], v) for k, v in base.items())
+    assert summary["rounds"] == 3 and (tmp_path / "run" / "adapter" / "adapter_config.json").is_file()
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.tensor([[5, 6, 7, 8]])
+    merged = AutoModelForCausalLM.from_pretrained(summary["model_dir"])
+    with torch.no_grad():
+        assert torch.allclose(merged(input_ids=ids).logits, policy(input_ids=ids).logits, atol=1e-4)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
+from offline_plugins.algorithms.preference import LoRAFields
 from offline_plugins.config import config_field
 from offline_plugins.plugins.hookspecs import hookimpl
 from offline_plugins.plugins.registry import AlgorithmSpec
@@ -35,7 +36,7 @@ def _lr_help(pretrained: float) -> str:
 
 
 @dataclass
-class _RolloutFields:
+class _RolloutFields(LoRAFields):
     pretrained_lr: ClassVar[float] = 1e-4
     lr: Optional[float] = config_field(None, _lr_help(1e-4))
     batch_size: int = config_field(32, "rollouts per gradient step (must divide prompts_per_round * group_size)")
@@ -87,7 +88,7 @@ class ExpertIterationConfig(_RolloutFields):
 
 
 @dataclass
-class SFTConfig:
+class SFTConfig(LoRAFields):
     pretrained_lr: ClassVar[float] = 1e-4
     #: the SFT reference recipe of the preference results (data/text_tasks.py)
     from_scratch_lr: ClassVar[float] = 3e-3
@@ -100,10 +101,10 @@ class SFTConfig:
 
 
 def build_sft(config: SFTConfig, data: Any):
-    """Supervised fine-tuning of a trainable copy of ``data.reference`` on the completions."""
-    import copy
-
+    """Supervised fine-tuning of a trainable copy of ``data.reference`` (or LoRA adapters on it) on the
+    completions."""
     from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
+    from offline_plugins.algorithms.preference import trainable_policy
     from offline_plugins.errors import UserError
     from offline_plugins.modules.causal_lm import CausalLMLogProbs
     from offline_plugins.objectives.llm.online import SFTLoss
@@ -115,10 +116,7 @@ def build_sft(config: SFTConfig, data: Any):
         config.lr = SFTConfig.from_scratch_lr if data.from_scratch else SFTConfig.pretrained_lr
     elif isinstance(config.lr, bool) or not isinstance(config.lr, (int, float)) or not config.lr > 0:
         raise UserError(f"sft: lr must be a positive number, got {config.lr!r}; fix it with --set lr=1e-4")
-    policy = copy.deepcopy(data.reference)
-    for p in policy.parameters():
-        p.requires_grad_(True)
-    policy.train()
+    policy = trainable_policy(config, data, "sft")
     actor = CausalLMLogProbs(policy)
     group = OptimizerGroup("policy", list(policy.parameters()), float(config.lr), ("loss_nll",),
                            max_grad_norm=config.max_grad_norm)
@@ -127,10 +125,8 @@ def build_sft(config: SFTConfig, data: Any):
 
 
 def _parts(config: Any, data: Any, name: str, loss_cls: str, kwargs: dict):
-    import copy
-
     from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
-    from offline_plugins.algorithms.preference import resolve_lr
+    from offline_plugins.algorithms.preference import resolve_lr, trainable_policy
     from offline_plugins.modules.causal_lm import CausalLMLogProbs
     import offline_plugins.objectives.llm.online as online
 
@@ -139,10 +135,9 @@ def _parts(config: Any, data: Any, name: str, loss_cls: str, kwargs: dict):
 
         raise UserError(f"{name} trains on its own rollouts: give it a RolloutData "
                         "(offline_plugins.data.rollouts.load_rollout_data), not a {type(data).__name__}")
-    policy = copy.deepcopy(data.reference)
-    for p in policy.parameters():
-        p.requires_grad_(True)
-    policy.train()
+    policy = trainable_policy(config, data, name)
+    # with LoRA the reference is the policy's base with adapters off: the rollouts' reference log-probs too
+    data.collector.reference = data.reference
     actor = CausalLMLogProbs(policy)
     loss = getattr(online, loss_cls)(actor, **kwargs)
     keys = ("loss_nll",) if loss_cls == "ExpertIterationLoss" else (

@@ -223,6 +223,23 @@ def _lora_policy(config: Any, data: Any, name: str) -> Any:
     return policy
 
 
+def trainable_policy(config: Any, data: Any, name: str) -> Any:
+    """The model a language-model algorithm trains, in train mode: LoRA adapters on ``data.reference``
+    (``config.lora_r > 0``; ``data.reference`` becomes the base with adapters off) or a trainable
+    copy of it, with transformers' activation checkpointing when ``config.gradient_checkpointing``."""
+    from offline_plugins.errors import UserError
+
+    policy_model = _lora_policy(config, data, name) if int(config.lora_r) > 0 else _trainable_copy(data.reference)
+    if config.gradient_checkpointing:
+        if not hasattr(policy_model, "gradient_checkpointing_enable"):
+            raise UserError(f"{name}: gradient_checkpointing=true needs a transformers model, got "
+                            f"{type(policy_model).__name__}")
+        # non-reentrant: works with inputs that need no grad (token ids) and with LoRA's frozen base
+        policy_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    policy_model.train()
+    return policy_model
+
+
 def resolve_lr(config: Any, data: Any, name: str) -> float:
     """The policy's learning rate: ``config.lr``, or the default for where the reference starts.
 
@@ -244,21 +261,13 @@ def resolve_lr(config: Any, data: Any, name: str) -> float:
 
 def _policy_parts(config: Any, data: Any, name: str, loss_cls_name: str, kwargs: dict, loss_keys: tuple):
     import offline_plugins.objectives.llm as llm
-    from offline_plugins.errors import UserError
     from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
     from offline_plugins.data.preference import check_preference_data
     from offline_plugins.modules.causal_lm import CausalLMLogProbs
 
     kind = "unpaired-feedback" if loss_cls_name == "KTOLoss" else "preference-pairs"
     check_preference_data(data, name, kind, needs_reference=True)
-    policy_model = _lora_policy(config, data, name) if int(config.lora_r) > 0 else _trainable_copy(data.reference)
-    if config.gradient_checkpointing:
-        if not hasattr(policy_model, "gradient_checkpointing_enable"):
-            raise UserError(f"{name}: gradient_checkpointing=true needs a transformers model, got "
-                            f"{type(policy_model).__name__}")
-        # non-reentrant: works with inputs that need no grad (token ids) and with LoRA's frozen base
-        policy_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    policy_model.train()
+    policy_model = trainable_policy(config, data, name)
     actor = CausalLMLogProbs(policy_model)
     loss = getattr(llm, loss_cls_name)(actor, **kwargs)
     group = OptimizerGroup("policy", list(policy_model.parameters()), resolve_lr(config, data, name), loss_keys,
