@@ -51,11 +51,30 @@ def _is_hf_like(model: torch.nn.Module) -> bool:
     return "input_ids" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
+class _RightPaddingIsMasked:
+    """A logging filter for transformers' "passing an attention_mask" warning on right-padded rows.
+
+    Right-padded rows are scored without a mask on purpose (causal attention never lets a
+    real token see the padding after it, and the maskless path is the faster one), so the
+    warning transformers gives when it sees pad tokens and no mask says nothing true here.
+    It is dropped only while such a forward runs."""
+
+    def filter(self, record) -> bool:
+        return "attention_mask" not in record.getMessage()
+
+
 def _logits_of(model: torch.nn.Module, hf_like: bool, input_ids: torch.Tensor, attention_mask=None) -> torch.Tensor:
     if not hf_like:
         out = model(input_ids)
     elif attention_mask is None:
-        out = model(input_ids=input_ids)
+        from transformers.utils import logging as hf_logging
+
+        logger, quiet = hf_logging.get_logger("transformers.modeling_utils"), _RightPaddingIsMasked()
+        logger.addFilter(quiet)
+        try:
+            out = model(input_ids=input_ids)
+        finally:
+            logger.removeFilter(quiet)
     else:
         out = model(input_ids=input_ids, attention_mask=attention_mask)
     return out if isinstance(out, torch.Tensor) else out.logits
