@@ -31,12 +31,16 @@ nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"
 
 rc=0
 timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log" || rc=1
-timeout 150 python3 bench/offline_bench.py --device cuda --algos iql,td3-bc,cql --steps 300 --rounds 5 2>&1 \
+timeout 120 python3 bench/offline_bench.py --device cuda --algos iql,td3-bc,cql --steps 300 --rounds 5 2>&1 \
   | tee "$OUT/offline_bench.log" || rc=1
-timeout 120 python3 bench/sequence_bench.py --device cuda --rounds 5 --steps 10 --json 2>&1 \
+timeout 90 python3 bench/sequence_bench.py --device cuda --rounds 5 --steps 10 --json 2>&1 \
   | tee "$OUT/sequence_bench.json" || rc=1
 # DPO on a ~86 M-parameter GPT-2 built from a config, bf16 autocast: ours against a bare
 # forward+backward and the hand-written step (and TRL's DPOTrainer where trl is importable)
-timeout 150 python3 bench/preference_bench.py --device cuda --model-size 100m --precision bf16 --steps 20 \
+timeout 120 python3 bench/preference_bench.py --device cuda --model-size 100m --precision bf16 --steps 20 \
   --rounds 3 --json 2>&1 | tee "$OUT/preference_bench_100m.json" || rc=1
+# GRPO on the same ~86 M GPT-2, bf16: generation against bare generate, a round, the shell (tokens/s,
+# peak memory), and TRL's GRPOTrainer where trl and datasets are importable (not in the image's wheels)
+timeout 120 python3 bench/online_bench.py --device cuda --model-size 100m --precision bf16 --rounds 3 \
+  --trl-steps 3 --json 2>&1 | tee "$OUT/online_bench_100m.json" || rc=1
 exit $rc

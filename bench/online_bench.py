@@ -15,6 +15,9 @@ over interleaved rounds, responses/s:
 * ``round``: ``collect`` plus the round's updates (``GRPOLoss``, backward, Adam) for
   ``ppo_epochs`` passes in minibatches of ``batch_size`` (default: the whole round, one step,
   as TRL's default of one optimizer step per generation batch): one GRPO step;
+* ``shell``: ``offline-plugins train grpo`` (the Lightning shell: the rollout callback, K steps
+  per call, checkpoints, the monitor) on the same saved model and settings, the final
+  evaluation's time taken out;
 * ``trl``: TRL's ``GRPOTrainer`` with the same model (saved and loaded from a folder, as its
   reference model is), prompts, G, budget, beta and reward, one optimizer step per batch of
   ``P*G`` completions, timed from its second to its last step (skipped when ``trl`` is not
@@ -34,17 +37,34 @@ import copy
 import json
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
 
-def setup(prompts: int, group_size: int, max_new_tokens: int):
+AUTOCAST = contextlib.nullcontext
+DEVICE = torch.device("cpu")
+
+
+def _sync() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def setup(prompts: int, group_size: int, max_new_tokens: int, model_size: str = "tiny"):
     from offline_plugins.data.rollouts import RolloutCollector, task_prompt_source
     from offline_plugins.envs.tasks import ArithmeticTask
     from offline_plugins.modules.tiny_lm import load_causal_lm
 
     model, tok = load_causal_lm("tiny", seed=0)
+    if model_size == "100m":  # the preference bench's 12-layer, 768-wide GPT-2 from a config
+        sys.path.insert(0, str(Path(__file__).parent))
+        from preference_bench import model_100m
+
+        model = model_100m(tok)
+    model = model.to(DEVICE)
     task = ArithmeticTask()
     source = task_prompt_source(task, n_held_out=8)
     collector = RolloutCollector(source, tok, copy.deepcopy(model).eval(), group_size=group_size,
@@ -75,12 +95,15 @@ def _generated_tokens(out, width: int, eos: int) -> int:
 
 def time_generate(model, tok, source, collector, round_: int) -> tuple[float, float]:
     left, mask = _left_padded(tok, source, collector, round_)
+    left, mask = left.to(DEVICE), mask.to(DEVICE)
     torch.manual_seed(round_)
+    _sync()
     t0 = time.perf_counter()
-    with torch.no_grad():
+    with torch.no_grad(), AUTOCAST():
         out = model.generate(input_ids=left, attention_mask=mask, do_sample=True, top_k=0,
                              max_new_tokens=collector.max_new_tokens, pad_token_id=tok.pad_token_id,
                              eos_token_id=tok.eos_token_id)
+    _sync()
     dt = time.perf_counter() - t0
     return len(left) / dt, _generated_tokens(out, left.shape[1], tok.eos_token_id) / dt
 
@@ -89,43 +112,51 @@ def time_sample(model, tok, source, collector, round_: int) -> tuple[float, floa
     from offline_plugins.data.rollouts import _SampledLogProbs, generate_left_padded
 
     left, mask = _left_padded(tok, source, collector, round_)
+    left, mask = left.to(DEVICE), mask.to(DEVICE)
     torch.manual_seed(round_)
+    _sync()
     t0 = time.perf_counter()
-    with torch.no_grad():
+    with torch.no_grad(), AUTOCAST():
         recorder = _SampledLogProbs()
         out = generate_left_padded(model, left, mask, **collector._sampling_kwargs(recorder))
         recorder.finish(out[:, left.shape[1]:])
+    _sync()
     dt = time.perf_counter() - t0
     return len(left) / dt, _generated_tokens(out, left.shape[1], tok.eos_token_id) / dt
 
 
 def time_collect(model, collector, loss, round_: int) -> float:
+    _sync()
     t0 = time.perf_counter()
-    collector.collect(model, round=round_, process=loss.process_rollouts)
+    with AUTOCAST():
+        collector.collect(model, round=round_, process=loss.process_rollouts)
+    _sync()
     return collector.rows / (time.perf_counter() - t0)
 
 
 def time_round(model, collector, loss, opt, round_: int, batch_size: int, ppo_epochs: int) -> float:
+    _sync()
     t0 = time.perf_counter()
-    td, _ = collector.collect(model, round=round_, process=loss.process_rollouts)
+    with AUTOCAST():
+        td, _ = collector.collect(model, round=round_, process=loss.process_rollouts)
     for _ in range(ppo_epochs):
         for idx in torch.randperm(collector.rows).split(batch_size):
-            out = loss(td[idx])
-            total = out["loss_objective"] + out.get("loss_kl", 0.0)
+            with AUTOCAST():
+                out = loss(td[idx])
+                total = out["loss_objective"] + out.get("loss_kl", 0.0)
             opt.zero_grad(set_to_none=True)
             total.backward()
             opt.step()
+    _sync()
     return collector.rows / (time.perf_counter() - t0)
 
 
-def bench_trl(model, tok, task, source, collector, steps: int, beta: float):
+def bench_trl(folder: str, tok, task, source, collector, steps: int, beta: float, precision: str = "fp32"):
     try:
         import trl
         from datasets import Dataset
     except ImportError:
         return None
-    import tempfile
-
     from transformers import TrainerCallback
 
     rows = source.sample(collector.prompts_per_round * (steps + 2), 0)
@@ -144,19 +175,13 @@ def bench_trl(model, tok, task, source, collector, steps: int, beta: float):
     def reward(prompts, completions, **kw):
         return task.rewards(prompts, completions)
 
-    with tempfile.TemporaryDirectory() as folder:
-        # TRL builds its reference model from the policy's path (beta > 0): give it one. TRL 1.16
-        # reads ``config.auto_map``, which transformers 5 configs have only when set
-        if not hasattr(model.config, "auto_map"):
-            model.config.auto_map = {}
-        model.save_pretrained(folder)
-        tok.save_pretrained(folder)
-        args = trl.GRPOConfig(output_dir=f"{folder}/out", per_device_train_batch_size=collector.rows,
+    with tempfile.TemporaryDirectory() as run_dir:
+        args = trl.GRPOConfig(output_dir=run_dir, per_device_train_batch_size=collector.rows,
                               num_generations=collector.group_size, max_completion_length=collector.max_new_tokens,
                               max_steps=steps + 1, logging_steps=1, report_to=[], save_strategy="no",
-                              use_cpu=True, beta=beta, temperature=collector.temperature, top_p=collector.top_p,
+                              use_cpu=DEVICE.type == "cpu", beta=beta, temperature=collector.temperature, top_p=collector.top_p,
                               top_k=0, learning_rate=1e-5, disable_tqdm=True, gradient_checkpointing=False,
-                              bf16=False)
+                              bf16=precision == "bf16")
         trainer = trl.GRPOTrainer(model=folder, reward_funcs=[reward], args=args, train_dataset=data,
                                   processing_class=tok, callbacks=[Clock()])
         with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints its logs without tqdm
@@ -168,6 +193,25 @@ def bench_trl(model, tok, task, source, collector, steps: int, beta: float):
     return {"responses_per_s": round(collector.rows * steps_per_s, 1), "steps_per_s": round(steps_per_s, 3),
             "tokens_per_s": None if mean_len is None else round(collector.rows * mean_len * steps_per_s, 1),
             "version": trl.__version__}
+
+
+def bench_shell(folder: str, collector, steps: int, batch_size: int, beta: float, threads: int,
+                precision: str = "fp32") -> dict:
+    """``offline-plugins train grpo`` through the Lightning shell, on the same saved model and settings:
+    steps/s of the fit with the final evaluation's time taken out."""
+    from offline_plugins.lightning.run import train
+
+    with tempfile.TemporaryDirectory() as out:
+        summary = train("grpo", "arithmetic", model=folder, steps=steps, seed=0, out_dir=out, progress=False,
+                        threads=threads, eval_every=0, accelerator="gpu" if DEVICE.type == "cuda" else "cpu",
+                        precision="bf16-mixed" if precision == "bf16" else "32-true",
+                        overrides={"group_size": collector.group_size, "prompts_per_round": collector.prompts_per_round,
+                                   "batch_size": batch_size, "max_new_tokens": collector.max_new_tokens,
+                                   "eval_prompts": 8, "beta": beta, "lr": 1e-5})
+    seconds = summary["train_s"] - summary.get("eval_s", 0.0)
+    steps_per_s = summary["steps"] / seconds
+    return {"responses_per_s": round(steps_per_s * batch_size, 1), "steps_per_s": round(steps_per_s, 3),
+            "tokens_per_s": summary.get("tokens_per_s"), "peak_memory_mb": summary.get("peak_memory_mb")}
 
 
 def main() -> None:
@@ -183,12 +227,21 @@ def main() -> None:
     parser.add_argument("--trl-steps", type=int, default=5)
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--model-size", choices=("tiny", "100m"), default="tiny",
+                        help="100m: a 12-layer, 768-wide GPT-2 from a config (for a GPU)")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                        help="bf16: autocast here, bf16-mixed in the shell, bf16=True in TRL")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    global AUTOCAST, DEVICE
+    DEVICE = torch.device(args.device)
+    if args.precision == "bf16":
+        AUTOCAST = lambda: torch.autocast(DEVICE.type, dtype=torch.bfloat16)  # noqa: E731
     from offline_plugins.modules.causal_lm import CausalLMLogProbs
     from offline_plugins.objectives.llm.online import GRPOLoss
 
-    model, tok, task, source, collector = setup(args.prompts, args.group_size, args.max_new_tokens)
+    model, tok, task, source, collector = setup(args.prompts, args.group_size, args.max_new_tokens, args.model_size)
     batch_size = args.batch_size or collector.rows
     trl_model = copy.deepcopy(model)
     loss = GRPOLoss(CausalLMLogProbs(model), beta=args.beta)
@@ -210,24 +263,36 @@ def main() -> None:
             summary[key] = {"responses_per_s": round(statistics.median(values), 1)}
     rounds_per_s = summary["round"]["responses_per_s"] / collector.rows
     summary["round"]["steps_per_s"] = round(rounds_per_s * (collector.rows // batch_size) * args.ppo_epochs, 3)
-    summary["trl"] = None if args.skip_trl else bench_trl(trl_model, tok, task, source, collector, args.trl_steps,
-                                                           args.beta)
+    with tempfile.TemporaryDirectory() as folder:
+        # TRL builds its reference model from the policy's path (beta > 0), and the shell's --model
+        # reads one: the untrained tiny model, saved. TRL 1.16 reads ``config.auto_map``, which
+        # transformers 5 configs have only when it is set
+        if not hasattr(trl_model.config, "auto_map"):
+            trl_model.config.auto_map = {}
+        trl_model.save_pretrained(folder)
+        tok.save_pretrained(folder)
+        summary["shell"] = bench_shell(folder, collector, args.trl_steps * 4, batch_size, args.beta, args.threads,
+                                       args.precision)
+        summary["trl"] = None if args.skip_trl else bench_trl(folder, tok, task, source, collector, args.trl_steps,
+                                                               args.beta, args.precision)
     gen = summary["generate"]["responses_per_s"]
     summary["sample_over_generate"] = round(summary["sample"]["responses_per_s"] / gen, 3)
     summary["collect_over_generate"] = round(summary["collect"]["responses_per_s"] / gen, 3)
     if summary["trl"]:
         summary["round_over_trl"] = round(summary["round"]["responses_per_s"] / summary["trl"]["responses_per_s"], 2)
+        summary["shell_over_trl"] = round(summary["shell"]["steps_per_s"] / summary["trl"]["steps_per_s"], 2)
     summary["settings"] = {k: v for k, v in vars(args).items() if k != "json"} | {"batch_size": batch_size}
     if args.json:
         print(json.dumps(summary, indent=2))
         return
     print(f"responses/s ({args.prompts} prompts x G={args.group_size}, <= {args.max_new_tokens} new tokens, "
           f"{args.threads} thread(s)):")
-    for key in ("generate", "sample", "collect", "round"):
+    for key in ("generate", "sample", "collect", "round", "shell"):
         print(f"  {key:9s} {summary[key]}")
     print(f"  trl       {'not installed' if summary['trl'] is None else summary['trl']}")
     print(f"  sample / generate = {summary['sample_over_generate']}, collect / generate = "
-          f"{summary['collect_over_generate']}, round / trl = {summary.get('round_over_trl')}")
+          f"{summary['collect_over_generate']}, round / trl = {summary.get('round_over_trl')}, shell / trl = "
+          f"{summary.get('shell_over_trl')}")
 
 
 if __name__ == "__main__":
