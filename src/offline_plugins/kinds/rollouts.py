@@ -9,6 +9,13 @@ samples ``group_size`` responses to each of ``prompts_per_round`` prompts from t
 as it is then, writes them into the buffer with the sampling and reference log-probs and
 the loss's advantages, and hands out the round's minibatches for ``ppo_epochs`` passes.
 
+A round trains on its rollout rows, or on rows made from them: an algorithm that declares
+other training rows (:meth:`~offline_plugins.data.rollouts.RolloutData.train_on`, e.g. one
+preference pair per prompt) gets them from ``data.training_rows(rollouts)`` once per round;
+minibatches and ``updates_per_round`` count those rows (``data.rows_per_round``). The
+checkpoint keeps the rollouts themselves, and the training rows are made from them again
+on resume (a deterministic function of the rollouts).
+
 Why the callback hands out the minibatches: the shell's batch stream draws a step's batch
 before the previous step has trained (Lightning fetches one batch ahead, and with several
 steps per call a whole call's batches at once), so a batch drawn there would come from a
@@ -87,8 +94,10 @@ def _make_classes():
         def _write(self, td) -> None:
             buffer = self.data.buffer
             device = buffer.storage.device if hasattr(buffer.storage, "device") else None
+            make_rows = getattr(self.data, "training_rows", None)
+            rows = td if make_rows is None else make_rows(td)
             buffer.empty()
-            buffer.extend(td.to(device) if device is not None and str(device) != "auto" else td)
+            buffer.extend(rows.to(device) if device is not None and str(device) != "auto" else rows)
             self.rollouts = td
 
         def _ensure_round(self, trainer, r: int) -> None:
@@ -120,7 +129,7 @@ def _make_classes():
             r, j = divmod(step, data.updates_per_round)
             epoch, m = divmod(j, data.minibatches)
             g = torch.Generator().manual_seed(rollout_seed(self.seed, rank, r, epoch, 7))
-            order = torch.randperm(data.collector.rows, generator=g)
+            order = torch.randperm(getattr(data, "rows_per_round", data.collector.rows), generator=g)
             return data.buffer[order[m * data.batch_size:(m + 1) * data.batch_size]]
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
@@ -216,7 +225,8 @@ class TextRollouts(DataKind):
     name = "text-rollouts"
     summary = "prompts answered by the policy while it trains, scored by a verifier or a reward function"
     description = "a text task (prompts with a verifier or a reward)"
-    train_hint = "train an online algorithm on it (grpo, dapo, dr-grpo, rloo, expert-iteration)"
+    train_hint = ("train an online algorithm on it (grpo, dapo, dr-grpo, rloo, expert-iteration, online-dpo, "
+                  "iterative-dpo, text-dt)")
     config_fields = {
         "batch_size": "rollouts per gradient step (default 32; must divide prompts_per_round * group_size)",
         "group_size": "responses sampled per prompt, G >= 2 (default 8)",

@@ -45,6 +45,8 @@ _EXPORTS = {
     "RLOOLoss": "llm.online",
     "ExpertIterationLoss": "llm.online",
     "SFTLoss": "llm.online",
+    "OnlinePreferenceLoss": "llm.online_dpo",
+    "TextDTLoss": "llm.text_dt",
 }
 
 __all__ = sorted(_EXPORTS)

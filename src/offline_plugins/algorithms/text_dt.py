@@ -1,0 +1,276 @@
+"""Text Decision Transformer (``text-dt``): return-conditioned generation on the rollouts of GRPO.
+
+The seeds' Decision Transformer on text (Chen et al. 2021, arXiv:2106.01345): a prompt
+carries the return the response should earn, as a reward token (Quark, Lu et al. 2022,
+arXiv:2205.13636), the policy samples conditioned on the target (best) return, every
+sampled row is relabelled with the return it achieved and fine-tuned by NLL (the Online
+Decision Transformer's hindsight relabelling, Zheng et al. 2022, arXiv:2202.05607), and at
+evaluation the held-out prompts carry the best-return token. The loss is
+:class:`~offline_plugins.objectives.llm.text_dt.TextDTLoss`; the rollouts are the
+``text-rollouts`` kind's, sampled by its collector into the same buffer GRPO reads.
+
+Why added special tokens ``<|return=l|>`` and not a text prefix such as ``"<R=1> "``: one
+token per level, which no prompt or response can spell by accident, and which the reward
+function never sees (the prefix is stripped before it is called). Why the token takes the
+place of bos (position 0, the DT's ``R_hat`` before the state) rather than following it: the
+tiny model has learned absolute positions, and shifting the prompt by one position breaks it
+(measured on the built-in task's SFT reference, 200 held-out prompts, greedy: 88.0 % plain,
+0.0 % after ``[bos, <|return=1|>]`` with the new row at the mean embedding, 0.5 % with the
+new row a copy of bos's, 0.0 % after a text prefix ``"R1:"``). So for a tokenizer without a
+chat template, ``build`` installs one (:data:`CHAT_TEMPLATE`) that renders a prompt starting
+with a return token as it is (no bos) and any other prompt as bos + prompt. The target
+return's token starts as a copy of bos's embedding, so at step 0 the policy conditioned on the
+target has the reference's logits over the reference's vocabulary (the same greedy answers: the
+held-out exact match "before" is the reference's; the new tokens take a little softmax mass);
+the other levels' tokens start at the mean embedding row, a context distinct from the start
+(with every token a copy of bos the policy never told them apart: pilot, seed 0, 1200 steps,
+held-out exact match 8.0 % conditioned on return 0 and 8.5 % on return 1; with the mean row it
+does not either, docs/results_parts/text_dt.md). A tokenizer
+that has a chat template keeps it, and the token leads the user turn's text. The exported
+tokenizer (``OUT/model``) holds the tokens and the template, so ``AutoTokenizer`` reloads them
+and ``apply_chat_template`` conditions a prompt the way training did.
+
+``build(config, data)`` adapts the run's :class:`~offline_plugins.data.rollouts.RolloutData`
+without changing its classes: it wraps ``data.source`` (and the collector's) in a
+:class:`ConditionedPromptSource` whose sampled and held-out prompts start with the target
+token, grows the reference's embeddings, and re-sizes the collector's rows for the
+conditioned prompts (its ``width`` was computed from the unconditioned longest prompt; with
+the token in place of bos it is unchanged, with a chat template it grows by one), refusing a
+prompt that no longer fits the model's context.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, Optional
+
+from offline_plugins.algorithms.online import _RolloutFields, _lr_help
+from offline_plugins.config import config_field
+from offline_plugins.plugins.hookspecs import hookimpl
+from offline_plugins.plugins.registry import AlgorithmSpec
+
+__all__ = ["TextDTConfig", "CHAT_TEMPLATE", "return_token", "conditioned_source", "build_text_dt"]
+
+#: what ``build`` installs on a tokenizer without a chat template: the return token in place of bos
+CHAT_TEMPLATE = ("{% set text = messages[0]['content'] %}{% if text.startswith('<|return=') %}{{ text }}"
+                 "{% else %}{{ bos_token }}{{ text }}{% endif %}")
+
+
+@dataclass
+class TextDTConfig(_RolloutFields):
+    pretrained_lr: ClassVar[float] = 3e-4
+    lr: Optional[float] = config_field(None, _lr_help(3e-4))
+    return_levels: tuple = config_field((0.0, 1.0), "increasing return levels, one reward token each; a reward "
+                                                    "gets the token of the highest level it reaches")
+    target_return: Optional[float] = config_field(None, "the level sampling and evaluation are conditioned on "
+                                                        "(unset: the highest)")
+    low_return_weight: float = config_field(1.0, "NLL weight of rows that fell short of the target (1: the "
+                                                 "Decision Transformer, every row; 0: expert iteration with a token)")
+
+
+def return_token(level: float) -> str:
+    """The reward token of a return level.
+
+    >>> return_token(1.0), return_token(0.25)
+    ('<|return=1|>', '<|return=0.25|>')
+    """
+    return f"<|return={float(level):g}|>"
+
+
+def _check_levels(config: TextDTConfig) -> tuple[list[float], float]:
+    from offline_plugins.errors import UserError
+
+    raw = config.return_levels
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        raw = (raw,)
+    try:
+        levels = [float(x) for x in raw if not isinstance(x, bool)]
+        ok = len(levels) == len(raw)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok or not levels or not all(math.isfinite(x) for x in levels) \
+            or any(b <= a for a, b in zip(levels, levels[1:])):
+        raise UserError(f"text-dt: return_levels must be increasing finite numbers, got {config.return_levels!r}; "
+                        "fix it with --set return_levels=[0,1] (the exact-match reward's two values)")
+    if len({return_token(x) for x in levels}) != len(levels):
+        raise UserError(f"text-dt: return_levels {levels} give the same token twice (printed with %g); "
+                        "use levels that differ in their first 6 significant digits")
+    target = config.target_return
+    if target is None:
+        target = levels[-1]
+    elif isinstance(target, bool) or not isinstance(target, (int, float)) or float(target) not in levels:
+        raise UserError(f"text-dt: target_return {target!r} is none of the return levels {levels}; condition on "
+                        f"one of them, e.g. --set target_return={levels[-1]:g} (the best), or add it to "
+                        "return_levels")
+    return levels, float(target)
+
+
+def _make_conditioned_class():
+    from offline_plugins.data.rollouts import PromptSource
+
+    @dataclass
+    class ConditionedPromptSource(PromptSource):
+        """A :class:`~offline_plugins.data.rollouts.PromptSource` whose prompts start with a reward token.
+
+        ``base`` is the unconditioned source; ``sample`` and ``held_out`` give its rows with
+        ``prefix`` (the target return's token) before the prompt; the reward function gets the
+        prompts without any return token (``token_texts``), so a task's verifier that parses
+        its prompt is unaffected.
+        """
+
+        base: Any = None
+        prefix: str = ""
+        token_texts: tuple = ()
+
+        def sample(self, n: int, seed: int) -> list[dict]:
+            return [{**r, "prompt": self.prefix + r["prompt"]} for r in self.base.sample(n, seed)]
+
+    return ConditionedPromptSource
+
+
+_CONDITIONED = None
+
+
+def _strip(prompt: str, texts) -> str:
+    for t in texts:
+        if prompt.startswith(t):
+            return prompt[len(t):]
+    return prompt
+
+
+def conditioned_source(source: Any, prefix: str, token_texts) -> Any:
+    """``source`` with ``prefix`` before every sampled and held-out prompt (see :class:`ConditionedPromptSource`).
+
+    A source that is already conditioned is re-conditioned from its base (never prefixed twice).
+    """
+    global _CONDITIONED
+    if _CONDITIONED is None:
+        _CONDITIONED = _make_conditioned_class()
+    base = getattr(source, "base", None) or source
+    texts = tuple(token_texts)
+    base_fn = base.reward_fn
+
+    def reward(prompts, responses, **columns):
+        return base_fn([_strip(p, texts) for p in prompts], responses, **columns)
+
+    return _CONDITIONED(
+        name=base.name, held_out=[{**r, "prompt": prefix + r["prompt"]} for r in base.held_out],
+        reward_fn=reward, reward_name=base.reward_name, train=base.train, sample_fn=None,
+        longest_prompts=[prefix + p for p in base.longest_prompts], base=base, prefix=prefix, token_texts=texts)
+
+
+def _grow_embeddings(model: Any, n_tokens: int, copies: dict) -> None:
+    """Resize ``model``'s token embeddings to ``n_tokens``; new row ``i`` starts as a copy of row
+    ``copies[i]`` (bos, for the target return's token), any other new row at the old rows' mean."""
+    import torch
+
+    emb = model.get_input_embeddings()
+    old = emb.weight.shape[0]
+    if old >= n_tokens:
+        return
+    model.resize_token_embeddings(n_tokens, mean_resizing=False)
+    with torch.no_grad():
+        for layer in (model.get_input_embeddings(), model.get_output_embeddings()):
+            if layer is None:
+                continue
+            w = layer.weight  # a tied output layer is the same tensor: writing it twice is harmless
+            bias = getattr(layer, "bias", None)
+            for i in range(old, n_tokens):
+                src = copies.get(i)
+                w[i] = w[src] if src is not None and src < old else w[:old].mean(0)
+                if bias is not None:
+                    bias[i] = bias[src] if src is not None and src < old else bias[:old].mean()
+    model.config.vocab_size = n_tokens
+
+
+def build_text_dt(config: TextDTConfig, data: Any):
+    """The policy (a trainable copy of the reference, or LoRA adapters on it) and
+    :class:`~offline_plugins.objectives.llm.text_dt.TextDTLoss`, with ``data`` conditioned on
+    ``config.target_return``: reward tokens added to the tokenizer, the reference's embeddings grown,
+    ``data.source`` and the collector's source wrapped, the collector's rows re-sized (module docstring)."""
+    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
+    from offline_plugins.algorithms.preference import resolve_lr, trainable_policy
+    from offline_plugins.data.rollouts import RolloutError
+    from offline_plugins.errors import UserError
+    from offline_plugins.modules.causal_lm import CausalLMLogProbs
+    from offline_plugins.objectives.llm.text_dt import TextDTLoss
+    from offline_plugins.tokens import prompt_token_ids
+
+    if not hasattr(data, "collector"):
+        raise UserError(f"text-dt trains on its own rollouts: give it a RolloutData "
+                        f"(offline_plugins.data.rollouts.load_rollout_data), not a {type(data).__name__}")
+    if getattr(data, "buffer", None) is not None:
+        raise UserError("text-dt: build(config, data) must run before data.replay_buffer(...): the conditioning "
+                        "widens the buffer's rows; build first (the training shell does)")
+    levels, target = _check_levels(config)
+    w = config.low_return_weight
+    if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= float(w) <= 1:
+        raise UserError(f"text-dt: low_return_weight must be a number in [0, 1], got {w!r}; fix it with "
+                        "--set low_return_weight=1 (every row, the Decision Transformer)")
+    config.return_levels, config.target_return = tuple(levels), target  # the run's summary records them
+    tokenizer, collector = data.tokenizer, data.collector
+    texts = [return_token(x) for x in levels]
+    missing = [t for t in texts if t not in tokenizer.get_vocab()]
+    if missing:
+        tokenizer.add_tokens(missing, special_tokens=True)
+    ids = tokenizer.convert_tokens_to_ids(texts)
+    for text, i in zip(texts, ids):
+        encoded = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if list(encoded) != [i]:
+            raise UserError(f"text-dt: the tokenizer splits the reward token {text!r} into {list(encoded)}; "
+                            "use a tokenizer that accepts added special tokens (transformers' fast tokenizers do)")
+    if getattr(tokenizer, "chat_template", None) is None and tokenizer.bos_token is not None:
+        tokenizer.chat_template = CHAT_TEMPLATE
+    target_id = ids[levels.index(target)]
+    _grow_embeddings(data.reference, len(tokenizer), {target_id: tokenizer.bos_token_id})
+    source = conditioned_source(data.source, return_token(target), texts)
+    data.source = source
+    collector.source = source
+    # the collector sized its rows from the unconditioned longest prompt: size them for the conditioned ones
+    longest = max((len(prompt_token_ids(tokenizer, p)) for p in source.longest_prompts), default=1)
+    if longest + collector.max_new_tokens > collector.context:
+        worst = max(source.longest_prompts, key=lambda p: len(prompt_token_ids(tokenizer, p)))
+        raise RolloutError(
+            f"text-dt: the conditioned prompt {worst!r:.80} is {longest} tokens; with max_new_tokens="
+            f"{collector.max_new_tokens} it exceeds the model's context of {collector.context} tokens; lower "
+            "max_new_tokens (--set max_new_tokens=...) or shorten the prompts")
+    prefixed = prompt_token_ids(tokenizer, source.longest_prompts[0]) if source.longest_prompts else []
+    if prefixed.count(ids[levels.index(target)]) != 1:
+        raise UserError(f"text-dt: the tokenizer's chat template drops or repeats the reward token "
+                        f"{return_token(target)!r} ({source.longest_prompts[0]!r:.60} -> {prefixed}); use a template "
+                        "that keeps the user's text")
+    collector.max_prompt_tokens = longest
+    collector.width = longest + collector.max_new_tokens
+
+    # a trainable copy of the grown reference, or LoRA adapters on it (config.lora_r; the embedding rows of
+    # the reward tokens then stay at their initial values and only the adapters learn to read them)
+    policy = trainable_policy(config, data, "text-dt")
+    data.collector.reference = data.reference  # with LoRA, the base with adapters off
+    actor = CausalLMLogProbs(policy)
+    loss = TextDTLoss(actor, return_token_ids=ids, return_levels=levels, target_return=target,
+                      return_token_texts=texts, low_return_weight=float(w))
+    group = OptimizerGroup("policy", list(policy.parameters()), resolve_lr(config, data, "text-dt"), ("loss_nll",),
+                           max_grad_norm=config.max_grad_norm)
+    return AlgorithmParts(loss=loss, policy=actor, optimizers=[group], model=policy, tokenizer=tokenizer,
+                          extra={"return_tokens": dict(zip(levels, texts)), "target_return": target})
+
+
+@hookimpl
+def offline_plugins_register_algorithms(registry):
+    registry.add(
+        AlgorithmSpec(
+            name="text-dt",
+            summary="Return-conditioned generation (Decision Transformer on text): reward tokens, hindsight "
+                    "relabelling, NLL, conditioned on the best return",
+            family="online-llm",
+            data="text-rollouts",
+            loss="offline_plugins.objectives.llm.text_dt:TextDTLoss",
+            build="offline_plugins.algorithms.text_dt:build_text_dt",
+            config=TextDTConfig,
+            paper="Chen et al. 2021, Decision Transformer: Reinforcement Learning via Sequence Modeling, "
+                  "arXiv:2106.01345; Zheng et al. 2022, Online Decision Transformer, arXiv:2202.05607; Lu et al. "
+                  "2022, Quark: Controllable Text Generation with Reinforced Unlearning, arXiv:2205.13636",
+            action_spaces=("tokens",),
+        )
+    )

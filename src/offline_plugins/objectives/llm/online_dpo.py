@@ -1,0 +1,242 @@
+"""Online and iterative DPO: preference pairs labelled from the policy's own rollouts.
+
+The seeds' "iterative DPO is offline-to-online RL" (000/002; 003, 5.6.5 and 5.6.10): sample
+``G >= 2`` responses to each prompt from the current policy, label them with the run's reward
+(a verifier, a reward function or a reward model: the rollouts' ``("next", "reward")``), and
+train a preference loss on the pair
+
+    ``y_w = argmax_i r_i``,  ``y_l = argmin_i r_i``  (first of equals, per prompt),
+
+a pair existing only when ``max_i r_i > min_i r_i``. Guo et al. 2024 (Direct Language Model
+Alignment from Online AI Feedback, arXiv:2402.04792) take a step on each fresh batch of such
+pairs; Xiong et al. 2024 (Iterative Preference Learning from Human Feedback,
+arXiv:2312.11456) and Yuan et al. 2024 (Self-Rewarding Language Models, arXiv:2401.10020)
+collect a larger round, train to convergence, and sample the next round from the trained
+policy. Yuan et al. pair the highest- against the lowest-scored of several samples and drop
+prompts whose samples all score the same, as here; Xu et al. 2023 ("Some things are more
+CRINGE than others", arXiv:2312.16682) iterate the same way with their pairwise Cringe loss.
+
+:class:`OnlinePreferenceLoss` wraps any paired loss of
+:mod:`offline_plugins.objectives.llm.preference` (DPO, IPO, robust DPO, RPO, ORPO, SimPO),
+which computes the per-pair loss unchanged. It adds the two rollout hooks the
+``text-rollouts`` kind calls once per round: :meth:`~OnlinePreferenceLoss.process_rollouts`
+(per row: does its prompt make a pair) and :meth:`~OnlinePreferenceLoss.pair_rollouts`
+(the rollouts ``[P * G]`` -> one pair per prompt ``[P, 2]`` in the preference layout).
+
+Shapes are static: a prompt whose ``G`` rewards are all equal still gives a pair slot (its
+first response twice) with ``pair_weight = 0``, so no host sync sizes the batch; the loss is
+``sum_b w_b l_b / max(1, sum_b w_b)`` over the minibatch, each ``loss_*`` term of the inner
+loss weighted the same way.
+
+The reference of the pair's implicit reward is the run's reference (``reference="initial"``:
+``sum_t log pi_ref`` from ``("next", "ref_log_probs", "full")``) or the policy that sampled the
+round (``reference="sampler"``: ``sum_t log pi_sample`` from ``("log_probs", "full")``, the
+collector's scoring forward of the policy at the round boundary): iterative DPO's "the trained
+policy becomes the new reference", with no copy of the model kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tensordict import NestedKey, TensorDict, TensorDictBase
+from torchrl.objectives import LossModule
+
+from offline_plugins.objectives.llm.common import PreferenceInputError, PreferenceLossBase, get_checked
+from offline_plugins.objectives.llm.preference import KTOLoss
+
+__all__ = ["OnlinePreferenceLoss", "REFERENCES"]
+
+#: where the pair's reference log-probs come from
+REFERENCES = ("initial", "sampler")
+
+
+class OnlinePreferenceLoss(LossModule):
+    """A paired preference loss trained on best-vs-worst pairs of the policy's own rollouts.
+
+    Online DPO (Guo et al. 2024, arXiv:2402.04792) and iterative DPO (Xiong et al. 2024,
+    arXiv:2312.11456): for a group of ``G`` responses to one prompt with rewards ``r_1..r_G``,
+    chosen ``argmax r``, rejected ``argmin r``, weight ``1[max r > min r]``; the inner loss
+    (DPO: ``-log sigmoid(beta * ((log pi_w - log ref_w) - (log pi_l - log ref_l)))``) is
+    averaged over the minibatch's pairs of weight 1.
+
+    Args:
+        inner: a paired :class:`~offline_plugins.objectives.llm.common.PreferenceLossBase`
+            (``DPOLoss``, ``IPOLoss``, ``RobustDPOLoss``, ``RPOLoss``, ``ORPOLoss``,
+            ``SimPOLoss``) with its actor, built with ``reduction="none"`` (this loss weights
+            and reduces its per-pair terms).
+
+    Keyword Args:
+        group_size (int): responses per prompt ``G >= 2``; the rollouts' rows of a prompt are
+            contiguous (as :class:`~offline_plugins.data.rollouts.RolloutCollector` writes them).
+        reference (str): ``"initial"`` (the run's reference) or ``"sampler"`` (the policy that
+            sampled the round). Defaults to ``"initial"``.
+        dynamic_sampling (bool): ask the collector to replace prompts without a pair by newly
+            sampled ones (up to its ``max_attempts``). Defaults to ``False``.
+
+    The inner loss's diagnostics (``preference_accuracy``, ``reward_margin``...) are means over
+    every pair slot of the minibatch, tie slots included (margin exactly 0 there);
+    ``pair_fraction`` is the share of slots that are real pairs.
+
+    Examples:
+        >>> import torch
+        >>> from offline_plugins.modules.causal_lm import CausalLMLogProbs
+        >>> from offline_plugins.objectives.llm import DPOLoss
+        >>> from offline_plugins.objectives.llm.online import _example_rollouts
+        >>> _ = torch.manual_seed(0)
+        >>> loss = OnlinePreferenceLoss(DPOLoss(CausalLMLogProbs(torch.nn.Embedding(6, 6)), reduction="none"),
+        ...                             group_size=3)
+        >>> rollouts = loss.process_rollouts(_example_rollouts(torch.randint(0, 6, (6, 5)),
+        ...                                  [0., 1., 0., 1., 1., 1.], [0, 0, 0, 1, 1, 1]))
+        >>> rollouts["has_signal"].tolist()
+        [True, True, True, False, False, False]
+        >>> pairs = loss.pair_rollouts(rollouts)
+        >>> pairs.batch_size, pairs["pair_weight"][:, 0].tolist()
+        (torch.Size([2, 2]), [1.0, 0.0])
+        >>> out = loss(pairs)
+        >>> sorted(k for k in out.keys() if k.startswith("loss_")), out["pair_fraction"].item()
+        (['loss_dpo'], 0.5)
+    """
+
+    @dataclass
+    class _AcceptedKeys:
+        """Rollout keys the pairing reads; rename them with ``set_keys(...)``.
+
+        Attributes:
+            reward: ``("next", "reward")``, ``[N, 1]``. group: ``"group"`` (prompt id).
+            ref_log_probs: ``("next", "ref_log_probs", "full")`` (``reference="initial"``).
+            sample_log_probs: ``("log_probs", "full")`` (``reference="sampler"``).
+            pair_weight: where the pairs carry their weight, ``"pair_weight"`` (``[P, 2]``).
+
+        The token and mask keys are the inner loss's (``inner.tensor_keys``).
+        """
+
+        reward: NestedKey = ("next", "reward")
+        group: NestedKey = "group"
+        ref_log_probs: NestedKey = ("next", "ref_log_probs", "full")
+        sample_log_probs: NestedKey = ("log_probs", "full")
+        pair_weight: NestedKey = "pair_weight"
+
+    default_keys = _AcceptedKeys
+    tensor_keys: _AcceptedKeys
+
+    def __init__(self, inner: PreferenceLossBase, *, group_size: int, reference: str = "initial",
+                 dynamic_sampling: bool = False) -> None:
+        super().__init__()
+        if isinstance(inner, KTOLoss) or not isinstance(inner, PreferenceLossBase):
+            raise PreferenceInputError(
+                f"OnlinePreferenceLoss trains a paired preference loss (DPOLoss, IPOLoss, RobustDPOLoss, RPOLoss, "
+                f"ORPOLoss, SimPOLoss), got {type(inner).__name__}; KTO reads unpaired rows with a mismatched-"
+                f"prompt KL estimate that rollout groups do not carry")
+        if inner.reduction != "none":
+            raise PreferenceInputError(
+                f"OnlinePreferenceLoss weights the inner loss's per-pair terms itself (tie slots weigh 0): build "
+                f"{type(inner).__name__}(..., reduction='none'), got reduction={inner.reduction!r}")
+        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
+            raise PreferenceInputError(f"OnlinePreferenceLoss: group_size must be a whole number >= 2 (a pair needs "
+                                       f"two responses to one prompt), got {group_size!r}")
+        if reference not in REFERENCES:
+            raise PreferenceInputError(f"OnlinePreferenceLoss: reference must be one of {', '.join(REFERENCES)}, "
+                                       f"got {reference!r}")
+        self.inner = inner
+        self.group_size = int(group_size)
+        self.reference = reference
+        self.dynamic_sampling = bool(dynamic_sampling)
+
+    @property
+    def actor_network(self):
+        return self.inner.actor_network
+
+    def _forward_value_estimator_keys(self, **kwargs) -> None:
+        pass
+
+    @property
+    def in_keys(self):
+        return [*self.inner.in_keys, self.tensor_keys.pair_weight]
+
+    @property
+    def out_keys(self):
+        return ["pair_fraction"]
+
+    def _get(self, td: TensorDictBase, name: str, what: str) -> torch.Tensor:
+        return get_checked(td, getattr(self.tensor_keys, name), what=what, loss=type(self).__name__, setter=name)
+
+    def _grouped_rewards(self, td: TensorDictBase) -> torch.Tensor:
+        n, g = td.numel(), self.group_size
+        if td.batch_dims != 1 or n % g:
+            raise PreferenceInputError(
+                f"OnlinePreferenceLoss: rollouts must be [P * G] rows with G = group_size = {g} contiguous rows per "
+                f"prompt, got batch_size {tuple(td.batch_size)}; sample them with "
+                f"offline_plugins.data.rollouts.RolloutCollector(group_size={g})")
+        return self._get(td, "reward", "the rollouts' rewards").reshape(n // g, g).to(torch.float32)
+
+    # -- once per round --------------------------------------------------------
+    def process_rollouts(self, td: TensorDictBase) -> TensorDictBase:
+        """Write ``"has_signal"`` per row: its prompt's rewards differ, so it gives a pair.
+
+        The collector's ``groups_without_signal`` is then the share of prompts without a pair.
+        """
+        reward = self._grouped_rewards(td)
+        pair = reward.amax(-1) > reward.amin(-1)
+        td.set("has_signal", pair.repeat_interleave(self.group_size))
+        return td
+
+    def pair_rollouts(self, td: TensorDictBase) -> TensorDict:
+        """One pair per prompt, ``[P, 2]`` in the preference layout: index 0 the first best, 1 the
+        first worst response, with ``pair_weight`` 1 (0 where all ``G`` rewards are equal).
+
+        Writes the inner loss's token and mask keys, its ``ref_log_prob`` (the reference's log-prob
+        of each response summed over its tokens, fp32), ``("next", "reward")`` ``[P, 2, 1]`` and
+        ``"group"``. Runs once per round (it checks the group ids, one host sync).
+        """
+        keys, inner = self.tensor_keys, self.inner.tensor_keys
+        g = self.group_size
+        reward = self._grouped_rewards(td)
+        p = reward.shape[0]
+        group = self._get(td, "group", "the prompt ids").reshape(p, g)
+        if not bool((group == group[:, :1]).all()):
+            raise PreferenceInputError(
+                f"OnlinePreferenceLoss: the rollouts' {keys.group!r} ids must be constant over each run of "
+                f"group_size = {g} rows (a prompt's responses contiguous); sort the rows by prompt first")
+        best, worst = reward.argmax(-1), reward.argmin(-1)
+        weight = (reward.amax(-1) > reward.amin(-1)).to(torch.float32)
+        rows = torch.arange(p, device=reward.device).unsqueeze(-1) * g + torch.stack([best, worst], -1)
+        mask = get_checked(td, inner.response_mask, what="the response-token mask", loss=type(self).__name__,
+                           setter="response_mask")
+        pairs = TensorDict(batch_size=[p, 2], device=td.device)
+        for key, name in ((inner.tokens, "tokens"), (inner.attention_mask, "attention_mask")):
+            pairs.set(key, get_checked(td, key, what=f"the rollouts' {name}", loss=type(self).__name__,
+                                       setter=name)[rows])
+        pairs.set(inner.response_mask, mask[rows])
+        ref_key = keys.ref_log_probs if self.reference == "initial" else keys.sample_log_probs
+        ref = td.get(ref_key, None)
+        if ref is None and (self.inner.uses_reference or self.reference == "sampler"):
+            fix = ("sample the rollouts with a reference (RolloutCollector(source, tokenizer, reference)) or use "
+                   "reference='sampler'" if self.reference == "initial" else "score the rollouts with the sampling "
+                   "policy (RolloutCollector does)")
+            raise PreferenceInputError(f"OnlinePreferenceLoss (reference={self.reference!r}) needs per-token "
+                                       f"log-probs at {ref_key!r}, which the rollouts lack; {fix}")
+        if ref is not None:
+            per_seq = (ref.to(torch.float32) * mask.to(torch.float32)).sum(-1)
+            pairs.set(inner.ref_log_prob, per_seq[rows])
+        pairs.set(keys.reward, reward.reshape(-1, 1)[rows])
+        pairs.set(keys.group, group[:, :2])
+        pairs.set(keys.pair_weight, weight.unsqueeze(-1).expand(p, 2).clone())
+        return pairs
+
+    # -- every step ------------------------------------------------------------
+    def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        weight = self._get(tensordict, "pair_weight", "the pair weights (written by loss.pair_rollouts)")
+        weight = weight[..., 0].to(torch.float32)
+        out = self.inner(tensordict)
+        total = weight.sum().clamp_min(1)
+        for key in [k for k in out.keys() if isinstance(k, str) and k.startswith("loss_")]:
+            value = out.get(key)
+            if value.shape != weight.shape:
+                raise PreferenceInputError(
+                    f"OnlinePreferenceLoss: the inner loss's {key} has shape {tuple(value.shape)}, expected one "
+                    f"value per pair {tuple(weight.shape)}; build it with reduction='none'")
+            out.set(key, (value * weight).sum() / total)
+        out.set("pair_fraction", weight.mean().detach())
+        return out
