@@ -93,22 +93,9 @@ def _generated_tokens(out, width: int, eos: int) -> int:
     return int(lengths.sum())
 
 
-def time_generate(model, tok, source, collector, round_: int) -> tuple[float, float]:
-    left, mask = _left_padded(tok, source, collector, round_)
-    left, mask = left.to(DEVICE), mask.to(DEVICE)
-    torch.manual_seed(round_)
-    _sync()
-    t0 = time.perf_counter()
-    with torch.no_grad(), AUTOCAST():
-        out = model.generate(input_ids=left, attention_mask=mask, do_sample=True, top_k=0,
-                             max_new_tokens=collector.max_new_tokens, pad_token_id=tok.pad_token_id,
-                             eos_token_id=tok.eos_token_id)
-    _sync()
-    dt = time.perf_counter() - t0
-    return len(left) / dt, _generated_tokens(out, left.shape[1], tok.eos_token_id) / dt
-
-
-def time_sample(model, tok, source, collector, round_: int) -> tuple[float, float]:
+def time_generate(model, tok, source, collector, round_: int, *, ours: bool = False) -> tuple[float, float]:
+    """Responses/s and generated tokens/s of one batched ``generate``: bare, or (``ours``) the
+    collector's generation stage (``generate_left_padded``, clean config, log-prob recorder)."""
     from offline_plugins.data.rollouts import _SampledLogProbs, generate_left_padded
 
     left, mask = _left_padded(tok, source, collector, round_)
@@ -117,9 +104,14 @@ def time_sample(model, tok, source, collector, round_: int) -> tuple[float, floa
     _sync()
     t0 = time.perf_counter()
     with torch.no_grad(), AUTOCAST():
-        recorder = _SampledLogProbs()
-        out = generate_left_padded(model, left, mask, **collector._sampling_kwargs(recorder))
-        recorder.finish(out[:, left.shape[1]:])
+        if ours:
+            recorder = _SampledLogProbs()
+            out = generate_left_padded(model, left, mask, **collector._sampling_kwargs(recorder))
+            recorder.finish(out[:, left.shape[1]:])
+        else:
+            out = model.generate(input_ids=left, attention_mask=mask, do_sample=True, top_k=0,
+                                 max_new_tokens=collector.max_new_tokens, pad_token_id=tok.pad_token_id,
+                                 eos_token_id=tok.eos_token_id)
     _sync()
     dt = time.perf_counter() - t0
     return len(left) / dt, _generated_tokens(out, left.shape[1], tok.eos_token_id) / dt
@@ -248,10 +240,10 @@ def main() -> None:
     opt = torch.optim.Adam(model.parameters(), lr=1e-5)
     results: dict[str, list] = {"generate": [], "sample": [], "collect": [], "round": []}
     time_generate(model, tok, source, collector, 999)  # warm-up
-    time_sample(model, tok, source, collector, 998)
+    time_generate(model, tok, source, collector, 998, ours=True)
     for r in range(args.rounds):  # interleaved, so drift on a shared machine hits every column alike
         results["generate"].append(time_generate(model, tok, source, collector, r))
-        results["sample"].append(time_sample(model, tok, source, collector, r))
+        results["sample"].append(time_generate(model, tok, source, collector, r, ours=True))
         results["collect"].append(time_collect(model, collector, loss, r))
         results["round"].append(time_round(model, collector, loss, opt, r, batch_size, args.ppo_epochs))
     summary: dict = {}

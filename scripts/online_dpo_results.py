@@ -28,7 +28,6 @@ The pairs an online run trained on are ``rounds * prompts_per_round * (1 - group
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import math
@@ -189,18 +188,10 @@ def table(args) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run")
-    r.add_argument("--root", default="runs/results-online-dpo")
-    r.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
-    r.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    r.add_argument("--timeout", type=int, default=900)
-    r.add_argument("--overwrite", action="store_true")
-    t = sub.add_parser("table")
-    t.add_argument("--root", default="runs/results-online-dpo")
-    args = parser.parse_args()
-    run(args) if args.cmd == "run" else table(args)
+    sys.path.insert(0, str(Path(__file__).parent))
+    from online_results import results_main
+
+    results_main(__doc__, "runs/results-online-dpo", run, table, pick=("--settings", SETTINGS), steps=False)
 
 
 if __name__ == "__main__":

@@ -71,22 +71,29 @@ def table(args) -> None:
     print(f"\nreference (exact_match_before): {100 * before:.1f} %, seeds: {len(s)}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def results_main(doc: str, root: str, run, table, *, pick: tuple[str, dict], steps: bool = True) -> None:
+    """The ``run`` / ``table`` command line of the online results scripts (this one, text-DT's,
+    online DPO's): ``pick`` is the option naming what to run (``("--algos", ALGOS)``)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
-    r.add_argument("--root", default="runs/results-online")
-    r.add_argument("--algos", nargs="+", default=list(ALGOS))
+    r.add_argument("--root", default=root)
+    r.add_argument(pick[0], nargs="+", default=list(pick[1]), choices=list(pick[1]))
     r.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    r.add_argument("--steps", type=int, default=1200)
-    r.add_argument("--eval-every", type=int, default=300)
-    r.add_argument("--set", action="append", help="KEY=VALUE passed to every run")
+    if steps:
+        r.add_argument("--steps", type=int, default=1200)
+        r.add_argument("--eval-every", type=int, default=300)
+        r.add_argument("--set", action="append", help="KEY=VALUE passed to every run")
     r.add_argument("--timeout", type=int, default=900)
     r.add_argument("--overwrite", action="store_true")
     t = sub.add_parser("table")
-    t.add_argument("--root", default="runs/results-online")
+    t.add_argument("--root", default=root)
     args = parser.parse_args()
     run(args) if args.cmd == "run" else table(args)
+
+
+def main() -> None:
+    results_main(__doc__, "runs/results-online", run, table, pick=("--algos", ALGOS))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ check that the token steers the policy (asking for return 0 should lower exact m
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -124,21 +123,10 @@ def table(args) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run")
-    r.add_argument("--root", default="runs/results-text-dt")
-    r.add_argument("--algos", nargs="+", default=list(ALGOS))
-    r.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    r.add_argument("--steps", type=int, default=1200)
-    r.add_argument("--eval-every", type=int, default=300)
-    r.add_argument("--set", action="append", help="KEY=VALUE passed to every run")
-    r.add_argument("--timeout", type=int, default=900)
-    r.add_argument("--overwrite", action="store_true")
-    t = sub.add_parser("table")
-    t.add_argument("--root", default="runs/results-text-dt")
-    args = parser.parse_args()
-    run(args) if args.cmd == "run" else table(args)
+    sys.path.insert(0, str(Path(__file__).parent))
+    from online_results import results_main
+
+    results_main(__doc__, "runs/results-text-dt", run, table, pick=("--algos", ALGOS))
 
 
 if __name__ == "__main__":
