@@ -134,6 +134,14 @@ def _exact_match(prompts, responses, answer=None, **_):
 
 def load_reward_function(spec: str) -> Callable[..., Sequence[float]]:
     """The callable ``module:function`` names (``--reward``); a ``UserError`` naming what is wrong."""
+    from offline_plugins.data.reward_source import is_reward_model_dir, reward_model_function
+
+    if Path(str(spec)).is_dir():  # a reward-model run's OUT dir or its exported OUT/reward_model
+        if not is_reward_model_dir(spec):
+            from offline_plugins.data.reward_source import _folder
+
+            _folder(spec)  # raises, naming what the folder lacks
+        return reward_model_function(spec)
     module_name, sep, attr = str(spec).partition(":")
     if not sep or not module_name or not attr:
         raise RolloutError(f"--reward {spec!r} must be 'module:function' (e.g. mytask.rewards:score), a Python "
@@ -350,10 +358,14 @@ class RolloutCollector:
     def __init__(self, source: PromptSource, tokenizer: Any, reference: Optional[torch.nn.Module], *,
                  group_size: int = 8, prompts_per_round: int = 16, max_new_tokens: int = 8,
                  temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, max_attempts: int = 4,
-                 context: Optional[int] = None) -> None:
-        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
-            raise RolloutError(f"group_size must be a whole number >= 2 (a group compares G responses to one "
-                               f"prompt), got {group_size!r}; fix it with --set group_size=8")
+                 context: Optional[int] = None, min_group_size: int = 2) -> None:
+        # the algorithm declares its minimum: GRPO-style losses compare G >= 2 responses to one prompt,
+        # PPO-RLHF (a value baseline) needs no group (min_group_size=1)
+        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < int(min_group_size):
+            why = ("a group compares G responses to one prompt" if int(min_group_size) > 1
+                   else "responses sampled per prompt")
+            raise RolloutError(f"group_size must be a whole number >= {int(min_group_size)} ({why}), got "
+                               f"{group_size!r}; fix it with --set group_size={max(8, int(min_group_size))}")
         if prompts_per_round < 1:
             raise RolloutError(f"prompts_per_round must be at least 1, got {prompts_per_round}; fix it with "
                                "--set prompts_per_round=16")
@@ -743,7 +755,8 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
                       group_size: int = 8, prompts_per_round: int = 16, max_new_tokens: int = 8,
                       temperature: float = 1.0, top_p: float = 1.0, batch_size: int = 32, ppo_epochs: int = 1,
                       reference_sft_steps: int = 2000, eval_prompts: int = 200, max_attempts: int = 4,
-                      cache_dir: Optional[Path] = None, progress: bool = False) -> RolloutData:
+                      cache_dir: Optional[Path] = None, progress: bool = False,
+                      min_group_size: int = 2) -> RolloutData:
     """Load a rollout task (:func:`resolve_rollout_id`) and its reference.
 
     The built-in task with ``model="tiny"`` starts from the cached SFT reference of the
@@ -778,12 +791,17 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
         source.held_out = source.held_out[:eval_prompts] if eval_prompts else source.held_out
         reference, tokenizer = load_causal_lm(model, seed=seed)
         from_scratch = str(model) == "tiny"
+    if reward is not None and Path(str(reward)).is_dir():
+        from offline_plugins.data.reward_source import check_reward_tokenizer
+
+        check_reward_tokenizer(reward, tokenizer)
     reference.eval()
     for p in reference.parameters():
         p.requires_grad_(False)
     collector = RolloutCollector(source, tokenizer, reference, group_size=group_size,
                                  prompts_per_round=prompts_per_round, max_new_tokens=max_new_tokens,
-                                 temperature=temperature, top_p=top_p, seed=seed, max_attempts=max_attempts)
+                                 temperature=temperature, top_p=top_p, seed=seed, max_attempts=max_attempts,
+                                 min_group_size=min_group_size)
     return RolloutData(source, reference, tokenizer, collector, dataset_id=resolved, model=str(model),
                        batch_size=batch_size, ppo_epochs=ppo_epochs, from_scratch=from_scratch)
 

@@ -95,7 +95,14 @@ class PreferenceText(DataKind):
         and ``out/model`` holds the merged weights."""
         model = parts.model
         if model is None or not hasattr(model, "save_pretrained"):
-            return {}  # a reward model's score head: the checkpoint holds it
+            from offline_plugins.modules.causal_lm import CausalLMReward
+
+            if isinstance(parts.policy, CausalLMReward):  # a reward model: backbone, tokenizer, head, json
+                from offline_plugins.data.reward_source import save_reward_model
+
+                return {"reward_model_dir": str(save_reward_model(parts.policy, parts.tokenizer,
+                                                                  out / "reward_model"))}
+            return {}
         # transformers shows a progress bar per shard; a run's one small file needs none
         from transformers.utils import logging as hf_logging
 

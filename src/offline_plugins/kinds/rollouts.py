@@ -226,10 +226,10 @@ class TextRollouts(DataKind):
     summary = "prompts answered by the policy while it trains, scored by a verifier or a reward function"
     description = "a text task (prompts with a verifier or a reward)"
     train_hint = ("train an online algorithm on it (grpo, dapo, dr-grpo, rloo, expert-iteration, online-dpo, "
-                  "iterative-dpo, text-dt)")
+                  "iterative-dpo, text-dt, ppo-rlhf)")
     config_fields = {
         "batch_size": "rollouts per gradient step (default 32; must divide prompts_per_round * group_size)",
-        "group_size": "responses sampled per prompt, G >= 2 (default 8)",
+        "group_size": "responses sampled per prompt, G >= 2 for the group methods (default 8; ppo-rlhf: 1)",
         "prompts_per_round": "prompts per round of rollouts (default 16)",
         "ppo_epochs": "passes over each round's rollouts (default 1)",
         "max_new_tokens": "response budget in tokens (default 6)",
@@ -265,8 +265,11 @@ class TextRollouts(DataKind):
         from offline_plugins.data.rollouts import load_rollout_data
 
         kwargs = {k: config_value(config, k, default) for k, default in _FIELDS.items()}
+        # an algorithm that needs no groups (PPO) declares a smaller minimum than GRPO's G >= 2 (a
+        # ClassVar of its config, not a field a user sets)
         data = load_rollout_data(dataset_id, model=options.model or "tiny", reward=options.reward,
-                                 progress=progress, **kwargs)
+                                 progress=progress, min_group_size=int(getattr(config, "min_group_size", 2)),
+                                 **kwargs)
         return LoadedData(data, {})
 
     def batch_layout(self, config):

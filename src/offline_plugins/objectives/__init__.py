@@ -47,6 +47,7 @@ _EXPORTS = {
     "SFTLoss": "llm.online",
     "OnlinePreferenceLoss": "llm.online_dpo",
     "TextDTLoss": "llm.text_dt",
+    "PPORLHFLoss": "llm.ppo_rlhf",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -21,6 +21,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "offline_plugins.algorithms.sequence.diffuser": "offline_plugins.algorithms.sequence.diffuser",
     "offline_plugins.algorithms.preference": "offline_plugins.algorithms.preference",
     "offline_plugins.algorithms.online": "offline_plugins.algorithms.online",
+    "offline_plugins.algorithms.ppo_rlhf": "offline_plugins.algorithms.ppo_rlhf",
     "offline_plugins.algorithms.online_dpo": "offline_plugins.algorithms.online_dpo",
     "offline_plugins.algorithms.text_dt": "offline_plugins.algorithms.text_dt",
     "datasets": "offline_plugins.data.recipes",
