@@ -36,6 +36,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+from online_results import _fmt, results_main  # noqa: E402
+
 #: setting -> (algorithm, steps, eval_every, --set values)
 SETTINGS = {
     "online-dpo": ("online-dpo", 600, 150, []),
@@ -112,12 +115,6 @@ def run(args) -> None:
                 print(f"{out}: fixed evaluation {_fixed_eval(out)}", flush=True)
 
 
-def _fmt(values, scale=100.0, digits=1) -> str:
-    values = [v * scale for v in values]
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
-
 
 def _rollout_rows(out: Path) -> dict[int, dict]:
     """``rollout/*`` per round (the step it was sampled at) from ``metrics.csv``."""
@@ -188,9 +185,6 @@ def table(args) -> None:
 
 
 def main() -> None:
-    sys.path.insert(0, str(Path(__file__).parent))
-    from online_results import results_main
-
     results_main(__doc__, "runs/results-online-dpo", run, table, pick=("--settings", SETTINGS), steps=False)
 
 

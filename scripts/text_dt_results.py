@@ -24,6 +24,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+from online_results import _fmt, results_main  # noqa: E402
+
 #: run name -> (algorithm, its --set overrides): the Decision Transformer (every row trained), the same with
 #: the rows that fell short down-weighted, and expert iteration (only the rows that pass)
 RUNS = {
@@ -81,12 +84,6 @@ def run(args) -> None:
                 print(f"{out}: conditioned exact match {scores}", flush=True)
 
 
-def _fmt(values, scale=100.0, digits=1) -> str:
-    values = [v * scale for v in values]
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
-
 
 def table(args) -> None:
     root = Path(args.root)
@@ -123,9 +120,6 @@ def table(args) -> None:
 
 
 def main() -> None:
-    sys.path.insert(0, str(Path(__file__).parent))
-    from online_results import results_main
-
     results_main(__doc__, "runs/results-text-dt", run, table, pick=("--algos", ALGOS))
 
 
