@@ -2,8 +2,9 @@
 
 Two runs of the same settings, ``steps`` and ``2 * steps`` gradient steps, on a prompt file with a
 dense reward (the share of digits in the response); steps/s is ``steps / (t_2N - t_N)``, so the
-setup and the final evaluation cancel. TRL's ``PPOTrainer`` is not timed here yet (see the
-docs/results_parts/ppo_rlhf_bench.md note).
+setup and the final evaluation cancel. TRL's PPO trainer is looked up where TRL versions have
+kept it (``trl.PPOTrainer``, ``trl.experimental.ppo.PPOTrainer``); the installed TRL and what
+was found are reported: TRL 1.16.0 has neither, so nothing is timed against it.
 
     python bench/ppo_rlhf_bench.py [--steps 24] [--threads 1]
 """
@@ -47,13 +48,33 @@ def ppo_rlhf_steps_per_s(steps: int = 24, *, threads: int = 1, settings: dict | 
             "walls_s": walls}
 
 
+def trl_ppo_trainer() -> dict:
+    """Which TRL is installed and whether it ships a PPO trainer (``None``: not installed)."""
+    try:
+        import trl
+    except ImportError:
+        return {"trl": None, "ppo_trainer": None}
+    import importlib
+    import os
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    for module, name in (("trl", "PPOTrainer"), ("trl.experimental.ppo", "PPOTrainer")):
+        try:
+            if hasattr(importlib.import_module(module), name):
+                return {"trl": trl.__version__, "ppo_trainer": f"{module}.{name}"}
+        except ImportError:
+            continue
+    return {"trl": trl.__version__, "ppo_trainer": None}
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
     sys.modules.setdefault("ppo_rlhf_bench", sys.modules[__name__])
-    print(json.dumps({"ppo_rlhf": ppo_rlhf_steps_per_s(a.steps, threads=a.threads), "trl_ppo": "not timed"}))
+    found = trl_ppo_trainer()
+    print(json.dumps({"ppo_rlhf": ppo_rlhf_steps_per_s(a.steps, threads=a.threads), "trl_ppo": found}))
 
 
 if __name__ == "__main__":
