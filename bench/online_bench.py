@@ -23,6 +23,9 @@ over interleaved rounds, responses/s:
   ``P*G`` completions, timed from its second to its last step (skipped when ``trl`` is not
   installed).
 
+* ``ppo_rlhf``: ``offline-plugins train ppo-rlhf`` steps/s (``bench/ppo_rlhf_bench.py``), and
+  whether the installed TRL ships a PPO trainer to time against (1.16.0: no);
+
 Responses/s and generated tokens/s are reported; a GRPO step is one round of ``P*G``
 responses, so ``round`` and ``trl`` responses/s divided by ``P*G`` are steps/s.
 
@@ -218,6 +221,7 @@ def main() -> None:
     parser.add_argument("--beta", type=float, default=0.04)
     parser.add_argument("--trl-steps", type=int, default=5)
     parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument("--skip-ppo", action="store_true", help="do not time ppo-rlhf (bench/ppo_rlhf_bench.py)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--model-size", choices=("tiny", "100m"), default="tiny",
@@ -267,6 +271,12 @@ def main() -> None:
                                        args.precision)
         summary["trl"] = None if args.skip_trl else bench_trl(folder, tok, task, source, collector, args.trl_steps,
                                                                args.beta, args.precision)
+    if not args.skip_ppo:  # issue 14: PPO-RLHF through the shell, and TRL's PPO trainer where it ships one
+        sys.path.insert(0, str(Path(__file__).parent))
+        from ppo_rlhf_bench import ppo_rlhf_steps_per_s, trl_ppo_trainer
+
+        summary["ppo_rlhf"] = ppo_rlhf_steps_per_s(24, threads=args.threads)
+        summary["trl_ppo"] = trl_ppo_trainer()
     gen = summary["generate"]["responses_per_s"]
     summary["sample_over_generate"] = round(summary["sample"]["responses_per_s"] / gen, 3)
     summary["collect_over_generate"] = round(summary["collect"]["responses_per_s"] / gen, 3)
@@ -282,6 +292,8 @@ def main() -> None:
     for key in ("generate", "sample", "collect", "round", "shell"):
         print(f"  {key:9s} {summary[key]}")
     print(f"  trl       {'not installed' if summary['trl'] is None else summary['trl']}")
+    if "ppo_rlhf" in summary:
+        print(f"  ppo-rlhf  {summary['ppo_rlhf']['steps_per_s']:.1f} steps/s; TRL's PPO trainer: {summary['trl_ppo']}")
     print(f"  sample / generate = {summary['sample_over_generate']}, collect / generate = "
           f"{summary['collect_over_generate']}, round / trl = {summary.get('round_over_trl')}, shell / trl = "
           f"{summary.get('shell_over_trl')}")
