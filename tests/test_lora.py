@@ -106,3 +106,19 @@ def test_grpo_with_lora_samples_and_scores_against_the_base_with_adapters_off(tm
     merged = AutoModelForCausalLM.from_pretrained(summary["model_dir"])
     with torch.no_grad():
         assert torch.allclose(merged(input_ids=ids).logits, policy(input_ids=ids).logits, atol=1e-4)
+
+
+def test_ppo_rlhf_with_lora_keeps_a_full_critic_and_the_adapters_off_reference(tmp_path):
+    from offline_plugins.algorithms.ppo_rlhf import PPORLHFConfig, build
+    from offline_plugins.data.rollouts import load_rollout_data
+    from offline_plugins.modules.causal_lm import AdaptersOff
+
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(40)))
+    data = load_rollout_data(str(path), model="tiny", group_size=1, prompts_per_round=4, batch_size=4,
+                             max_new_tokens=3, min_group_size=1)
+    parts = build(PPORLHFConfig(group_size=1, prompts_per_round=4, batch_size=4, max_new_tokens=3, lora_r=4), data)
+    assert isinstance(data.reference, AdaptersOff) and data.collector.reference is data.reference
+    policy, value = parts.optimizers
+    assert all("lora_" in n for n, p in parts.model.named_parameters() if p.requires_grad)
+    assert value.params and all(p.requires_grad for p in value.params)  # the critic trains every weight

@@ -9,6 +9,18 @@ from offline_plugins.objectives.llm.ppo_rlhf import (AdaptiveKLController, PPORL
                                                      masked_whiten, token_gae)
 
 
+
+def _letter_prompts(tmp_path, n: int = 220, seed: int = 0):
+    """A prompt file of ``n`` 4-letter prompts (the digit-share reward of tests/test_online_train.py)."""
+    import json
+    import random
+
+    rng = random.Random(seed)
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": "".join(rng.choice("abcdef") for _ in range(4)) + ":"}) + "\n"
+                            for _ in range(n)))
+    return path
+
 def test_kl_penalised_reward_by_hand_k1_and_k3():
     sample = torch.tensor([[0.0, -0.5, -1.0, -2.0, 0.0]])
     ref = torch.tensor([[0.0, -0.7, -0.4, -2.5, 0.0]])
@@ -100,15 +112,9 @@ def test_loss_terms_and_controller_state_in_the_state_dict():
 
 
 def test_ppo_rlhf_trains_through_the_shell_and_exports_the_policy(tmp_path):
-    import json
-    import random
-
     from offline_plugins.lightning.run import train
 
-    rng = random.Random(0)
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": "".join(rng.choice("abcdef") for _ in range(4)) + ":"}) + "\n"
-                               for _ in range(220)))
+    prompts = _letter_prompts(tmp_path, 220, seed=0)
     summary = train("ppo-rlhf", str(prompts), steps=8, seed=0, out_dir=tmp_path / "run", progress=False, threads=1,
                     reward="test_online_train:digit_share", eval_every=0,
                     overrides={"group_size": 2, "prompts_per_round": 4, "batch_size": 4, "ppo_epochs": 2,
@@ -227,15 +233,9 @@ def test_group_size_one_is_allowed_when_the_algorithm_declares_it(tmp_path):
 
 
 def test_seeded_ppo_rlhf_raises_the_reward_of_a_user_task(tmp_path):
-    import json
-    import random
-
     from offline_plugins.lightning.run import train
 
-    rng = random.Random(0)
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": "".join(rng.choice("abcdef") for _ in range(4)) + ":"}) + "\n"
-                               for _ in range(220)))
+    prompts = _letter_prompts(tmp_path, 220, seed=0)
     s = train("ppo-rlhf", str(prompts), steps=48, seed=0, out_dir=tmp_path / "run", progress=False, threads=1,
               reward="test_online_train:digit_share", eval_every=0,
               overrides={"group_size": 2, "prompts_per_round": 12, "batch_size": 8, "ppo_epochs": 2,
@@ -281,17 +281,12 @@ def test_kl_penalised_reward_equals_torchrl_kl_reward_transform():
 def test_ppo_rlhf_resume_equals_an_uninterrupted_run(tmp_path):
     """Mid-round resume: the policy, the value head, both Adam states and the KL controller come
     back from the checkpoint, and the round's rollouts too, so the weights match bit for bit."""
-    import json
-    import random
 
     from safetensors.torch import load_file
 
     from offline_plugins.lightning.run import load_checkpoint, train
 
-    rng = random.Random(1)
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": "".join(rng.choice("abcdef") for _ in range(4)) + ":"}) + "\n"
-                               for _ in range(120)))
+    prompts = _letter_prompts(tmp_path, 120, seed=1)
     kwargs = dict(seed=1, progress=False, threads=1, reward="test_online_train:digit_share", eval_every=0,
                   overrides={"group_size": 1, "prompts_per_round": 8, "batch_size": 4, "ppo_epochs": 2,
                              "max_new_tokens": 3, "eval_prompts": 10, "lr": 3e-3, "kl_target": 0.5})

@@ -136,8 +136,6 @@ def _parts(config: Any, data: Any, name: str, loss_cls: str, kwargs: dict):
         raise UserError(f"{name} trains on its own rollouts: give it a RolloutData "
                         "(offline_plugins.data.rollouts.load_rollout_data), not a {type(data).__name__}")
     policy = trainable_policy(config, data, name)
-    # with LoRA the reference is the policy's base with adapters off: the rollouts' reference log-probs too
-    data.collector.reference = data.reference
     actor = CausalLMLogProbs(policy)
     loss = getattr(online, loss_cls)(actor, **kwargs)
     keys = ("loss_nll",) if loss_cls == "ExpertIterationLoss" else (

@@ -154,8 +154,6 @@ def _build(config: Any, data: Any, name: str, *, reference: str):
                         f"{lr!r}; fix it with --set lr=1e-5")
     config.lr = float(lr)
     policy = trainable_policy(config, data, name)
-    # with LoRA the reference is the policy's base with adapters off: the rollouts' reference log-probs too
-    data.collector.reference = data.reference
     actor = CausalLMLogProbs(policy)
     try:
         inner = getattr(llm, loss_cls)(actor, reduction="none", **kwargs)

@@ -56,11 +56,11 @@ def build(config: PPORLHFConfig, data: Any):
     if not hasattr(data, "collector"):
         raise UserError(f"ppo-rlhf trains on its own rollouts: give it a RolloutData "
                         f"(offline_plugins.data.rollouts.load_rollout_data), not a {type(data).__name__}")
-    policy = trainable_policy(config, data, "ppo-rlhf")
-    data.collector.reference = data.reference
-    actor = CausalLMLogProbs(policy)
+    # the critic is copied before LoRA (if asked) wraps the reference in place: a full trainable copy
     critic = TokenValueHead(_trainable_copy(data.reference))
     critic.train()
+    policy = trainable_policy(config, data, "ppo-rlhf")
+    actor = CausalLMLogProbs(policy)
     loss = PPORLHFLoss(actor, critic, kl_coef=config.kl_coef, kl_target=config.kl_target,
                        kl_horizon=config.kl_horizon, kl_estimator=config.kl_estimator,
                        clip_epsilon=config.clip_epsilon, clip_value=config.clip_value, vf_coef=config.vf_coef,

@@ -246,7 +246,6 @@ def build_text_dt(config: TextDTConfig, data: Any):
     # a trainable copy of the grown reference, or LoRA adapters on it (config.lora_r; the embedding rows of
     # the reward tokens then stay at their initial values and only the adapters learn to read them)
     policy = trainable_policy(config, data, "text-dt")
-    data.collector.reference = data.reference  # with LoRA, the base with adapters off
     actor = CausalLMLogProbs(policy)
     loss = TextDTLoss(actor, return_token_ids=ids, return_levels=levels, target_return=target,
                       return_token_texts=texts, low_return_weight=float(w))

@@ -617,7 +617,9 @@ class RolloutData:
 
     Attributes:
         source: the :class:`PromptSource` (training and held-out prompts, the reward).
-        reference: the frozen reference model; the policy starts as a copy of it.
+        reference: the frozen reference model; the policy starts as a copy of it. Setting it
+            sets the collector's too (a LoRA build makes it the policy's base with adapters off,
+            and the rollouts' reference log-probs must come from that).
         tokenizer: its tokenizer.
         collector: the :class:`RolloutCollector` (built by ``build``'s config: group size...).
         buffer: the TorchRL replay buffer the collector writes (made by :meth:`replay_buffer`).
@@ -635,9 +637,9 @@ class RolloutData:
                  dataset_id: str, model: str, batch_size: int, ppo_epochs: int = 1,
                  from_scratch: bool = False) -> None:
         self.source = source
+        self.collector = collector
         self.reference = reference
         self.tokenizer = tokenizer
-        self.collector = collector
         self.dataset_id = dataset_id
         self.model = model
         self.from_scratch = from_scratch
@@ -656,6 +658,15 @@ class RolloutData:
         self.minibatches = n // self.batch_size
         self.updates_per_round = self.ppo_epochs * self.minibatches
         self.buffer = None
+
+    @property
+    def reference(self):
+        return self._reference
+
+    @reference.setter
+    def reference(self, model) -> None:
+        self._reference = model
+        self.collector.reference = model
 
     def train_on(self, rows_per_round: int, to_training_rows: Callable[[TensorDict], TensorDict], *, epochs: int,
                  what: str, epochs_field: str = "ppo_epochs") -> None:

@@ -156,26 +156,12 @@ class TokenThroughput(Callback):
     prompt and response tokens; both sides of a preference pair; KTO's mismatched rows too);
     a batch without one (offline RL) counts nothing and, after the first, costs one check
     per step. The count is kept as a device tensor (no host sync per step) and read once
-    at the end: :meth:`run_summary` gives ``tokens_trained`` and ``tokens_per_s`` of this
-    rank, over the fit's wall time (evaluations and rollouts included, as ``steps_per_s``),
-    and ``tokens_per_s_all_ranks`` (this rank's rate times the world size: ranks read
-    batches of one size).
+    at the end by :meth:`run_summary`.
     """
 
     def __init__(self) -> None:
         self._keys: Optional[list] = None
         self._count: Optional[torch.Tensor] = None
-        self._started: Optional[float] = None
-        self._seconds = 0.0
-        self._world = 1
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        self._started = time.perf_counter()
-        self._world = int(trainer.world_size)
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        if self._started is not None:
-            self._seconds = time.perf_counter() - self._started
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         for b in (batch.batches if isinstance(batch, StepBatches) else [batch]):
@@ -189,14 +175,16 @@ class TokenThroughput(Callback):
             n = sum(b.get(k).sum() for k in self._keys)
             self._count = n if self._count is None else self._count + n
 
-    def run_summary(self) -> dict[str, Any]:
-        """``{}`` for batches without tokens; else the count and the rates (one host read)."""
+    def run_summary(self, seconds: float, world_size: int = 1) -> dict[str, Any]:
+        """``{}`` for batches without tokens; else ``tokens_trained`` (this rank), ``tokens_per_s`` over
+        ``seconds`` (the fit's, as ``steps_per_s``) and ``tokens_per_s_all_ranks`` (times the world
+        size: ranks read batches of one size)."""
         if self._count is None:
             return {}
         tokens = int(self._count)
-        rate = tokens / max(self._seconds, 1e-9)
+        rate = tokens / max(seconds, 1e-9)
         return {"tokens_trained": tokens, "tokens_per_s": round(rate, 1),
-                "tokens_per_s_all_ranks": round(rate * self._world, 1)}
+                "tokens_per_s_all_ranks": round(rate * world_size, 1)}
 
 
 class ScheduledEvaluation(Callback):

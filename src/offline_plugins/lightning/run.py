@@ -634,7 +634,7 @@ def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dic
         "wall_s": round(time.perf_counter() - started, 3),
         "train_s": round(train_s, 3),
         "steps_per_s": round((trainer.global_step - start_step) / max(train_s, 1e-9), 2),
-        **tokens.run_summary(),
+        **tokens.run_summary(train_s, trainer.world_size),
         "world_size": trainer.world_size,
         "precision": precision,
         "peak_memory_mb": peak_memory_mb(trainer.strategy.root_device),
