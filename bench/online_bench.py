@@ -12,7 +12,7 @@ over interleaved rounds, responses/s:
 * ``collect``: our :class:`~offline_plugins.data.rollouts.RolloutCollector` round: ``sample``,
   decoding, the verifier, the reference's log-probs (one forward) and the GRPO advantages,
   written as TED rows;
-* ``round``: ``collect`` plus the round's updates (``GRPOLoss``, backward, Adam) for
+* ``round``: ``collect`` plus the round's updates (``TextGRPOLoss``, backward, Adam) for
   ``ppo_epochs`` passes in minibatches of ``batch_size`` (default: the whole round, one step,
   as TRL's default of one optimizer step per generation batch): one GRPO step;
 * ``shell``: ``offline-plugins train grpo`` (the Lightning shell: the rollout callback, K steps
@@ -235,12 +235,12 @@ def main() -> None:
     if args.precision == "bf16":
         AUTOCAST = lambda: torch.autocast(DEVICE.type, dtype=torch.bfloat16)  # noqa: E731
     from offline_plugins.modules.causal_lm import CausalLMLogProbs
-    from offline_plugins.objectives.llm.online import GRPOLoss
+    from offline_plugins.objectives.llm.online import TextGRPOLoss
 
     model, tok, task, source, collector = setup(args.prompts, args.group_size, args.max_new_tokens, args.model_size)
     batch_size = args.batch_size or collector.rows
     trl_model = copy.deepcopy(model)
-    loss = GRPOLoss(CausalLMLogProbs(model), beta=args.beta)
+    loss = TextGRPOLoss(CausalLMLogProbs(model), beta=args.beta)
     opt = torch.optim.Adam(model.parameters(), lr=1e-5)
     results: dict[str, list] = {"generate": [], "sample": [], "collect": [], "round": []}
     time_generate(model, tok, source, collector, 999)  # warm-up

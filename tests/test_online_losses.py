@@ -26,9 +26,9 @@ from offline_plugins.objectives.llm.online import (
     DAPOLoss,
     DrGRPOLoss,
     ExpertIterationLoss,
-    GRPOLoss,
+    TextGRPOLoss,
     RLOOLoss,
-    SFTLoss,
+    TextSFTLoss,
     group_advantages,
     k3_kl,
     overlong_penalty,
@@ -51,7 +51,7 @@ def test_worked_example_and_all_equal_group():
 
 
 @pytest.mark.parametrize("loss_cls, expected", [
-    (GRPOLoss, [1.0, -1.0, 1.0, -1.0]),                  # (r - mean) / population std
+    (TextGRPOLoss, [1.0, -1.0, 1.0, -1.0]),                  # (r - mean) / population std
     (DrGRPOLoss, [0.5, -0.5, 0.5, -0.5]),                # r - mean
     (RLOOLoss, [2 / 3, -2 / 3, 2 / 3, -2 / 3]),          # r_i - mean of the other three
     (ExpertIterationLoss, [1.0, 0.0, 1.0, 0.0]),         # kept (reward >= 1) or not
@@ -107,10 +107,10 @@ def test_aggregation_per_variant_by_hand():
     # on-policy (ratio 1): each token's gain is its row's advantage; row 0 has 3 response tokens
     # with A = +1, row 1 one token with A = -1
     td = _rows([1.0, 0.0], resp_lengths=[3, 1])
-    GRPOLoss(None).process_rollouts(td)  # DAPO's advantages are GRPO's
+    TextGRPOLoss(None).process_rollouts(td)  # DAPO's advantages are GRPO's
     adv = td["advantage"][..., 0]
     assert adv[0, 1:4].tolist() == [1.0] * 3 and adv[1, 1].item() == -1.0 and adv[:, 0].abs().sum() == 0
-    grpo = GRPOLoss(_FixedLogProbs(-1.0))(td)
+    grpo = TextGRPOLoss(_FixedLogProbs(-1.0))(td)
     dapo = DAPOLoss(_FixedLogProbs(-1.0))(td)
     td_dr = DrGRPOLoss(None).process_rollouts(td.clone())  # advantages +-0.5
     dr = DrGRPOLoss(_FixedLogProbs(-1.0), length_normalizer=4)(td_dr)
@@ -127,7 +127,7 @@ def test_clipping_and_k3_kl_by_hand():
     # current log-prob log(1.5) above the sampling one: ratio 1.5
     td = _rows([1.0, 0.0], resp_lengths=[2, 2], sample_lp=-1.0, ref_lp=-1.5)
     lp = -1.0 + math.log(1.5)
-    grpo = GRPOLoss(_FixedLogProbs(lp), beta=0.04)
+    grpo = TextGRPOLoss(_FixedLogProbs(lp), beta=0.04)
     grpo.process_rollouts(td)
     out = grpo(td)
     # A = +1: min(1.5, 1.2) = 1.2; A = -1: min(-1.5, -1.2) = -1.5 -> loss -(1.2 - 1.5) / 2
@@ -160,7 +160,7 @@ def test_gradients_push_the_better_response_up_and_sft_is_nll():
     assert out["loss_nll"].item() == pytest.approx(1.0)  # -mean log-prob of the kept row's tokens
     out["loss_nll"].backward()
     assert actor.value.grad.item() < 0  # raising log-probs lowers the loss
-    assert SFTLoss(_FixedLogProbs(-2.0))(td)["loss_nll"].item() == pytest.approx(2.0)
+    assert TextSFTLoss(_FixedLogProbs(-2.0))(td)["loss_nll"].item() == pytest.approx(2.0)
 
 
 # -- the collector and TorchRL --------------------------------------------------------------
@@ -190,7 +190,7 @@ def test_rollouts_in_a_torchrl_buffer_read_by_torchrl_grpo_loss(lm):
     source.reward_fn = reward
     collector = RolloutCollector(source, tok, tiny_causal_lm(tok, seed=3), group_size=4, prompts_per_round=2,
                                  max_new_tokens=4, seed=0)
-    ours = GRPOLoss(CausalLMLogProbs(model))
+    ours = TextGRPOLoss(CausalLMLogProbs(model))
     td, stats = collector.collect(model, round=0, process=ours.process_rollouts)
     assert "answer" in reward_calls[0]  # the rows' other columns reach the reward function
     assert td.batch_size == torch.Size([8]) and stats["groups_without_signal"] == pytest.approx(0.5)
@@ -276,7 +276,7 @@ def test_group_advantages_are_torchrls_mcadvantage_up_to_bessels_correction():
     from offline_plugins.data.rollouts import PromptSource, RolloutCollector
     from offline_plugins.modules.causal_lm import CausalLMLogProbs
     from offline_plugins.modules.tiny_lm import load_causal_lm
-    from offline_plugins.objectives.llm.online import GRPOLoss
+    from offline_plugins.objectives.llm.online import TextGRPOLoss
 
     model, tok = load_causal_lm("tiny", seed=0)
     model.eval()
@@ -287,7 +287,7 @@ def test_group_advantages_are_torchrls_mcadvantage_up_to_bessels_correction():
     collector = RolloutCollector(source, tok, model, group_size=g, prompts_per_round=3, max_new_tokens=4, seed=0)
     td, _ = collector.collect(model, round=0)
     td.set(("next", "reward"), torch.tensor([1., 0., 1., 0., 3., 3., 3., 3., 2., 0., 1., 5.]).reshape(-1, 1))
-    ours = GRPOLoss(CausalLMLogProbs(model)).process_rollouts(td.clone())
+    ours = TextGRPOLoss(CausalLMLogProbs(model)).process_rollouts(td.clone())
     mask = ours.get(("masks", "all_assistant_mask"))
     ours_adv = (ours.get("advantage").squeeze(-1) * mask).sum(-1) / mask.sum(-1)
 

@@ -206,3 +206,14 @@ def test_the_recorded_sampling_log_probs_are_the_scoring_forwards(temperature, t
     assert (recorded[~mask] == 0).all()
     # the reference here is the policy itself: its log-probs agree too, so the KL is ~0
     torch.testing.assert_close(td.get(("next", "ref_log_probs", "full"))[mask], scored[mask], atol=1e-5, rtol=0)
+
+
+def test_an_online_algorithm_given_offline_data_names_the_data_it_got():
+    from offline_plugins.algorithms.online import GRPOConfig, build_grpo
+
+    class PendulumTransitions:  # any data object that is not a rollout source
+        pass
+
+    with pytest.raises(UserError, match=r"grpo trains on its own rollouts: .*load_rollout_data\), "
+                                        r"not a PendulumTransitions$"):
+        build_grpo(GRPOConfig(), PendulumTransitions())

@@ -106,8 +106,13 @@ def test_dpo_with_the_tiny_model_generalises_as_a_plain_dpo_loop(tmp_path, monke
 
     reference = plain_dpo([r for r in rows if r["prompt"] not in held], [r for r in rows if r["prompt"] in held], 0)
     cli = summary["preference_accuracy"]
-    assert reference >= 0.7, f"the plain loop itself did not learn the task ({reference:.2f})"
-    assert cli >= 0.7 and cli >= reference - 0.05, f"CLI {cli:.2f} against the plain DPO loop's {reference:.2f}"
+    # Spread these margins come from (docs/results.md, 300 steps, seeds 0-2): the plain loop
+    # 0.59-0.79 and the CLI 0.85-0.88 with torchrl 0.10 / transformers 4.5x; seed 0 gives the
+    # plain loop 0.70 and the CLI 0.78 with the releases of constraints.txt. On 100 held-out
+    # pairs one binomial sd at chance is 0.05.
+    assert reference > 0.5, f"the plain loop itself did not beat chance ({reference:.2f})"
+    assert cli >= 0.65, f"the CLI's DPO did not learn the task: {cli:.2f} held-out accuracy (chance 0.5)"
+    assert cli >= reference - 0.1, f"CLI {cli:.2f} fell behind the plain DPO loop's {reference:.2f}"
 
 
 def test_held_out_split_is_large_enough_and_whole_prompts():

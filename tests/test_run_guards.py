@@ -172,13 +172,15 @@ class _SignalAt(Callback):
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_an_interrupted_run_saves_its_step_and_resumes_exactly(tmp_path, signum):
     kw = dict(QUIET, seed=2, eval_every=10, log_every=5)
+    # whatever the handlers were before the run (SIG_IGN under nohup or in a background job)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     with pytest.raises(RunInterrupted, match=r"interrupted by SIG(INT|TERM) at step 12 of 30.*--resume") as err:
         train(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "cut", steps=30, callbacks=[_SignalAt(12, signum)], **kw)
     assert err.value.exit_code == 130
     partial = json.loads((tmp_path / "cut" / "summary.json").read_text())
     assert partial["interrupted"] is True and partial["steps"] == 12 and partial["steps_requested"] == 30
     assert load_checkpoint(tmp_path / "cut" / "checkpoints" / "last.ckpt")["global_step"] == 12
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # our handler is gone again
+    assert {s: signal.getsignal(s) for s in before} == before  # our handlers are gone again
     resumed = train(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "cut", steps=30, resume=True, **kw)
     straight = train(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "straight", steps=30, **kw)
     a, b = load_checkpoint(resumed["checkpoint"]), load_checkpoint(straight["checkpoint"])

@@ -107,7 +107,7 @@ def build_sft(config: SFTConfig, data: Any):
     from offline_plugins.algorithms.preference import trainable_policy
     from offline_plugins.errors import UserError
     from offline_plugins.modules.causal_lm import CausalLMLogProbs
-    from offline_plugins.objectives.llm.online import SFTLoss
+    from offline_plugins.objectives.llm.online import TextSFTLoss
 
     if not hasattr(data, "held_out_rows"):
         raise UserError(f"sft trains on prompt/completion rows: give it a CompletionData "
@@ -120,7 +120,7 @@ def build_sft(config: SFTConfig, data: Any):
     actor = CausalLMLogProbs(policy)
     group = OptimizerGroup("policy", list(policy.parameters()), float(config.lr), ("loss_nll",),
                            max_grad_norm=config.max_grad_norm)
-    return AlgorithmParts(loss=SFTLoss(actor), policy=actor, optimizers=[group], model=policy,
+    return AlgorithmParts(loss=TextSFTLoss(actor), policy=actor, optimizers=[group], model=policy,
                           tokenizer=data.tokenizer)
 
 
@@ -134,7 +134,7 @@ def _parts(config: Any, data: Any, name: str, loss_cls: str, kwargs: dict):
         from offline_plugins.errors import UserError
 
         raise UserError(f"{name} trains on its own rollouts: give it a RolloutData "
-                        "(offline_plugins.data.rollouts.load_rollout_data), not a {type(data).__name__}")
+                        f"(offline_plugins.data.rollouts.load_rollout_data), not a {type(data).__name__}")
     policy = trainable_policy(config, data, name)
     actor = CausalLMLogProbs(policy)
     loss = getattr(online, loss_cls)(actor, **kwargs)
@@ -146,7 +146,7 @@ def _parts(config: Any, data: Any, name: str, loss_cls: str, kwargs: dict):
 
 
 def build_grpo(config: GRPOConfig, data: Any):
-    return _parts(config, data, "grpo", "GRPOLoss", {"clip_epsilon": config.clip_epsilon, "beta": config.beta})
+    return _parts(config, data, "grpo", "TextGRPOLoss", {"clip_epsilon": config.clip_epsilon, "beta": config.beta})
 
 
 def build_dapo(config: DAPOConfig, data: Any):
@@ -171,10 +171,10 @@ def build_expert_iteration(config: ExpertIterationConfig, data: Any):
 
 _SPECS = (
     ("sft", "Supervised fine-tuning on prompt/completion rows: the LLM's behaviour cloning, makes a reference",
-     "SFTLoss", "build_sft", SFTConfig, "Ouyang et al. 2022, Training language models to follow instructions "
+     "TextSFTLoss", "build_sft", SFTConfig, "Ouyang et al. 2022, Training language models to follow instructions "
      "with human feedback, arXiv:2203.02155"),
     ("grpo", "Group Relative Policy Optimization: group-normalised advantages, clipped ratio, k3 KL",
-     "GRPOLoss", "build_grpo", GRPOConfig,
+     "TextGRPOLoss", "build_grpo", GRPOConfig,
      "Shao et al. 2024, DeepSeekMath: Pushing the Limits of Mathematical Reasoning, arXiv:2402.03300"),
     ("dapo", "DAPO: clip-higher, token-level loss, dynamic sampling, overlong penalty", "DAPOLoss", "build_dapo",
      DAPOConfig, "Yu et al. 2025, DAPO: An Open-Source LLM Reinforcement Learning System at Scale, arXiv:2503.14476"),

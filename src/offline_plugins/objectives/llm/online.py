@@ -16,7 +16,7 @@ buffer:
 =========================================  ==========================================================
 
 The advantage is written once per batch of rollouts by the loss's own estimator
-(:meth:`GRPOLoss.process_rollouts`: rewards -> advantages, which each variant overrides),
+(:meth:`TextGRPOLoss.process_rollouts`: rewards -> advantages, which each variant overrides),
 so the same buffer serves several optimisation epochs, each step a PPO-style clipped
 ratio against the sampling log-probs. TorchRL's own ``torchrl.objectives.llm.GRPOLoss``
 reads these rows unchanged (``tests/test_online_losses.py``).
@@ -52,12 +52,12 @@ __all__ = [
     "group_advantages",
     "overlong_penalty",
     "k3_kl",
-    "GRPOLoss",
+    "TextGRPOLoss",
     "DAPOLoss",
     "DrGRPOLoss",
     "RLOOLoss",
     "ExpertIterationLoss",
-    "SFTLoss",
+    "TextSFTLoss",
 ]
 
 
@@ -134,7 +134,7 @@ def k3_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
     return torch.expm1(d) - d
 
 
-class GRPOLoss(LossModule):
+class TextGRPOLoss(LossModule):
     """GRPO: group-normalised advantages, a clipped ratio, k3 KL to the reference.
 
     Shao et al. 2024, DeepSeekMath, arXiv:2402.03300. Per response token,
@@ -156,8 +156,8 @@ class GRPOLoss(LossModule):
     Examples:
         >>> import torch
         >>> from offline_plugins.modules.causal_lm import CausalLMLogProbs
-        >>> from offline_plugins.objectives.llm.online import GRPOLoss
-        >>> loss = GRPOLoss(CausalLMLogProbs(torch.nn.Embedding(6, 6)))
+        >>> from offline_plugins.objectives.llm.online import TextGRPOLoss
+        >>> loss = TextGRPOLoss(CausalLMLogProbs(torch.nn.Embedding(6, 6)))
         >>> tokens = torch.randint(0, 6, (4, 5))
         >>> td = loss.process_rollouts(_example_rollouts(tokens, [1., 0., 1., 0.], [0, 0, 0, 0]))
         >>> td["advantage"][:, -1, 0].tolist()
@@ -293,7 +293,7 @@ class GRPOLoss(LossModule):
         return out
 
 
-class DAPOLoss(GRPOLoss):
+class DAPOLoss(TextGRPOLoss):
     """DAPO: clip-higher, token-level aggregation, dynamic sampling, overlong penalty.
 
     Yu et al. 2025, DAPO, arXiv:2503.14476. The ratio is clipped to ``[1 - 0.2, 1 + 0.28]``;
@@ -305,7 +305,7 @@ class DAPOLoss(GRPOLoss):
 
     Keyword Args:
         max_new_tokens, overlong_cache: the overlong penalty's length budget and its soft zone
-            (``overlong_cache = 0``: no penalty). Others as :class:`GRPOLoss`.
+            (``overlong_cache = 0``: no penalty). Others as :class:`TextGRPOLoss`.
     """
 
     dynamic_sampling = True
@@ -330,7 +330,7 @@ class DAPOLoss(GRPOLoss):
         return reward + overlong_penalty(lengths, max_length=self.max_new_tokens, cache=self.overlong_cache)
 
 
-class DrGRPOLoss(GRPOLoss):
+class DrGRPOLoss(TextGRPOLoss):
     """Dr. GRPO: GRPO without the std scaling and with a constant length normaliser.
 
     Liu et al. 2025, Understanding R1-Zero-Like Training, arXiv:2503.20783: dividing by the
@@ -350,7 +350,7 @@ class DrGRPOLoss(GRPOLoss):
         return ((per_token * mask.to(per_token.dtype)).sum(-1) / norm).mean()
 
 
-class RLOOLoss(GRPOLoss):
+class RLOOLoss(TextGRPOLoss):
     """RLOO: REINFORCE with the leave-one-out baseline, the KL to the reference in the reward.
 
     Ahmadian et al. 2024, Back to Basics, arXiv:2402.14740. Each response's reward is
@@ -378,7 +378,7 @@ class RLOOLoss(GRPOLoss):
         return group_advantages(rewards, groups, leave_one_out=True)
 
 
-class ExpertIterationLoss(GRPOLoss):
+class ExpertIterationLoss(TextGRPOLoss):
     """Expert iteration (STaR / rejection-sampling fine-tuning): SFT on the sampled responses
     whose reward reaches ``threshold``.
 
@@ -417,14 +417,14 @@ class ExpertIterationLoss(GRPOLoss):
         return out
 
 
-class SFTLoss(LossModule):
+class TextSFTLoss(LossModule):
     """Supervised fine-tuning: token-mean NLL of the completions given their prompts.
 
     The LLM's behaviour cloning (Ouyang et al. 2022, arXiv:2203.02155, step 1): its result
     is the reference the preference and online algorithms start from.
 
     Args:
-        actor_network: as :class:`GRPOLoss`.
+        actor_network: as :class:`TextGRPOLoss`.
 
     Examples:
         >>> import torch
@@ -432,7 +432,7 @@ class SFTLoss(LossModule):
         >>> td = TensorDict({"tokens": {"full": torch.randint(0, 6, (2, 4))},
         ...                  "masks": {"all_attention_mask": torch.ones(2, 4, dtype=torch.bool),
         ...                            "all_assistant_mask": torch.tensor([[0, 0, 1, 1]] * 2).bool()}}, [2])
-        >>> SFTLoss(CausalLMLogProbs(torch.nn.Embedding(6, 6)))(td)["loss_nll"].shape
+        >>> TextSFTLoss(CausalLMLogProbs(torch.nn.Embedding(6, 6)))(td)["loss_nll"].shape
         torch.Size([])
     """
 
@@ -466,7 +466,7 @@ class SFTLoss(LossModule):
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
         k = self.tensor_keys
-        get = lambda key, name: get_checked(tensordict, key, what=name, loss="SFTLoss", setter=name)  # noqa: E731
+        get = lambda key, name: get_checked(tensordict, key, what=name, loss="TextSFTLoss", setter=name)  # noqa: E731
         tokens, attn = get(k.tokens, "tokens"), get(k.attention_mask, "attention_mask")
         mask = get(k.response_mask, "response_mask").to(torch.float32)
         lp = self.actor_network.log_probs(tokens, attn)

@@ -186,7 +186,7 @@ class PPORLHFLoss(LossModule):
 
     @dataclass
     class _AcceptedKeys:
-        """As :class:`~offline_plugins.objectives.llm.online.GRPOLoss`, plus ``value``
+        """As :class:`~offline_plugins.objectives.llm.online.TextGRPOLoss`, plus ``value``
         (``"state_value"``, ``[B, T]`` old values) and ``value_target`` (``"value_target"``, GAE returns)."""
 
         tokens: NestedKey = ("tokens", "full")
