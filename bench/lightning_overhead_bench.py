@@ -79,8 +79,8 @@ def _lightning(parts, data, *, steps: int, warmup: int, batch_size: int, seed: i
     from lightning.pytorch.loggers import CSVLogger
 
     from offline_plugins.lightning.callbacks import NonFiniteGuard, StepProgressBar, TargetNetworkUpdate
-    from offline_plugins.lightning.data import OfflineDataModule
-    from offline_plugins.lightning.module import OfflineAlgorithmModule
+    from offline_plugins.lightning.data import ReplayDataModule
+    from offline_plugins.lightning.module import AlgorithmModule
 
     class Clock(Callback):
         started = ended = 0.0
@@ -111,8 +111,8 @@ def _lightning(parts, data, *, steps: int, warmup: int, batch_size: int, seed: i
             num_sanity_val_steps=0,
             limit_val_batches=0,
         )
-        module = OfflineAlgorithmModule(parts, seed=seed, steps_per_call=steps_per_call)
-        trainer.fit(module, datamodule=OfflineDataModule(data, batch_size=batch_size, seed=seed))
+        module = AlgorithmModule(parts, seed=seed, steps_per_call=steps_per_call)
+        trainer.fit(module, datamodule=ReplayDataModule(data, batch_size=batch_size, seed=seed))
     return (steps - clock.start_step) / (clock.ended - clock.started)
 
 

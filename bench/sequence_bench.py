@@ -98,7 +98,7 @@ def ours_dt(data, windows: int, context: int, device="cpu"):
     def step():
         out = loss_module(buffer.sample())
         opt.zero_grad(set_to_none=True)
-        out["loss_actor"].backward()
+        out["loss"].backward()
         torch.nn.utils.clip_grad_norm_(params, group.max_grad_norm)
         opt.step()
         sched.step()

@@ -29,8 +29,8 @@ class RecordRank(Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         state = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
-        torch.save({"state": state, "batches": self.batches, "world_size": trainer.world_size},
-                   self.out / f"rank{trainer.global_rank}.pt")
+        torch.save({"state": state, "batches": self.batches, "world_size": trainer.world_size,
+                    "steps": trainer.global_step}, self.out / f"rank{trainer.global_rank}.pt")
 
 
 if __name__ == "__main__":

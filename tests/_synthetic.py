@@ -4,7 +4,8 @@ The task: the best action is ``tanh(W s)`` (continuous) or ``argmax(W s)`` (disc
 the reward is higher the closer the behaviour action is to it; episodes last
 ``episode_len`` steps. The behaviour policy is the best action plus noise, so BC,
 and the value-based methods, have something to learn. ``return_to_go`` holds the
-Monte-Carlo discounted return of the data from each step.
+Monte-Carlo discounted return of the data from each step (the data layer's is
+undiscounted; the loss diagnostics read either).
 
 >>> data, batch = synthetic_transitions(40, obs_dim=3, action_dim=2, seed=0)
 >>> data.action_space, tuple(batch["action"].shape), tuple(batch["next", "reward"].shape)
@@ -33,7 +34,8 @@ def synthetic_transitions(
     noise: float = 0.3,
     seed: int = 0,
 ):
-    """``(data, batch)``: specs in a ``SimpleNamespace`` (what ``build`` reads) and ``n`` transitions."""
+    """``(data, batch)``: specs and ``td`` (the transitions, as ``OfflineData.td``) in a
+    ``SimpleNamespace`` (what ``build`` reads), and the same ``n`` transitions."""
     import torch
     from tensordict import TensorDict
     from torchrl.data import Bounded, Categorical, Unbounded
@@ -90,5 +92,6 @@ def synthetic_transitions(
         observation_spec=Unbounded((obs_dim,)),
         action_spec=action_spec,
         action_space="discrete" if discrete else "continuous",
+        td=flat,
     )
     return data, flat

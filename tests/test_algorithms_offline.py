@@ -126,6 +126,18 @@ def test_over_estimation_diagnostic(registry, name):
     assert torch.isfinite(q) and torch.isfinite(out["q_data_minus_mc"])
 
 
+@pytest.mark.parametrize("name", ["iql", "td3-bc", "cql", "cql-discrete", "iql-discrete"])
+def test_no_monte_carlo_diagnostics_without_a_return_to_go(registry, name):
+    # the glue turns mc_diagnostics on only for data whose transitions carry return_to_go
+    spec = registry.algorithm(name)
+    data, batch = _data(ALGORITHMS[name][0])
+    data.td = data.td.exclude("return_to_go")
+    loss = spec.load_build()(_small(spec), data).loss
+    assert "q_data_mean" in loss.out_keys
+    assert not {"mc_return_mean", "q_data_minus_mc"} & set(loss.out_keys)
+    assert set(loss.out_keys) <= set(loss(batch.exclude("return_to_go")).keys())
+
+
 def test_cql_gap_and_iql_advantage_statistics(registry):
     data, batch = _data("continuous")
     out = registry.algorithm("cql-lagrange").load_build()(_small(registry.algorithm("cql-lagrange")), data).loss(batch)
@@ -147,7 +159,7 @@ def test_wrong_action_space_is_a_user_error(registry, name):
 
 @pytest.mark.parametrize(
     "name, key, value",
-    [("iql", "expectile", 1.0), ("iql", "temperature", -1.0), ("td3-bc", "alpha", 0.0),
+    [("iql", "expectile", 1.5), ("iql", "temperature", -1.0), ("td3-bc", "alpha", -1.0),
      ("cql", "min_q_weight", -1.0), ("bc", "lr", 0.0), ("iql", "gamma", 1.5), ("bcq", "lmbda", 2.0),
      ("bcq", "phi", -0.1), ("awac", "beta", 0.0), ("bcq-discrete", "threshold", 1.5)],
 )

@@ -168,10 +168,10 @@ def test_a_group_that_overrides_make_optimizer_gets_its_optimizer_and_resumes_ex
 def test_ddp_zero_weighting_of_an_idle_group_changes_nothing(tmp_path, monkeypatch):
     # Under DDP a group sitting a step out backpropagates with weight 0 and its gradients
     # are dropped (no find_unused_parameters); forced on one process, the run is unchanged
-    from offline_plugins.lightning.module import OfflineAlgorithmModule
+    from offline_plugins.lightning.module import AlgorithmModule
 
     plain = load_checkpoint(_run(tmp_path, "plain", steps=5)["checkpoint"])
-    monkeypatch.setattr(OfflineAlgorithmModule, "on_fit_start", lambda self: setattr(self, "_zero_weight_idle", True))
+    monkeypatch.setattr(AlgorithmModule, "on_fit_start", lambda self: setattr(self, "_zero_weight_idle", True))
     zeroed = load_checkpoint(_run(tmp_path, "zeroed", steps=5)["checkpoint"])
     for k, v in plain["state_dict"].items():
         assert torch.equal(v, zeroed["state_dict"][k]), k
@@ -183,7 +183,7 @@ def test_td3bc_skips_the_actor_on_critic_only_steps_without_changing_the_run(tmp
     # The shell asks the loss for the due terms only (compute_terms): TD3+BC's critic-only
     # steps skip the actor's forward. The run must equal one computing every term each step
     # (forced here through the DDP zero-weight path, which needs all terms).
-    from offline_plugins.lightning.module import OfflineAlgorithmModule
+    from offline_plugins.lightning.module import AlgorithmModule
     from offline_plugins.objectives.td3_bc import TD3BCLoss
     from offline_plugins.plugins import load_registry
 
@@ -198,7 +198,7 @@ def test_td3bc_skips_the_actor_on_critic_only_steps_without_changing_the_run(tmp
     # a skipped term is logged at its last value (not before its first step), never as NaN
     actor_logged = [float(r["train/loss_actor"]) for r in rows if r.get("train/loss_actor")]
     assert len(rows) == 4 and len(actor_logged) == 3 and actor_logged[1] == actor_logged[0]
-    monkeypatch.setattr(OfflineAlgorithmModule, "on_fit_start", lambda self: setattr(self, "_zero_weight_idle", True))
+    monkeypatch.setattr(AlgorithmModule, "on_fit_start", lambda self: setattr(self, "_zero_weight_idle", True))
     full = _run(tmp_path, "full", data=FakeOfflineData(), **kw)
     a, b = load_checkpoint(partial["checkpoint"]), load_checkpoint(full["checkpoint"])
     for k, v in a["state_dict"].items():

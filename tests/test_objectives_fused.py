@@ -55,7 +55,7 @@ def _batch(n: int = 40):
 def _iql_pair(ours_cls=IQLLoss, theirs_cls=trl.IQLLoss):
     spec = Bounded(-2 * torch.ones(2), torch.ones(2), (2,))
     actor, q, v = nets.make_tanh_gaussian_actor(3, spec, H), nets.make_qvalue(3, 2, H), nets.make_value(3, H)
-    ours = ours_cls(actor, q, v)
+    ours = ours_cls(actor, q, v, diagnostics=True)  # the diagnostics ride along on the fused path
     theirs = theirs_cls(actor, q, v, expectile=0.7, temperature=3.0, loss_function="l2")
     return ours, theirs
 
@@ -223,8 +223,8 @@ def test_td3bc_subclass_override_is_honoured(method_name):
 
 # -- every loss the docs name is importable from offline_plugins.objectives ------------------------
 # named in the docs, not ours and not in torchrl.objectives: a third-party plugin's example
-# (docs/plugins.md) and TorchRL's torchrl.objectives.llm.GRPOLoss
-_NOT_OURS = {"AWRLoss", "GRPOLoss"}
+# (docs/plugins.md) and TorchRL's torchrl.objectives.llm.GRPOLoss and SFTLoss
+_NOT_OURS = {"AWRLoss", "GRPOLoss", "SFTLoss"}
 
 
 def test_every_loss_in_the_docs_imports_from_objectives():

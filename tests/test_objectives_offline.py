@@ -62,7 +62,7 @@ def _agree(ours, theirs, batch, seed=0):
 def test_iql_agrees_with_torchrl(fused):
     spec = Bounded(-2 * torch.ones(2), torch.ones(2), (2,))  # asymmetric bounds exercise the affine term
     actor, q, v = nets.make_tanh_gaussian_actor(3, spec, H), nets.make_qvalue(3, 2, H), nets.make_value(3, H)
-    ours = IQLLoss(actor, q, v, fused=fused)
+    ours = IQLLoss(actor, q, v, fused=fused, diagnostics=True)
     assert (ours._plan is not None) == fused
     theirs = trl.IQLLoss(actor, q, v, expectile=0.7, temperature=3.0, loss_function="l2")
     for loss in (ours, theirs):
@@ -86,7 +86,7 @@ def test_discrete_iql_agrees_with_torchrl():
 
 def test_iql_value_loss_is_the_expectile_regression():
     actor, q, v = nets.make_tanh_gaussian_actor(3, SPEC, H), nets.make_qvalue(3, 2, H), nets.make_value(3, H)
-    loss = IQLLoss(actor, q, v, expectile=0.8)
+    loss = IQLLoss(actor, q, v, expectile=0.8, diagnostics=True)
     loss.make_value_estimator(gamma=0.99)
     batch = _batch()
     out = loss(batch.clone())
@@ -148,7 +148,7 @@ def _same_state_batch():
 @pytest.mark.parametrize("lagrange", [False, True])
 def test_cql_agrees_with_torchrl_where_the_estimators_coincide(lagrange):
     actor, q = nets.make_tanh_gaussian_actor(3, SPEC, H), nets.make_qvalue(3, 2, H)
-    ours = CQLLoss(actor, q, num_random=1, with_lagrange=lagrange, lagrange_thresh=1.5)
+    ours = CQLLoss(actor, q, num_random=1, with_lagrange=lagrange, lagrange_thresh=1.5, diagnostics=True)
     theirs = trl.CQLLoss(actor, q, min_q_weight=5.0, num_random=1, loss_function="l2", with_lagrange=lagrange,
                          lagrange_thresh=1.5)
     for loss in (ours, theirs):
@@ -214,7 +214,7 @@ def test_cql_penalty_is_a_per_state_logsumexp_over_every_sampled_action():
 def test_discrete_cql_agrees_with_torchrl_at_alpha_one_and_scales():
     net = nets.mlp(3, 3, H)
     qnet = QValueActor(net, in_keys=["observation"], action_space="categorical")
-    ours = DiscreteCQLLoss(qnet, alpha=1.0)
+    ours = DiscreteCQLLoss(qnet, alpha=1.0, diagnostics=True)
     theirs = trl.DiscreteCQLLoss(qnet, action_space="categorical")
     for loss in (ours, theirs):
         loss.make_value_estimator(gamma=0.99)
@@ -432,7 +432,7 @@ def test_awac_and_bcq_losses_learn():
     [
         (lambda: AWACLoss(nets.make_tanh_gaussian_actor(3, SPEC, H), nets.make_qvalue(3, 2, H), beta=0.0), "beta"),
         (lambda: _bcq(lmbda=1.5), "lmbda"),
-        (lambda: CQLLoss(nets.make_tanh_gaussian_actor(3, SPEC, H), nets.make_qvalue(3, 2, H), min_q_weight=0.0),
+        (lambda: CQLLoss(nets.make_tanh_gaussian_actor(3, SPEC, H), nets.make_qvalue(3, 2, H), min_q_weight=-1.0),
          "min_q_weight"),
         (lambda: IQLLoss(nets.make_tanh_gaussian_actor(3, SPEC, H), nets.make_qvalue(3, 2, H), nets.make_value(3, H),
                          expectile=0.0), "expectile"),

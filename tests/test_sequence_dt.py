@@ -27,11 +27,11 @@ def test_loss_reads_flat_slice_sampler_windows():
     batch = data.replay_buffer(40, sampler="slice", slice_len=5, seed=0).sample()
     assert batch.shape == (40,)
     out = parts.loss(batch)
-    assert out["loss_actor"].shape == () and torch.isfinite(out["loss_actor"])
+    assert out["loss"].shape == () and torch.isfinite(out["loss"])
     assert not out["action_abs_error"].requires_grad
-    out["loss_actor"].backward()
+    out["loss"].backward()
     assert all(p.grad is not None for p in parts.optimizers[0].params if p.requires_grad)
-    assert parts.loss_keys() == ("loss_actor",)
+    assert parts.loss_keys() == ("loss",)
 
 
 def test_a_few_steps_overfit_a_tiny_dataset():
@@ -42,7 +42,7 @@ def test_a_few_steps_overfit_a_tiny_dataset():
     opt = parts.optimizers[0].make_optimizer()
     first = None
     for _ in range(150):
-        loss = parts.loss(rb.sample())["loss_actor"]
+        loss = parts.loss(rb.sample())["loss"]
         first = loss.detach() if first is None else first
         opt.zero_grad()
         loss.backward()

@@ -41,7 +41,7 @@ def test_dt_trains_evaluates_and_reloads_through_the_shell(pendulum_like_data, t
     assert summary["return_mean"] is not None and summary["normalized_score"] is not None
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert saved["config"]["context_len"] == 5
-    assert "train/loss_actor" in saved["losses"]
+    assert "train/loss" in saved["losses"]
     # the checkpoint rebuilds the same policy (the storage columns are re-added on the way)
     again = evaluate_checkpoint(summary["checkpoint"], data=pendulum_like_data, episodes=1)
     assert again["episodes"] == 1 and again["return_mean"] is not None

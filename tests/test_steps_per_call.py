@@ -220,14 +220,14 @@ def test_a_bad_steps_per_call_is_one_line_exit_2_and_writes_nothing(tmp_path, ca
 @pytest.mark.parametrize("value", [0, -1, 2.0, True, "4"])
 def test_the_api_refuses_a_bad_steps_per_call(tmp_path, value):
     from offline_plugins.errors import UserError
-    from offline_plugins.lightning.module import OfflineAlgorithmModule
+    from offline_plugins.lightning.module import AlgorithmModule
 
     with pytest.raises(UserError, match="steps_per_call"):
         train(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "r", steps=2, steps_per_call=value, **QUIET)
     assert not (tmp_path / "r").exists()
     parts = TINY_SPEC.load_build()(TINY_SPEC.default_config(), FakeOfflineData())
     with pytest.raises(UserError, match="steps_per_call"):
-        OfflineAlgorithmModule(parts, steps_per_call=value)
+        AlgorithmModule(parts, steps_per_call=value)
 
 
 # -- DDP ------------------------------------------------------------------------

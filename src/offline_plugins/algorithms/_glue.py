@@ -9,7 +9,17 @@ from typing import Any
 
 from offline_plugins.objectives.common import ActionSpaceError, check_range
 
-__all__ = ["check_inputs", "check_data", "check_common", "obs_dim", "action_dim", "num_actions", "params", "soft_updater"]
+__all__ = [
+    "check_inputs",
+    "check_data",
+    "check_common",
+    "obs_dim",
+    "action_dim",
+    "num_actions",
+    "has_return_to_go",
+    "params",
+    "soft_updater",
+]
 
 
 def check_data(data: Any, algorithm: str, action_space: str) -> None:
@@ -78,6 +88,14 @@ def num_actions(data: Any) -> int:
             f"a discrete action_spec must be torchrl.data.Categorical(n), got {type(spec).__name__}"
         )
     return int(n)
+
+
+def has_return_to_go(data: Any) -> bool:
+    """Whether the dataset's transitions carry ``return_to_go`` (``OfflineData`` loaded from Minari
+    computes it): the batches sampled from ``data.td`` then have it, and a loss can turn on its
+    Monte-Carlo diagnostics (``mc_diagnostics=True``). False for data without a ``td``."""
+    td = getattr(data, "td", None)
+    return td is not None and td.get("return_to_go", None) is not None
 
 
 def params(*modules) -> list:

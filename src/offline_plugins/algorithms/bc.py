@@ -41,7 +41,7 @@ def _build(config: BCConfig, data: Any, action_space: str, name: str):
         loss = BCLoss(actor, loss_function="l2")
     else:
         actor = networks.make_categorical_actor(n_obs, _glue.num_actions(data), hidden)
-        loss = BCLoss(actor)
+        loss = BCLoss(actor, diagnostics=True)
     return AlgorithmParts(
         loss=loss,
         policy=DeterministicPolicy(actor),

@@ -73,6 +73,8 @@ def build(config: CQLConfig, data: Any):
         num_random=config.num_random,
         temperature=config.temperature,
         action_spec=data.action_spec,
+        diagnostics=True,
+        mc_diagnostics=_glue.has_return_to_go(data),
     )
     loss.make_value_estimator(gamma=config.gamma)
     groups = [
@@ -103,7 +105,9 @@ def build_discrete(config: DiscreteCQLConfig, data: Any):
     _glue.check_inputs(config, data, "cql-discrete", "discrete")
     n_obs, n = _glue.obs_dim(data), _glue.num_actions(data)
     qnet = QValueActor(networks.mlp(n_obs, n, tuple(config.hidden)), in_keys=["observation"], action_space="categorical")
-    loss = DiscreteCQLLoss(qnet, alpha=config.alpha)
+    loss = DiscreteCQLLoss(
+        qnet, alpha=config.alpha, diagnostics=True, mc_diagnostics=_glue.has_return_to_go(data)
+    )
     loss.make_value_estimator(gamma=config.gamma)
     return AlgorithmParts(
         loss=loss,

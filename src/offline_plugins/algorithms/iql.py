@@ -29,7 +29,11 @@ class IQLConfig:
     temperature: float = config_field(3.0, "inverse temperature beta of the advantage weights exp(beta A), clipped at 100")
     num_qvalue_nets: int = config_field(2, "critics in the ensemble (the minimum is used)")
     normalize_observations: bool = config_field(True, "standardise observations with dataset statistics (data layer)")
-    diagnostics: bool = config_field(True, "log Q-on-data, value and advantage statistics (one extra no-grad pass)")
+    diagnostics: bool = config_field(
+        True,
+        "log Q-on-data, value and advantage statistics (one extra no-grad pass), and Q minus the data's "
+        "return-to-go when the dataset has one",
+    )
 
 
 def _build(config: IQLConfig, data: Any, action_space: str, name: str):
@@ -46,6 +50,7 @@ def _build(config: IQLConfig, data: Any, action_space: str, name: str):
         temperature=config.temperature,
         num_qvalue_nets=config.num_qvalue_nets,
         diagnostics=config.diagnostics,
+        mc_diagnostics=config.diagnostics and _glue.has_return_to_go(data),
     )
     if action_space == "continuous":
         actor = networks.make_tanh_gaussian_actor(n_obs, data.action_spec, hidden)

@@ -54,6 +54,8 @@ def build(config: TD3BCConfig, data: Any):
         alpha=config.alpha,
         policy_noise=config.policy_noise * max_action,
         noise_clip=config.noise_clip * max_action,
+        diagnostics=True,
+        mc_diagnostics=_glue.has_return_to_go(data),
     )
     loss.make_value_estimator(gamma=config.gamma)
     return AlgorithmParts(

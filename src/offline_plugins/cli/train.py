@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
+from offline_plugins.cli.args import add_logger_argument as _add_logger_argument
 from offline_plugins.cli.args import devices as _devices
 from offline_plugins.cli.args import non_negative as _non_negative
 from offline_plugins.cli.args import positive as _positive
@@ -58,25 +59,30 @@ def add_parsers(subparsers) -> None:
         help="algorithms trained on their own rollouts: a reward function (prompts, responses, **row) -> floats, "
         "instead of the dataset's verifier",
     )
-    p.add_argument("--steps", type=_positive, default=10_000, help="gradient steps (default 10000)")
-    p.add_argument("--seed", type=int, default=0, help="seed of initialisation, batches and evaluation (default 0)")
+    p.add_argument("--steps", type=_positive, default=None,
+                   help="gradient steps (default 10000, or the resumed run's)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of initialisation, batches and evaluation (default 0, or the resumed run's)")
     p.add_argument(
         "--eval-every", type=_non_negative, default=None, metavar="K",
         help="evaluate every K steps (default steps/5, or the resumed run's; 0: only at the end)",
     )
-    p.add_argument("--eval-episodes", type=_positive, default=10, metavar="E", help="episodes per evaluation (default 10)")
+    p.add_argument("--eval-episodes", type=_positive, default=None, metavar="E",
+                   help="episodes per evaluation (default 10, or the resumed run's)")
     p.add_argument(
         "--devices", type=_devices, default=1, metavar="D",
         help="devices to train on; more than one trains with DDP (default 1)",
     )
     p.add_argument("--accelerator", default="auto", help="cpu, gpu, ... (default auto)")
     p.add_argument(
-        "--accumulate", type=_positive, default=1, metavar="N",
-        help="split each step's batch into N micro-batches (gradient accumulation; batch_size stays per step)",
+        "--accumulate", type=_positive, default=None, metavar="N",
+        help="split each step's batch into N micro-batches (gradient accumulation; batch_size stays per step; "
+        "default 1, or the resumed run's)",
     )
     p.add_argument(
-        "--precision", default="32-true", metavar="P",
-        help="Lightning precision: 32-true (default), bf16-mixed, bf16-true, 64-true; on CUDA also 16-mixed, 16-true",
+        "--precision", default=None, metavar="P",
+        help="Lightning precision: 32-true (default, or the resumed run's), bf16-mixed, bf16-true, 64-true; on CUDA "
+        "also 16-mixed, 16-true",
     )
     p.add_argument(
         "--strategy", default=None, metavar="NAME",
@@ -92,14 +98,16 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--out", metavar="DIR", help="output folder (default runs/ALGO-DATASET-sSEED)")
     p.add_argument(
         "--resume", nargs="?", const=True, default=None, metavar="CKPT",
-        help="continue a run: from DIR/checkpoints/last.ckpt, or from CKPT",
+        help="continue a run: from DIR/checkpoints/last.ckpt, or from CKPT; it keeps the run's own --steps, "
+        "--seed, config and other settings unless given again",
     )
     p.add_argument(
         "--overwrite", action="store_true",
         help="replace the earlier run in --out (its summary, metrics, plot, checkpoints, model; nothing else)",
     )
     p.add_argument("--checkpoint-every", type=_positive, default=None, metavar="N", help="save last.ckpt every N steps")
-    p.add_argument("--log-every", type=_positive, default=50, metavar="N", help="log training metrics every N steps")
+    p.add_argument("--log-every", type=_positive, default=None, metavar="N",
+                   help="log training metrics every N steps (default 50, or the resumed run's)")
     p.add_argument(
         "--threads", type=_positive, default=None, metavar="N",
         help="torch CPU threads per process (default: torch's choice; 1 is fastest for small networks on a busy machine)",
@@ -119,6 +127,7 @@ def add_parsers(subparsers) -> None:
     )
     p.add_argument("--drop-empty", action="store_true", help="drop zero-length dataset episodes (counted)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_logger_argument(p)
     p.add_argument("--verbose", action="store_true", help="also show Lightning's own info lines")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=cmd_train)
@@ -139,28 +148,29 @@ def add_parsers(subparsers) -> None:
 def cmd_train(args) -> int:
     """``offline-plugins train``: check everything, then train and print the final evaluation."""
     from offline_plugins.lightning.guards import check_devices, check_out_dir, check_precision, check_strategy
-    from offline_plugins.lightning.run import plan_run, train
+    from offline_plugins.lightning.run import ResumedRun, plan_run, train
 
     # what the machine and the file system can refuse, before a dataset is loaded or made
     check_devices(args.devices, args.accelerator, args.num_nodes)
-    check_precision(args.precision, args.accelerator)
+    if args.precision is not None:
+        check_precision(args.precision, args.accelerator)
     check_strategy(args.strategy, args.accelerator)
+    from offline_plugins.lightning.loggers import logger_names
+
+    logger_names(args.logger)  # a logger whose package is missing, before a dataset is loaded
     steps_per_call = _steps_per_call(args.steps_per_call)
     if args.out is not None:
         check_out_dir(args.out)
     registry = _registry(args)
-    plan = plan_run(
-        args.algorithm,
-        args.dataset,
-        config=args.config,
-        overrides=args.overrides,
-        registry=registry,
-        progress=not args.no_progress,
-        model=args.model,
-        reward=args.reward,
-        drop_nonfinite=args.drop_nonfinite,
-        drop_empty=args.drop_empty,
-    )
+    data_args = dict(config=args.config, overrides=args.overrides, model=args.model, reward=args.reward,
+                     drop_nonfinite=args.drop_nonfinite, drop_empty=args.drop_empty)
+    if args.overwrite and args.resume is not None:
+        resumed = None  # train() refuses the pair with its own message
+    else:
+        resumed = ResumedRun.find(args.resume, args.out)
+    if resumed is not None:  # a bare --resume continues with the run's own config and data options
+        data_args = resumed.plan_kwargs(**data_args)
+    plan = plan_run(args.algorithm, args.dataset, registry=registry, progress=not args.no_progress, **data_args)
     summary = train(
         plan.spec,
         plan.data,
@@ -186,6 +196,7 @@ def cmd_train(args) -> int:
         steps_per_call=steps_per_call,
         registry=registry,
         verbose=args.verbose,
+        logger=args.logger,
     )
     if not summary:  # a DDP rank other than 0
         return 0

@@ -1,7 +1,9 @@
 """The training shell: one thin LightningModule, a replay-buffer data module, callbacks.
 
-``train`` and ``evaluate_checkpoint`` are imported on first use, so importing this
-package (as the CLI does) loads neither torch nor Lightning.
+``train(...)`` runs the whole pipeline; ``build(...)`` hands over the module, the data
+module and the callbacks an algorithm needs, for a ``lightning.Trainer`` of the user's own
+(docs/lightning.md). Everything is imported on first use, so importing this package (as
+the CLI does) loads neither torch nor Lightning.
 """
 
 from __future__ import annotations
@@ -9,12 +11,14 @@ from __future__ import annotations
 from offline_plugins._lazy import lazy_exports
 
 __all__ = [
+    "build",
+    "LightningParts",
     "train",
     "plan_run",
     "evaluate_checkpoint",
     "load_checkpoint",
-    "OfflineAlgorithmModule",
-    "OfflineDataModule",
+    "AlgorithmModule",
+    "ReplayDataModule",
     "ReplayBufferStream",
     "TargetNetworkUpdate",
     "NonFiniteGuard",
@@ -23,10 +27,15 @@ __all__ = [
 ]
 
 _LAZY = {
+    "build": "offline_plugins.lightning.builder",
+    "LightningParts": "offline_plugins.lightning.builder",
     "train": "offline_plugins.lightning.run",
     "plan_run": "offline_plugins.lightning.run",
     "evaluate_checkpoint": "offline_plugins.lightning.run",
     "load_checkpoint": "offline_plugins.lightning.run",
+    "AlgorithmModule": "offline_plugins.lightning.module",
+    "ReplayDataModule": "offline_plugins.lightning.data",
+    # the earlier names, kept as aliases (not in __all__)
     "OfflineAlgorithmModule": "offline_plugins.lightning.module",
     "OfflineDataModule": "offline_plugins.lightning.data",
     "ReplayBufferStream": "offline_plugins.lightning.data",

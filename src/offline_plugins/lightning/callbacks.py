@@ -1,7 +1,7 @@
 """What happens around training, as Lightning callbacks any algorithm reuses.
 
 - :class:`TargetNetworkUpdate` steps the algorithm's TorchRL ``SoftUpdate`` /
-  ``HardUpdate`` after the optimiser step.
+  ``HardUpdate`` after the optimiser step (required where the algorithm has target networks).
 - :class:`NonFiniteGuard` stops the run at the first NaN/inf loss term, naming the
   step and the term, without a host sync on every step.
 - :class:`PolicyEvaluation` rolls the deterministic policy out in the dataset's
@@ -48,11 +48,13 @@ class NonFiniteLossError(UserError):
 
 
 class TargetNetworkUpdate(Callback):
-    """Step ``pl_module.target_updater`` after every ``every``-th gradient step.
+    """Moves the algorithm's target networks after its gradient steps.
 
-    ``every`` defaults to the algorithm's ``AlgorithmParts.target_update_every``, else to the
-    slowest optimiser group's period (TD3+BC moves its targets with the delayed actor, on
-    the same steps: the every-th, 2 every-th...).
+    It steps ``pl_module.target_updater`` (TorchRL's ``SoftUpdate``/``HardUpdate``) after
+    every ``every``-th gradient step. ``every`` defaults to the algorithm's
+    ``AlgorithmParts.target_update_every``, else to the slowest optimiser group's period
+    (TD3+BC moves its targets with the delayed actor, on the same steps: the every-th,
+    2 every-th...). A module whose algorithm has target networks refuses to fit without it.
     The updater's own progress (``HardUpdate``'s counter) is saved by the module. Inside a
     call of several steps the module calls :meth:`on_gradient_step` after each, so targets
     move after the same steps as with one step per call.

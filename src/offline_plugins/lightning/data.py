@@ -18,7 +18,7 @@ ranks of a DDP run draw different batches without sharing any state.
 
 With ``steps_per_call=K`` the stream hands out the batches of several steps at once, as a
 :class:`StepBatches` (one ``training_step`` then takes them all, see
-:class:`~offline_plugins.lightning.module.OfflineAlgorithmModule`). Each batch is still
+:class:`~offline_plugins.lightning.module.AlgorithmModule`). Each batch is still
 drawn from its own step's seed, so the batches are those of ``K=1``. A call ends at the
 next multiple of ``K``, of every period in ``periods`` and at ``stop_step``, so callbacks
 that act at multiples of a period see the model at exactly those steps.
@@ -38,7 +38,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import IterableDataset
 
-__all__ = ["step_seed", "StepBatches", "ReplayBufferStream", "OfflineDataModule", "schedule_periods",
+__all__ = ["step_seed", "StepBatches", "ReplayBufferStream", "ReplayDataModule", "schedule_periods",
            "SAMPLE_STREAM", "LOSS_STREAM"]
 
 SAMPLE_STREAM = 1
@@ -178,8 +178,8 @@ def schedule_periods(trainer) -> tuple[int, ...]:
     return tuple(sorted(p for p in periods if p > 0))
 
 
-class OfflineDataModule(LightningDataModule):
-    """A ``LightningDataModule`` that streams batches from an offline dataset's replay buffer.
+class ReplayDataModule(LightningDataModule):
+    """A ``LightningDataModule`` that streams batches from a dataset's replay buffer.
 
     The buffer is built in ``setup`` on the trainer's device, so batches are sampled
     where they are used and no DataLoader worker sits between buffer and step. When the
@@ -187,12 +187,16 @@ class OfflineDataModule(LightningDataModule):
     out :class:`StepBatches` ending at the multiples of :func:`schedule_periods` and at the
     trainer's ``max_steps``.
 
+    Named for what it streams from, a replay buffer, not for the kind of data: offline
+    transitions, trajectory windows, preference pairs and online rollouts alike (it was
+    ``OfflineDataModule``; that name remains as an alias, and checkpoints saved under it resume).
+
     Args:
-        data: an ``OfflineData`` (anything with ``replay_buffer(batch_size, *, sampler,
-            slice_len, seed, device)``).
+        data: the loaded dataset (``OfflineData``, ``PreferenceData``, ``RolloutData``...: anything
+            with ``replay_buffer(batch_size, *, sampler, slice_len, seed, device)``).
 
     Keyword Args:
-        batch_size: transitions per batch (trajectory windows: ``num_slices * slice_len``).
+        batch_size: elements per batch (trajectory windows: ``num_slices * slice_len``).
         seed: the run's seed; each rank derives its own stream from it.
         sampler: ``"random"`` for transitions, ``"slice"`` for trajectory windows.
         slice_len: window length for ``sampler="slice"``.
@@ -263,3 +267,7 @@ class OfflineDataModule(LightningDataModule):
                 f"the checkpoint was trained with seed {state_dict['seed']}, this run uses seed {self.seed}; "
                 "resume with the same --seed"
             )
+
+
+#: the earlier name (kept so code importing it keeps working); new code says ``ReplayDataModule``
+OfflineDataModule = ReplayDataModule

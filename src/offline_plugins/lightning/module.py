@@ -24,7 +24,7 @@ from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup, adam
 from offline_plugins.lightning.data import LOSS_STREAM, StepBatches, step_seed
 
 __all__ = [
-    "OfflineAlgorithmModule",
+    "AlgorithmModule",
     "OptimizerChain",
     "make_grouped_adam",
     "make_shell_optimizer",
@@ -166,7 +166,7 @@ def compile_terms(loss):
     return torch.compile(functools.partial(compute_terms, loss), options={"fallback_random": True})
 
 
-class OfflineAlgorithmModule(LightningModule):
+class AlgorithmModule(LightningModule):
     """Trains the loss of an :class:`~offline_plugins.algorithms.base.AlgorithmParts`.
 
     Manual optimisation: at step ``t`` the terms of every group due then
@@ -181,10 +181,16 @@ class OfflineAlgorithmModule(LightningModule):
 
     With ``steps_per_call=K > 1`` a ``training_step`` receives the
     :class:`~offline_plugins.lightning.data.StepBatches` of up to ``K`` steps
-    (:class:`~offline_plugins.lightning.data.OfflineDataModule` makes them) and takes
+    (:class:`~offline_plugins.lightning.data.ReplayDataModule` makes them) and takes
     them one by one, exactly as ``K`` calls would: same batches, same seeds, the callbacks'
     ``on_gradient_step`` (target updates, the non-finite guard) and the logging after each
     step. ``trainer.global_step`` still counts gradient steps.
+
+    It refuses to fit under a ``Trainer`` that lacks a callback in ``required_callbacks``
+    (:class:`~offline_plugins.lightning.callbacks.TargetNetworkUpdate` for an algorithm with
+    target networks; :func:`~offline_plugins.lightning.builder.build` adds the data kind's own),
+    naming the fix. It trains offline and online methods alike, hence no "Offline" in its
+    name (it was ``OfflineAlgorithmModule``; that name remains as an alias).
 
     Args:
         parts: what the algorithm's ``build(config, data)`` returned.
@@ -253,6 +259,11 @@ class OfflineAlgorithmModule(LightningModule):
         self._terms = compile_terms(self.loss_module) if compile_loss else functools.partial(compute_terms, self.loss_module)
         self._zero_weight_idle = False
         self.last_logged: dict[str, float] = {}
+        from offline_plugins.lightning.callbacks import TargetNetworkUpdate
+
+        # what setup() checks the Trainer has: without them the run would train something else
+        # (targets that never move, a buffer never filled) without saying so
+        self.required_callbacks: tuple[type, ...] = (TargetNetworkUpdate,) if parts.target_updater is not None else ()
 
     # -- training -----------------------------------------------------------------
     def configure_optimizers(self):
@@ -282,6 +293,30 @@ class OfflineAlgorithmModule(LightningModule):
             hit = self._active_cache[due] = (keys, groups, list(dict.fromkeys(idle_keys)), idle)
         return hit
 
+    def setup(self, stage: str) -> None:
+        if stage == "fit":
+            self._check_callbacks()
+
+    def _check_callbacks(self) -> None:
+        """Refuse a Trainer without a callback this algorithm needs, naming it and the fix."""
+        have = list(getattr(self.trainer, "callbacks", None) or ())
+        missing = [cls for cls in self.required_callbacks if not any(isinstance(cb, cls) for cb in have)]
+        if not missing:
+            return
+        from offline_plugins.errors import UserError
+
+        name = self.hparams.get("algorithm") or type(self.loss_module).__name__
+        # each callback says what it does in its docstring's first line
+        def what(cls) -> str:
+            line = (cls.__doc__ or "").strip().split("\n", 1)[0].rstrip(".").replace("``", "")
+            return f"{cls.__name__} ({line[:1].lower()}{line[1:]})" if line else cls.__name__
+
+        listed = "; ".join(what(cls) for cls in missing)
+        raise UserError(
+            f"the Trainer lacks a callback {name} needs: {listed}; build it with "
+            "lightning.Trainer(callbacks=[*parts.callbacks, ...yours]), parts = offline_plugins.lightning.build(...)"
+        )
+
     def on_fit_start(self) -> None:
         # Under DDP every parameter must take part in every backward, or the reducer needs
         # find_unused_parameters (an extra graph traversal per step, and a warning on the
@@ -301,10 +336,10 @@ class OfflineAlgorithmModule(LightningModule):
         present = set(out.keys())
         missing = [k for k in due if k not in present]
         if missing:
-            have = sorted(k for k in present if isinstance(k, str) and k.startswith("loss_"))
+            have = sorted(k for k in present if isinstance(k, str) and (k == "loss" or k.startswith("loss_")))
             raise KeyError(
                 f"the optimiser groups minimise {', '.join(missing)}, which the loss "
-                f"{type(self.loss_module).__name__} does not return (it returns {', '.join(have) or 'no loss_* terms'})"
+                f"{type(self.loss_module).__name__} does not return (it returns {', '.join(have) or 'no loss terms'})"
             )
         self._seen_keys.update(due)
         self._checked_keys = self._seen_keys.issuperset(self.loss_keys)
@@ -345,7 +380,7 @@ class OfflineAlgorithmModule(LightningModule):
         if calls.start != step:
             raise RuntimeError(
                 f"the batches handed to training_step start at step {calls.start}, the trainer is at step {step}: "
-                "a StepBatches stream must start at the trainer's global_step (OfflineDataModule's does)"
+                "a StepBatches stream must start at the trainer's global_step (ReplayDataModule's does)"
             )
         n = len(calls)
         if trainer.max_steps is not None and trainer.max_steps > 0:
@@ -467,6 +502,10 @@ class OfflineAlgorithmModule(LightningModule):
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Lightning files the data module's state under its class name, which was OfflineDataModule;
+        # this hook runs before the data module is restored, so an older checkpoint resumes as it did
+        if "OfflineDataModule" in checkpoint and "ReplayDataModule" not in checkpoint:
+            checkpoint["ReplayDataModule"] = checkpoint["OfflineDataModule"]
         extra = checkpoint.get("offline_plugins", {})
         if extra.get("data_state"):
             self.data_state = extra["data_state"]
@@ -493,3 +532,7 @@ def _weighted_outputs(outs: list):
         else:
             merged.set(key, value)
     return merged
+
+
+#: the earlier name (kept so code importing it keeps working); new code says ``AlgorithmModule``
+OfflineAlgorithmModule = AlgorithmModule

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import time
 import warnings
@@ -53,6 +52,8 @@ from offline_plugins.lightning.guards import (
 
 __all__ = [
     "RunPlan",
+    "ResumedRun",
+    "RUN_DEFAULTS",
     "plan_run",
     "train",
     "evaluate_checkpoint",
@@ -223,6 +224,85 @@ def plan_run(
                    kind=kind, options=options)
 
 
+#: train()'s run options with their defaults for a new run; a resumed run takes each one it is
+#: not given from its checkpoint (eval_every, checkpoint_every and steps_per_call default to None)
+RUN_DEFAULTS: dict[str, Any] = {"steps": 10_000, "seed": 0, "eval_every": None, "eval_episodes": 10,
+                                "checkpoint_every": None, "log_every": 50, "precision": "32-true", "accumulate": 1,
+                                "steps_per_call": None, "logger": None}
+
+
+@dataclasses.dataclass
+class ResumedRun:
+    """What a checkpoint says about the run it belongs to: what a bare ``--resume`` continues.
+
+    ``options`` are ``train()``'s run options (:data:`RUN_DEFAULTS`' names) the run was started
+    with; ``config`` its whole algorithm config; ``model``, ``reward``, ``drop_nonfinite`` and
+    ``drop_empty`` how its data was loaded. Checkpoints written before a setting was recorded
+    lack it, and the new run's default applies.
+    """
+
+    path: Path
+    options: dict[str, Any]
+    config: dict[str, Any]
+    data_options: dict[str, Any]
+
+    @classmethod
+    def read(cls, path: Union[str, os.PathLike]) -> "ResumedRun":
+        ckpt = read_checkpoint(path)
+        info = check_checkpoint(ckpt, path, for_resume=True)
+        run = info.get("run") or {}
+        options = {k: run[k] for k in RUN_DEFAULTS if k in run}
+        if info.get("seed") is not None:
+            options["seed"] = int(info["seed"])
+        kwargs = run.get("data_kwargs") or {}
+        data_options = {k: run[k] for k in ("model", "reward") if run.get(k) is not None}
+        data_options.update({k: True for k, flag in (("drop_nonfinite", "drop_nonfinite"),
+                                                      ("drop_empty", "drop_empty_episodes")) if kwargs.get(flag)})
+        return cls(Path(path), options, dict(info.get("config") or {}), data_options)
+
+    @classmethod
+    def find(cls, resume, out_dir) -> Optional["ResumedRun"]:
+        """The run ``resume`` (``True``: ``out_dir``'s ``last.ckpt``; a path) points at, or None when
+        not resuming or when the folder is not known yet (no ``out_dir``: the default folder is
+        chosen after the dataset is resolved)."""
+        if resume in (None, False, ""):
+            return None
+        if resume is True and out_dir is None:
+            return None
+        return cls.read(_resume_path(resume, Path(out_dir) if out_dir is not None else Path(".")))
+
+    def plan_kwargs(self, *, config=None, overrides=None, **given) -> dict[str, Any]:
+        """``plan_run``'s config and data arguments: the run's own, then what the caller gave on top
+        (a config file or mapping, ``--set`` overrides, a model, a reward function, the drop flags)."""
+        merged = dict(self.config)
+        if config is not None:
+            merged.update(_as_overrides(config, None))
+        out = {"config": merged, "overrides": overrides}
+        for key, value in given.items():
+            out[key] = value if value not in (None, False) else self.data_options.get(key, value)
+        return out
+
+
+def _resolve_run_options(given: dict[str, Any], resumed: Optional[ResumedRun]) -> tuple[dict, Optional[dict]]:
+    """Each run option: the caller's, else the resumed run's, else the default; and the record of
+    which came from where for the summary (None for a new run)."""
+    options, record = {}, None
+    if resumed is not None:
+        record = {"from": str(resumed.path), "kept": {}, "overridden": {}}
+    for key, default in RUN_DEFAULTS.items():
+        value = given.get(key)
+        if value is not None:
+            options[key] = value
+            if resumed is not None and key in resumed.options and resumed.options[key] != value:
+                record["overridden"][key] = {"checkpoint": resumed.options[key], "now": value}
+        elif resumed is not None and key in resumed.options:
+            options[key] = resumed.options[key]
+            record["kept"][key] = resumed.options[key]
+        else:
+            options[key] = default
+    return options, record
+
+
 def _build_parts(plan: RunPlan, seed: int):
     import torch
 
@@ -247,7 +327,7 @@ def _is_launched_rank() -> bool:
 
 def _needs_unused_parameters(parts) -> bool:
     # groups that sit steps out still backpropagate (with weight 0) under DDP, see
-    # OfflineAlgorithmModule.on_fit_start; parameters no group steps never get a gradient
+    # AlgorithmModule.on_fit_start; parameters no group steps never get a gradient
     grouped = {id(p) for g in parts.optimizers for p in g.params}
     return any(id(p) not in grouped for p in parts.loss.parameters() if p.requires_grad)
 
@@ -288,29 +368,30 @@ def train(
     algorithm,
     dataset,
     *,
-    steps: int = 10_000,
-    seed: int = 0,
+    steps: Optional[int] = None,
+    seed: Optional[int] = None,
     eval_every: Optional[int] = None,
-    eval_episodes: int = 10,
+    eval_episodes: Optional[int] = None,
     devices: Union[int, str] = 1,
     accelerator: str = "auto",
     num_nodes: int = 1,
     strategy=None,
-    precision: str = "32-true",
+    precision: Optional[str] = None,
     config: Union[None, str, os.PathLike, Mapping] = None,
     overrides: Union[None, Sequence[str], Mapping[str, Any]] = None,
     out_dir: Union[None, str, os.PathLike] = None,
     resume: Union[None, bool, str, os.PathLike] = None,
     overwrite: bool = False,
     checkpoint_every: Optional[int] = None,
-    log_every: int = 50,
+    log_every: Optional[int] = None,
     progress: bool = True,
     threads: Optional[int] = None,
     compile: bool = False,
     steps_per_call: Optional[int] = None,
-    accumulate: int = 1,
+    accumulate: Optional[int] = None,
     registry=None,
     callbacks: Sequence[Any] = (),
+    logger: Union[None, str, Sequence[str]] = None,
     plan: Optional[RunPlan] = None,
     model: Optional[str] = None,
     drop_nonfinite: bool = False,
@@ -326,8 +407,8 @@ def train(
             ``OfflineData``-like object.
 
     Keyword Args:
-        steps: gradient steps in total (a resumed run trains up to this many).
-        seed: seeds network initialisation, batches, loss noise and evaluation resets.
+        steps: gradient steps in total (default 10,000; a resumed run trains up to this many).
+        seed: seeds network initialisation, batches, loss noise and evaluation resets (default 0).
         eval_every: evaluate every this many steps (default ``steps // 5``, or the resumed
             run's; 0: only at the end).
         eval_episodes: episodes per evaluation.
@@ -342,7 +423,13 @@ def train(
         overrides: ``["key=value", ...]`` applied after ``config``.
         out_dir: output folder (default ``runs/<algorithm>-<dataset>-s<seed>``); it must not
             hold another run unless resuming.
-        resume: ``True`` for ``out_dir/checkpoints/last.ckpt``, or a checkpoint path.
+        resume: ``True`` for ``out_dir/checkpoints/last.ckpt``, or a checkpoint path. A resumed
+            run finishes the run it resumes: each run option left at None (``steps``, ``seed``,
+            ``eval_every``, ``eval_episodes``, ``checkpoint_every``, ``log_every``,
+            ``precision``, ``accumulate``, ``steps_per_call``, ``logger``; :data:`RUN_DEFAULTS`) and the
+            config, model, reward function and drop flags are the checkpoint's; what is given
+            overrides them, and the summary's ``resume`` records which were kept and which
+            overridden.
         overwrite: replace the earlier run in ``out_dir`` (its summary, metrics, plot,
             checkpoints and exported model; nothing else in the folder is touched) instead
             of refusing it.
@@ -361,6 +448,9 @@ def train(
             :mod:`offline_plugins.lightning.module`, or 1 when one of ``callbacks`` hooks every batch).
         registry: plugin registry (default: discover installed plugins).
         callbacks: extra Lightning callbacks.
+        logger: loggers beside the CSV one, which always writes ``metrics.csv``: ``"tensorboard"``,
+            ``"mlflow"``, ``"wandb"``, or several (a list or ``"a,b"``); see
+            :mod:`offline_plugins.lightning.loggers`. A missing package is refused before anything loads.
         plan: an already checked :class:`RunPlan` (skips :func:`plan_run`).
         model: preference algorithms: the model the reference is made from
             (``"tiny"``, a ``save_pretrained`` directory or a hub id).
@@ -394,6 +484,14 @@ def train(
     if overwrite and resume not in (None, False, ""):
         raise RunError("--overwrite and --resume contradict each other: --resume continues the run in --out, "
                        "--overwrite replaces it; pass one")
+    resumed = ResumedRun.find(resume, out_dir)
+    options, resume_record = _resolve_run_options(
+        dict(steps=steps, seed=seed, eval_every=eval_every, eval_episodes=eval_episodes,
+             checkpoint_every=checkpoint_every, log_every=log_every, precision=precision, accumulate=accumulate,
+             steps_per_call=steps_per_call, logger=logger), resumed)
+    steps, seed, eval_every, eval_episodes = options["steps"], options["seed"], options["eval_every"], options["eval_episodes"]
+    checkpoint_every, log_every, precision = options["checkpoint_every"], options["log_every"], options["precision"]
+    accumulate, steps_per_call, logger = options["accumulate"], options["steps_per_call"], options["logger"]
     if steps < 1:
         raise RunError(f"--steps must be at least 1, got {steps}")
     from offline_plugins.lightning.module import resolve_steps_per_call
@@ -404,6 +502,9 @@ def train(
     if eval_every is not None and eval_every < 0:
         raise RunError(f"--eval-every must be 0 (only at the end) or positive, got {eval_every}")
     check_devices(devices, accelerator, num_nodes)
+    from offline_plugins.lightning.loggers import logger_names
+
+    loggers = logger_names(logger)
     precision = check_precision(precision, accelerator)
     strategy = check_strategy(strategy, accelerator)
     if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
@@ -418,8 +519,11 @@ def train(
             # Lightning's DDP launchers reset each rank's threads unless OMP_NUM_THREADS is set
             os.environ["OMP_NUM_THREADS"] = str(int(threads))
         if plan is None:
-            plan = plan_run(algorithm, dataset, config=config, overrides=overrides, registry=registry, progress=progress,
-                            model=model, drop_nonfinite=drop_nonfinite, drop_empty=drop_empty, reward=reward)
+            data_args = dict(config=config, overrides=overrides, model=model, reward=reward,
+                             drop_nonfinite=drop_nonfinite, drop_empty=drop_empty)
+            if resumed is not None:
+                data_args = resumed.plan_kwargs(**data_args)
+            plan = plan_run(algorithm, dataset, registry=registry, progress=progress, **data_args)
         if accumulate > 1 and plan.sampler == "slice" and (plan.batch_size // plan.slice_len) % accumulate:
             windows = plan.batch_size // plan.slice_len
             raise RunError(f"--accumulate {accumulate} must divide the {windows} windows of {plan.slice_len} steps in "
@@ -456,7 +560,8 @@ def train(
                             eval_episodes=eval_episodes, devices=devices, accelerator=accelerator, num_nodes=num_nodes,
                             strategy=strategy, checkpoint_every=checkpoint_every, log_every=log_every,
                             progress=progress, compile=compile, callbacks=callbacks, started=started,
-                            steps_per_call=steps_per_call, precision=precision, accumulate=accumulate)
+                            steps_per_call=steps_per_call, precision=precision, accumulate=accumulate,
+                            resume_record=resume_record, loggers=loggers)
         except BaseException as exc:
             if lock is not None:
                 # a run refused before it wrote anything leaves no folder behind
@@ -484,74 +589,45 @@ def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dic
          eval_every: Optional[int], eval_episodes: int, devices, accelerator: str, num_nodes: int, strategy,
          checkpoint_every: Optional[int], log_every: int, progress: bool, compile: bool, callbacks,
          started: float, steps_per_call: int = 1, precision: str = "32-true",
-         accumulate: int = 1) -> dict[str, Any]:
+         accumulate: int = 1, resume_record: Optional[dict] = None,
+         loggers: Sequence[str] = ("csv",)) -> dict[str, Any]:
     """Build the module, the data module and the callbacks, fit, and write the run's files.
 
     What depends on the data (its evaluation, the summary's figures, the export) is asked
     of ``plan.kind``."""
-    if ckpt is not None and eval_every is None:
-        # keep the interrupted run's evaluation schedule (its default depended on its --steps)
-        eval_every = ckpt["offline_plugins"].get("run", {}).get("eval_every")
 
     from lightning.pytorch import Trainer, seed_everything
     from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.loggers import CSVLogger
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from offline_plugins.config import config_to_dict
+    from offline_plugins.lightning.builder import build
     from offline_plugins.lightning.callbacks import (
         FinalCheckpoint,
         InterruptCheckpoint,
-        NonFiniteGuard,
         StepProgressBar,
-        TargetNetworkUpdate,
         TokenThroughput,
     )
-    from offline_plugins.lightning.data import OfflineDataModule
-    from offline_plugins.lightning.module import OfflineAlgorithmModule
+    from offline_plugins.lightning.loggers import close_loggers, make_loggers
 
     seed_everything(seed, workers=False, verbose=False)
-    parts = _build_parts(plan, seed)
     if eval_every is None:
         eval_every = max(1, steps // 5)
-    run_settings = {
-        "batch_size": plan.batch_size,
-        "sampler": plan.sampler,
-        "slice_len": plan.slice_len,
-        "data_kwargs": plan.data_kwargs,
-        "eval_episodes": eval_episodes,
-        "eval_every": eval_every,
-        "steps_per_call": steps_per_call,
-        "accumulate": accumulate,
-        **plan.kind.run_settings(plan.data, plan.options),
-    }
-    module = OfflineAlgorithmModule(
-        parts,
-        algorithm=plan.spec.name,
-        dataset=plan.dataset_id,
-        config=config_to_dict(plan.config),
-        seed=seed,
-        data_state=plan.data.state_dict() if hasattr(plan.data, "state_dict") else {},
-        run=run_settings,
-        compile_loss=compile,
-        steps_per_call=steps_per_call,
-        accumulate=accumulate,
-    )
-    module.provenance = {"provider": plan.spec.provider, "provider_version": plan.spec.version,
-                         "plugin": plan.spec.plugin}
+    # the module, data module and the callbacks the algorithm needs: what build() hands a user's Trainer
+    built = build(plan.spec, plan.data, plan=plan, seed=seed, eval_every=eval_every, eval_episodes=eval_episodes,
+                  steps_per_call=steps_per_call, accumulate=accumulate, compile=compile,
+                  # what a bare --resume continues with (ResumedRun)
+                  run={"steps": steps, "checkpoint_every": checkpoint_every, "log_every": log_every,
+                       "precision": precision, "logger": [n for n in loggers if n != "csv"] or None})
+    module, datamodule, evaluation, parts = built.module, built.datamodule, built.evaluation, built.module.parts
     if ckpt is not None:
         check_resume(ckpt, ckpt_path, algorithm=plan.spec.name, dataset=plan.dataset_id,
                      config=config_to_dict(plan.config), module=module)
-    datamodule = OfflineDataModule(
-        plan.data, batch_size=plan.batch_size, seed=seed, sampler=plan.sampler, slice_len=plan.slice_len
-    )
-    evaluation = plan.kind.evaluation(plan.data, every=eval_every, episodes=eval_episodes, seed=seed)
     every_ckpt = checkpoint_every or eval_every or steps
     last_ckpt = out / "checkpoints" / "last.ckpt"
     checkpoint = ModelCheckpoint(
         dirpath=out / "checkpoints", save_last=True, save_top_k=0, every_n_train_steps=every_ckpt, enable_version_counter=False
     )
-    guard = NonFiniteGuard(check_every=math.gcd(eval_every, 100) if eval_every else 100)
     interrupt = GracefulInterrupt()
     out.mkdir(parents=True, exist_ok=True)
     earlier_metrics = None
@@ -569,14 +645,12 @@ def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dic
         precision=precision,
         max_steps=steps,
         max_epochs=-1,
-        logger=CSVLogger(save_dir=str(out), name="", version=""),
+        # CSV always (metrics.csv, the learning curve), then those --logger names
+        logger=make_loggers(loggers, out, run_name=out.name),
         callbacks=[
             *([StepProgressBar(refresh_rate=max(1, min(50, steps // 100)))] if progress else []),
-            guard,
-            TargetNetworkUpdate(),
+            *built.callbacks,
             tokens,
-            evaluation,
-            *plan.kind.callbacks(plan.data, parts, seed=seed),
             FinalCheckpoint(last_ckpt),
             InterruptCheckpoint(last_ckpt),
             checkpoint,
@@ -640,11 +714,13 @@ def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dic
         "peak_memory_mb": peak_memory_mb(trainer.strategy.root_device),
         "steps_per_call": steps_per_call,
         "resumed_from": str(ckpt_path) if ckpt_path else None,
+        **({"resume": _resume_summary(resume_record, ckpt, plan)} if ckpt is not None else {}),
         "losses": dict(module.last_logged),
         "eval_history": evaluation.history,
         "config": config_to_dict(plan.config),
         "checkpoint": str(last_ckpt),
         "metrics_csv": str(out / "metrics.csv"),
+        "loggers": close_loggers(trainer.loggers),
         "learning_curve": str(out / "learning_curve.png"),
         "out_dir": str(out),
     }
@@ -661,6 +737,20 @@ def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dic
     if interrupted:
         raise RunInterrupted(_interrupted_message(summary, plan, out))
     return summary
+
+
+def _resume_summary(record: Optional[dict], ckpt: dict, plan: RunPlan) -> dict:
+    """Which run options and config fields a resumed run kept from its checkpoint, and which the
+    caller overrode (``{"checkpoint": old, "now": new}``)."""
+    from offline_plugins.config import config_to_dict
+
+    record = dict(record or {"from": None, "kept": {}, "overridden": {}})
+    record["overridden"] = dict(record["overridden"])
+    saved, now = ckpt["offline_plugins"].get("config") or {}, config_to_dict(plan.config)
+    for key in sorted(set(saved) | set(now)):
+        if saved.get(key) != now.get(key):
+            record["overridden"][f"config.{key}"] = {"checkpoint": saved.get(key), "now": now.get(key)}
+    return record
 
 
 def _interrupted_message(summary: dict, plan: RunPlan, out: Path) -> str:
@@ -756,7 +846,7 @@ class TrainedRun:
     """A run rebuilt from its checkpoint: the trained module, its plan (data, config, kind), the checkpoint.
 
     Attributes:
-        module: the :class:`~offline_plugins.lightning.module.OfflineAlgorithmModule` with the
+        module: the :class:`~offline_plugins.lightning.module.AlgorithmModule` with the
             checkpoint's weights, on ``device``.
         plan: the :class:`RunPlan` the run's own config and dataset give.
         checkpoint: the checkpoint as read (``weights_only=True``).
@@ -793,7 +883,7 @@ def load_trained_run(
     normalisation statistics come from the checkpoint. Raises a ``RunError`` naming the
     file when its weights do not fit the networks its config builds.
     """
-    from offline_plugins.lightning.module import OfflineAlgorithmModule
+    from offline_plugins.lightning.module import AlgorithmModule
     from offline_plugins.plugins.registry import AlgorithmSpec
 
     ckpt = load_checkpoint(path)
@@ -820,8 +910,7 @@ def load_trained_run(
     )
     if hasattr(plan.data, "load_state_dict") and info.get("data_state"):
         plan.data.load_state_dict(info["data_state"])
-    module = OfflineAlgorithmModule(_build_parts(plan, seed), algorithm=plan.spec.name, dataset=plan.dataset_id,
-                                    seed=seed)
+    module = AlgorithmModule(_build_parts(plan, seed), algorithm=plan.spec.name, dataset=plan.dataset_id, seed=seed)
     try:
         module.load_state_dict(ckpt["state_dict"])
     except RuntimeError as exc:  # hand-edited or another version's tensors
@@ -894,7 +983,8 @@ def plot_learning_curve(metrics_csv: Union[str, os.PathLike], out_png: Union[str
     # online runs add the sampled responses' reward beside the held-out accuracy, and their KL to the reference
     accuracy_keys = [k for k in ("eval/exact_match", "eval/preference_accuracy", "eval/likelihood_accuracy",
                                  "rollout/reward_mean") if k in columns]
-    loss_keys = sorted(k for k in columns if k.startswith("train/loss_"))
+    # loss_* terms, and TorchRL's single "loss" (the Decision Transformer's)
+    loss_keys = sorted(k for k in columns if k == "train/loss" or k.startswith("train/loss_"))
     loss_keys += [k for k in ("rollout/kl_to_reference",) if k in columns]
     fig, (ax_score, ax_loss) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
     if accuracy_keys and score_key not in columns:  # a preference run: held-out accuracies

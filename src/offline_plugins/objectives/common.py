@@ -1,4 +1,4 @@
-"""Helpers the offline-RL losses share: input checks, diagnostics and TD(0) estimator wiring.
+"""Helpers the offline-RL losses share: input checks, diagnostics, TorchRL's key contract and TD(0) wiring.
 
 >>> import torch
 >>> from tensordict import TensorDict
@@ -20,6 +20,7 @@ from typing import Iterable, Optional
 
 import torch
 from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 
 from offline_plugins.errors import OfflineLossError
@@ -31,6 +32,8 @@ __all__ = [
     "HyperparameterError",
     "check_batch_keys",
     "check_range",
+    "MC_DIAGNOSTIC_KEYS",
+    "DiagnosticsContract",
     "data_q_diagnostics",
     "advantage_diagnostics",
     "transition_keys",
@@ -93,12 +96,119 @@ def check_range(
     return value
 
 
+#: the Monte-Carlo pair: read the batch's return-to-go, so they are switched on separately
+MC_DIAGNOSTIC_KEYS = ("mc_return_mean", "q_data_minus_mc")
+
+
+class DiagnosticsContract:
+    """TorchRL's ``out_keys``/``in_keys`` contract, plus detached diagnostics on request.
+
+    The one rule for our subclasses of TorchRL's losses: with ``diagnostics=False`` (the
+    default) ``out_keys``, ``in_keys`` and what a keyword call returns are TorchRL's. With
+    ``diagnostics=True`` the class's diagnostics are listed in ``out_keys`` after TorchRL's
+    keys and returned. With ``mc_diagnostics=True`` as well, ``return_to_go`` joins
+    ``in_keys``, ``mc_return_mean``/``q_data_minus_mc`` are listed last and always
+    returned, and a batch without a return-to-go raises :class:`MissingBatchKeyError`.
+    Every setting is fixed at construction, so ``out_keys`` never depends on the data.
+
+    A class lists this base before TorchRL's and provides ``_torchrl_out_keys()`` and
+    ``_diagnostic_keys()`` (its own diagnostics, the Monte-Carlo pair excluded); it calls
+    :meth:`_init_diagnostics` before TorchRL's ``__init__``, :meth:`_set_out_keys` after
+    it, and :meth:`_check_diagnostic_keys` at the start of ``forward``.
+    """
+
+    # TorchRL declares most losses' ``out_keys`` as a class-level list, which
+    # ``TensorDictModuleBase.__new__`` turns into a property only on the class being
+    # instantiated: a subclass inherits the raw list, and ``select_out_keys`` fails unless
+    # TorchRL's own class was built first. Declaring the property here makes it hold for
+    # our classes and their subclasses from the start (and replaces ``CQLLoss``'s own
+    # property, whose setter leaves the ``_out_keys_apparent`` that selections use unset).
+    out_keys = TensorDictModuleBase.out_keys
+
+    #: whether TorchRL's output is shaped like the batch under ``reduction="none"`` (IQL,
+    #: CQL): it then has no room for batch statistics, as it has none for TorchRL's scalars
+    _unreduced_output_is_batched = True
+
+    def _init_diagnostics(self, diagnostics: bool, mc_diagnostics: bool = False) -> None:
+        if mc_diagnostics and not diagnostics:
+            raise HyperparameterError(
+                f"{type(self).__name__}: mc_diagnostics=True adds to the diagnostics, which are off; "
+                "pass diagnostics=True as well, or mc_diagnostics=False"
+            )
+        self.diagnostics = bool(diagnostics)
+        self.mc_diagnostics = bool(mc_diagnostics)
+
+    def _torchrl_out_keys(self) -> list:
+        raise NotImplementedError
+
+    def _diagnostic_keys(self) -> list:
+        return []
+
+    def _emits_diagnostics(self) -> bool:
+        return self.diagnostics and not (self._unreduced_output_is_batched and self.reduction == "none")
+
+    def _emits_mc(self) -> bool:
+        return self.mc_diagnostics and self._emits_diagnostics()
+
+    def _set_out_keys(self) -> None:
+        """``out_keys``: TorchRL's, then the diagnostics, then the Monte-Carlo pair."""
+        keys = list(self._torchrl_out_keys())
+        if self._emits_diagnostics():
+            keys += self._diagnostic_keys()
+        if self._emits_mc():
+            keys += MC_DIAGNOSTIC_KEYS
+        self.out_keys = keys
+
+    @property
+    def in_keys(self) -> list:
+        keys = list(super().in_keys)
+        if self._emits_mc() and self.tensor_keys.return_to_go not in keys:
+            # so a keyword call takes ``return_to_go=``
+            keys.append(self.tensor_keys.return_to_go)
+        return keys
+
+    @in_keys.setter
+    def in_keys(self, values) -> None:
+        self._in_keys = values  # as TorchRL's setters (CQLLoss has none: it computes its keys)
+
+    def _check_diagnostic_keys(self, tensordict: TensorDictBase) -> None:
+        key = self.tensor_keys.return_to_go if self._emits_mc() else None
+        if key is not None and tensordict.get(key, None) is None:
+            raise MissingBatchKeyError(
+                f"{type(self).__name__}: the batch has no key {key!r}, which mc_diagnostics=True reads for "
+                f"{' and '.join(MC_DIAGNOSTIC_KEYS)}; add the return-to-go to the batch (OfflineData loaded "
+                "from Minari has it), rename yours with loss.set_keys(return_to_go=...), or pass mc_diagnostics=False"
+            )
+
+    def _counted_positions(self, tensordict: TensorDictBase, like: torch.Tensor) -> Optional[torch.Tensor]:
+        """The positions the loss's reduction counts (TorchRL's loss masks), shaped like ``like``; None: all."""
+        valid = None
+        mask_keys = getattr(self, "_loss_mask_keys", None)  # TorchRL >= 0.12
+        for mask_key in mask_keys() if mask_keys is not None else ():
+            mask = tensordict.get(mask_key, None)
+            if mask is not None:
+                mask = self._expand_loss_mask(mask, like)
+                valid = mask if valid is None else valid & mask
+        return valid
+
+    def _mc_diagnostics(self, q_data: torch.Tensor, tensordict: TensorDictBase, valid) -> dict:
+        """The Monte-Carlo pair for ``q_data`` (already restricted to ``valid``); empty when off."""
+        if not self._emits_mc():
+            return {}
+        rtg = tensordict.get(self.tensor_keys.return_to_go).to(q_data.dtype)
+        rtg = rtg.reshape(valid.shape if valid is not None else q_data.shape)
+        if valid is not None:
+            rtg = rtg[valid]
+        return {"mc_return_mean": rtg.mean(), "q_data_minus_mc": (q_data.detach() - rtg).mean()}
+
+
 def data_q_diagnostics(q_data: torch.Tensor, tensordict: TensorDictBase, return_key: NestedKey) -> dict:
     """Mean Q on the dataset's actions, and its gap to the data's Monte-Carlo return.
 
     ``q_data_minus_mc`` > 0 that grows during training is the over-estimation
     that extrapolation error causes (Fujimoto et al. 2019); it is only reported
-    when the batch carries the discounted return-to-go (``return_key``).
+    when the batch carries a return-to-go (``return_key``; the data layer's is the
+    undiscounted sum of the rewards to the episode's end).
     """
     q_data = q_data.detach()
     out = {"q_data_mean": q_data.mean()}

@@ -1,8 +1,29 @@
 """CQL: TorchRL's ``CQLLoss`` / ``DiscreteCQLLoss`` with the conservative term corrected.
 
-TorchRL 0.14's continuous ``CQLLoss`` departs from Kumar et al. 2020 in its conservative
-term; ours replaces that one method (``cql_loss``) and keeps the rest (Bellman term, SAC
-actor and temperature) unchanged:
+Both classes keep TorchRL's contract (constructor arguments, ``set_keys``, value
+estimators, ``reduction``, ``deactivate_vmap``, ``[*B]`` batches with
+``("collector", "mask")``, ``select_out_keys`` and keyword calls), so swapping TorchRL's
+import for ours runs unchanged. Where ours differs it says so, and one argument gives
+TorchRL's behaviour back:
+
+========================  ==========================================  =================================
+class                     what differs                                TorchRL's behaviour
+========================  ==========================================  =================================
+``CQLLoss``               the conservative term (below)               ``conservative_term="torchrl"``
+``CQLLoss``               ``min_q_weight=5.0``, ``lagrange_thresh=5.0``, pass TorchRL's ``1.0``, ``0.0``,
+                          ``loss_function="l2"`` (the paper's)        ``"smooth_l1"``
+``CQLLoss``               with ``reduction="none"``, ``out_keys``     none needed: TorchRL's keyword
+                          leaves out ``alpha``/``entropy``, which     call fails there;
+                          TorchRL lists but does not return           ``scalar_output_mode="non_tensor"``
+                                                                      lists and returns both
+``DiscreteCQLLoss``       ``alpha`` weights ``loss_cql``              ``alpha=1.0`` (the default)
+========================  ==========================================  =================================
+
+Detached diagnostics (``diagnostics=True``, ``mc_diagnostics=True``) are opt-in: by
+default ``out_keys``, ``in_keys`` and keyword calls are TorchRL's.
+
+TorchRL 0.14's continuous conservative term departs from Kumar et al. 2020; ours
+(``conservative_term="paper"``, the default) replaces that one method (``cql_loss``):
 
 * the log-sum-exp runs, per state, over all ``3 * num_random`` sampled actions; TorchRL
   takes it over the 3 sources of each single sample (``logsumexp`` over the wrong axis),
@@ -16,7 +37,7 @@ actor and temperature) unchanged:
 
 ``tests/test_objectives_offline.py`` checks that ours equals TorchRL's where the two
 estimators coincide (one sample per source and ``s' = s``), and the per-state estimator
-by hand.
+by hand; ``tests/test_conformance_cql.py`` checks TorchRL's contract.
 """
 
 from __future__ import annotations
@@ -25,19 +46,20 @@ import math
 from dataclasses import dataclass
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from tensordict.nn import dispatch
 from tensordict.utils import NestedKey
+from torchrl.data.utils import _find_action_space
 from torchrl.objectives import CQLLoss as _TorchRLCQLLoss
 from torchrl.objectives import DiscreteCQLLoss as _TorchRLDiscreteCQLLoss
 
 from offline_plugins.objectives import _fused
-from offline_plugins.objectives.common import check_batch_keys, check_range, data_q_diagnostics, transition_keys
+from offline_plugins.objectives.common import DiagnosticsContract, check_batch_keys, check_range, transition_keys
 
 __all__ = ["CQLLoss", "DiscreteCQLLoss"]
 
 
-class CQLLoss(_TorchRLCQLLoss):
+class CQLLoss(DiagnosticsContract, _TorchRLCQLLoss):
     r"""Conservative Q-Learning (Kumar et al. 2020, arXiv:2006.04779) on a SAC backbone.
 
     .. math::
@@ -48,22 +70,39 @@ class CQLLoss(_TorchRLCQLLoss):
     :math:`\alpha' = 1` and :math:`\tau = 0` unless ``with_lagrange``, which learns
     :math:`\alpha'` by minimising ``loss_alpha_prime`` :math:`= -\alpha'(w \cdot \text{gap} - \tau)`.
     TorchRL's ``CQLLoss`` with :meth:`cql_loss` replaced (see the module docstring for why);
-    the Bellman term, SAC actor and temperature are TorchRL's.
+    the Bellman term, SAC actor and temperature are TorchRL's. Batches may have any batch
+    shape ``[*B]`` (e.g. ``[B, T]`` from a collector, masked by ``("collector", "mask")``).
 
     Args:
         actor_network: tanh-Gaussian actor.
         qvalue_network: ``Q(s, a)``; two copies are trained.
 
     Keyword Args:
-        min_q_weight (float): :math:`w`, the conservative weight. Defaults to 5.0 (the paper's Gym value).
+        min_q_weight (float): :math:`w` >= 0, the conservative weight (0 switches the term off,
+            and ``cql_gap`` with it). Defaults to 5.0 (the paper's Gym value; TorchRL's default is 1.0).
         with_lagrange (bool): learn :math:`\alpha'` to hold the gap at ``lagrange_thresh``. Defaults to False.
-        lagrange_thresh (float): :math:`\tau`. Defaults to 5.0.
-        num_random (int): sampled actions per state for the log-sum-exp. Defaults to 10.
-        loss_function (str): Bellman regression loss. Defaults to ``"l2"``.
-        diagnostics (bool): add ``q_data_mean``, ``mc_return_mean``/``q_data_minus_mc`` (with
-            ``return_to_go``), ``cql_gap`` (log-sum-exp Q minus data Q, per critic, averaged) and
-            ``alpha_prime``. Free: it reads what the loss computed. Defaults to True.
-        **kwargs: passed to :class:`torchrl.objectives.CQLLoss`.
+        lagrange_thresh (float): :math:`\tau`. Defaults to 5.0 (TorchRL's default is 0.0).
+        num_random (int): sampled actions per state for the log-sum-exp, >= 1. Defaults to 10.
+        loss_function (str): Bellman regression loss. Defaults to ``"l2"`` (TorchRL's default
+            is ``"smooth_l1"``).
+        conservative_term (str): ``"paper"`` (default) for the estimator above, ``"torchrl"`` for
+            TorchRL's ``cql_loss`` and ``alpha_prime_loss`` unchanged (its numbers exactly).
+        diagnostics (bool): add detached ``q_data_mean`` (the smaller critic on the data's
+            actions), ``cql_gap`` (log-sum-exp Q minus data Q, per critic, averaged; not with
+            ``min_q_weight=0``, which switches the term off) and ``alpha_prime`` (with
+            ``with_lagrange``), listed in ``out_keys`` after TorchRL's keys, so keyword calls
+            and ``select_out_keys`` see them; no ``loss_*`` name changes. They cost nothing
+            (they read what the loss computed); not returned with ``reduction="none"``. Off
+            by default, so ``out_keys``, ``in_keys`` and keyword calls are TorchRL's; the
+            ``cql`` algorithms turn them on. Defaults to False.
+        mc_diagnostics (bool): with ``diagnostics``, also ``mc_return_mean`` (the batch's
+            ``return_to_go``: the undiscounted Monte-Carlo return the data layer stores) and
+            ``q_data_minus_mc``, listed last; ``return_to_go`` joins ``in_keys`` and a batch
+            without it raises :class:`~offline_plugins.objectives.common.MissingBatchKeyError`.
+            Defaults to False.
+        **kwargs: passed to :class:`torchrl.objectives.CQLLoss` (``alpha_init``,
+            ``temperature`` > 0, ``max_q_backup``, ``deterministic_backup``, ``delay_actor``,
+            ``delay_qvalue``, ``reduction``, ``deactivate_vmap``, ``scalar_output_mode``, ...).
 
     Examples:
         >>> import torch
@@ -72,7 +111,7 @@ class CQLLoss(_TorchRLCQLLoss):
         >>> from offline_plugins.modules.networks import make_tanh_gaussian_actor, make_qvalue
         >>> spec = Bounded(-torch.ones(2), torch.ones(2), (2,))
         >>> loss = CQLLoss(make_tanh_gaussian_actor(3, spec, (8,)), make_qvalue(3, 2, (8,)),
-        ...                with_lagrange=True, num_random=2)
+        ...                with_lagrange=True, num_random=2, diagnostics=True)
         >>> loss.make_value_estimator(gamma=0.99)
         >>> batch = TensorDict({"observation": torch.randn(4, 3), "action": spec.rand((4,)),
         ...     ("next", "observation"): torch.randn(4, 3), ("next", "reward"): torch.randn(4, 1),
@@ -81,14 +120,20 @@ class CQLLoss(_TorchRLCQLLoss):
         >>> out = loss(batch)
         >>> sorted(k for k in out.keys() if k.startswith("loss_"))
         ['loss_actor', 'loss_actor_bc', 'loss_alpha', 'loss_alpha_prime', 'loss_cql', 'loss_qvalue']
-        >>> "cql_gap" in out.keys()
+        >>> loss.out_keys[-3:]  # after TorchRL's keys
+        ['q_data_mean', 'cql_gap', 'alpha_prime']
+        >>> set(out.keys()) == set(loss.out_keys)
         True
+        >>> loss_qvalue, loss_cql = loss.select_out_keys("loss_qvalue", "loss_cql")(
+        ...     observation=batch["observation"], action=batch["action"],
+        ...     next_observation=batch["next", "observation"], next_reward=batch["next", "reward"],
+        ...     next_done=batch["next", "done"], next_terminated=batch["next", "terminated"])
     """
 
     @dataclass
     class _AcceptedKeys(_TorchRLCQLLoss._AcceptedKeys):
         """TorchRL's CQL keys, plus ``return_to_go`` (defaults to ``"return_to_go"``): the data's
-        Monte-Carlo discounted return, read only for diagnostics."""
+        undiscounted Monte-Carlo return, read only with ``mc_diagnostics=True``."""
 
         return_to_go: NestedKey = "return_to_go"
 
@@ -105,13 +150,21 @@ class CQLLoss(_TorchRLCQLLoss):
         lagrange_thresh: float = 5.0,
         num_random: int = 10,
         loss_function: str = "l2",
-        diagnostics: bool = True,
+        conservative_term: str = "paper",
+        diagnostics: bool = False,
+        mc_diagnostics: bool = False,
         **kwargs,
     ) -> None:
-        check_range("CQLLoss", "min_q_weight", min_q_weight, 0.0, None)
+        check_range("CQLLoss", "min_q_weight", min_q_weight, 0.0, None, low_inclusive=True)
         check_range("CQLLoss", "num_random", num_random, 1, None, low_inclusive=True)
         check_range("CQLLoss", "temperature", kwargs.get("temperature", 1.0), 0.0, None)
-        self.diagnostics = diagnostics
+        if conservative_term not in ("paper", "torchrl"):
+            raise ValueError(
+                f"CQLLoss: conservative_term={conservative_term!r} is not one of 'paper', 'torchrl'; "
+                "use 'torchrl' for TorchRL's cql_loss unchanged"
+            )
+        self._init_diagnostics(diagnostics, mc_diagnostics)
+        self.conservative_term = conservative_term
         super().__init__(
             actor_network,
             qvalue_network,
@@ -126,6 +179,20 @@ class CQLLoss(_TorchRLCQLLoss):
         # (a lazily set one makes torch.compile recompile)
         self._q_chain = False
         self._critic_chain()
+        self._set_out_keys()
+
+    def _torchrl_out_keys(self) -> list:
+        keys = ["loss_actor", "loss_actor_bc", "loss_qvalue", "loss_cql", "loss_alpha"]
+        if self.reduction != "none" or self.scalar_output_mode == "non_tensor":
+            keys += ["alpha", "entropy"]  # TorchRL lists them always, but returns them only so
+        if self.with_lagrange:
+            keys.append("loss_alpha_prime")
+        return keys
+
+    def _diagnostic_keys(self) -> list:
+        # min_q_weight=0 (TorchRL accepts it) switches the conservative term off: no gap to report
+        gap = ["cql_gap"] if self.min_q_weight > 0 else []
+        return ["q_data_mean", *gap, *(["alpha_prime"] if self.with_lagrange else [])]
 
     @property
     def _alpha_prime(self) -> torch.Tensor:
@@ -155,14 +222,18 @@ class CQLLoss(_TorchRLCQLLoss):
 
         Per state, one log-sum-exp over all ``3 * num_random`` sampled actions (uniform,
         current policy at ``s``, next-state policy), each corrected by its log-density, all
-        evaluated at ``s``; minus the critic on the data's action.
+        evaluated at ``s``; minus the critic on the data's action. With
+        ``conservative_term="torchrl"``, TorchRL's ``cql_loss``.
         """
+        if self.conservative_term == "torchrl":
+            return super().cql_loss(tensordict)
         keys = self.tensor_keys
-        pred_q1 = tensordict.get(keys.pred_q1)
-        pred_q2 = tensordict.get(keys.pred_q2)
+        pred_q1 = tensordict.get(keys.pred_q1, None)
+        pred_q2 = tensordict.get(keys.pred_q2, None)
         if pred_q1 is None or pred_q2 is None:
             raise KeyError("cql_loss reads the critics' predictions that q_loss writes: call q_loss first")
-        n, batch = self.num_random, tensordict.shape[-1]
+        n, shape = self.num_random, tensordict.shape
+        batch = shape.numel()
         action = tensordict.get(keys.action)
         # random draws in TorchRL's order (uniform, current, next), so seeded runs compare
         random_actions = action.new_empty(batch * n, action.shape[-1]).uniform_(-1, 1)
@@ -173,6 +244,8 @@ class CQLLoss(_TorchRLCQLLoss):
             self.actor_network_params,
             num_actions=n,
         )
+        # [*B[:-1], B[-1] * n] -> [prod(B) * n], each state's n draws contiguous
+        curr_td, next_td = curr_td.reshape(-1), next_td.reshape(-1)
         # every sampled action is scored at the current state s (the paper's code does so for
         # the next-state policy's actions too)
         chain = self._critic_chain()
@@ -203,8 +276,8 @@ class CQLLoss(_TorchRLCQLLoss):
             -1,
         )  # [critics, batch, 3n]
         lse = torch.logsumexp(cat_q / self.temperature, dim=-1) * self.temperature
-        pred = torch.stack([pred_q1, pred_q2]).squeeze(-1)
-        gaps = self.min_q_weight * (lse - pred)  # [critics, batch]
+        pred = torch.stack([pred_q1, pred_q2]).reshape(self.num_qvalue_nets, batch)
+        gaps = (self.min_q_weight * (lse - pred)).reshape(self.num_qvalue_nets, *shape)  # [critics, *B]
         tensordict.set(keys.cql_q1_loss, gaps[0])
         tensordict.set(keys.cql_q2_loss, gaps[1])
         loss = self._reduce_loss(gaps.sum(0), tensordict=tensordict)
@@ -214,6 +287,8 @@ class CQLLoss(_TorchRLCQLLoss):
         return loss, {}
 
     def alpha_prime_loss(self, tensordict: TensorDictBase):
+        if self.conservative_term == "torchrl":
+            return super().alpha_prime_loss(tensordict)
         gaps = tensordict.select(self.tensor_keys.cql_q1_loss, self.tensor_keys.cql_q2_loss).detach()
         merged = tensordict.copy()
         merged.update(gaps)
@@ -223,20 +298,36 @@ class CQLLoss(_TorchRLCQLLoss):
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         keys = self.tensor_keys
         check_batch_keys(tensordict, transition_keys(self.actor_network.in_keys, keys), "CQLLoss")
+        self._check_diagnostic_keys(tensordict)
         out = super().forward(tensordict)
-        if self.diagnostics and self.reduction != "none":
+        if self._emits_diagnostics():
             with torch.no_grad():
-                q1 = tensordict.get(keys.pred_q1).squeeze(-1)
-                q2 = tensordict.get(keys.pred_q2).squeeze(-1)
-                out.update(data_q_diagnostics(torch.minimum(q1, q2), tensordict, keys.return_to_go))
-                gap = (tensordict.get(keys.cql_q1_loss) + tensordict.get(keys.cql_q2_loss)) / (2 * self.min_q_weight)
-                out.set("cql_gap", gap.mean().detach())
+                q_data = torch.minimum(tensordict.get(keys.pred_q1), tensordict.get(keys.pred_q2)).squeeze(-1)
+                out.set("q_data_mean", q_data.mean())
+                if self.min_q_weight > 0:
+                    gap = (tensordict.get(keys.cql_q1_loss) + tensordict.get(keys.cql_q2_loss)) / (2 * self.min_q_weight)
+                    out.set("cql_gap", gap.mean().detach())
                 if self.with_lagrange:
                     out.set("alpha_prime", self._alpha_prime)
+                out.update(self._mc_diagnostics(q_data, tensordict, None))
         return out
 
 
-class DiscreteCQLLoss(_TorchRLDiscreteCQLLoss):
+def _infer_action_space(value_network):
+    """The action space TorchRL would read from the network's spec, else the space a
+    ``QValueActor`` was built with (``QValueActor(net, action_space="categorical")`` has no
+    action spec, and TorchRL's inference raises on it); None when neither is known."""
+    spec = getattr(value_network, "spec", None)
+    if spec is not None:
+        try:
+            return _find_action_space(spec)
+        except (ValueError, KeyError, TypeError):
+            pass
+    space = getattr(value_network, "action_space", None)
+    return space if isinstance(space, str) else None
+
+
+class DiscreteCQLLoss(DiagnosticsContract, _TorchRLDiscreteCQLLoss):
     r"""Discrete CQL(H) (Kumar et al. 2020) on a DQN backbone, TorchRL's loss with a weight.
 
     .. math::
@@ -244,19 +335,27 @@ class DiscreteCQLLoss(_TorchRLDiscreteCQLLoss):
             + \alpha\, E[\log\sum_{a} e^{Q(s,a)} - Q(s, a_{data})]
 
     TorchRL's ``loss_cql`` has no weight (:math:`\alpha = 1`); ours multiplies it by
-    ``alpha``, so with ``alpha=1.0`` the two agree exactly. Actions are int64
-    indices (``action_space="categorical"``).
+    ``alpha``, so with ``alpha=1.0`` (the default) the two agree exactly. Batches may have
+    any batch shape ``[*B]``.
 
     Args:
         value_network: a ``QValueActor`` (reads ``observation``, writes ``action_value``,
             ``chosen_action_value`` and the greedy ``action``).
 
     Keyword Args:
-        alpha (float): conservative weight :math:`\alpha` > 0. Defaults to 1.0.
-        action_space: ``"categorical"`` (default) or ``"one-hot"``.
-        diagnostics (bool): add ``q_data_mean``, ``mc_return_mean``/``q_data_minus_mc`` and
-            ``cql_gap``. Defaults to True.
-        **kwargs: passed to :class:`torchrl.objectives.DiscreteCQLLoss`.
+        alpha (float): conservative weight :math:`\alpha` >= 0. Defaults to 1.0.
+        action_space: ``"categorical"`` (int64 indices), ``"one-hot"``, or a spec. Defaults to
+            None: read from the network's action spec, as TorchRL does, else from the space
+            a ``QValueActor`` was built with.
+        diagnostics (bool): add detached ``q_data_mean`` and ``cql_gap``, listed in
+            ``out_keys`` after TorchRL's two (see :class:`CQLLoss`). Defaults to False.
+        mc_diagnostics (bool): as :class:`CQLLoss`. Defaults to False.
+        **kwargs: passed to :class:`torchrl.objectives.DiscreteCQLLoss` (``loss_function``,
+            ``delay_value``, ``reduction``).
+
+    ``out_keys`` is TorchRL's ``["loss_qvalue", "loss_cql"]`` (then the diagnostics, when on);
+    like TorchRL's, ``forward`` also returns the metadata ``td_error``, ``pred_value`` and
+    ``target_value``, which a keyword call leaves out.
 
     Examples:
         >>> import torch
@@ -265,6 +364,8 @@ class DiscreteCQLLoss(_TorchRLDiscreteCQLLoss):
         >>> from offline_plugins.modules.networks import mlp
         >>> qnet = QValueActor(mlp(3, 4, (8,)), in_keys=["observation"], action_space="categorical")
         >>> loss = DiscreteCQLLoss(qnet, alpha=2.0)
+        >>> loss.action_space
+        'categorical'
         >>> loss.make_value_estimator(gamma=0.99)
         >>> batch = TensorDict({"observation": torch.randn(5, 3), "action": torch.randint(4, (5,)),
         ...     ("next", "observation"): torch.randn(5, 3), ("next", "reward"): torch.randn(5, 1),
@@ -273,11 +374,14 @@ class DiscreteCQLLoss(_TorchRLDiscreteCQLLoss):
         >>> out = loss(batch)
         >>> sorted(k for k in out.keys() if k.startswith("loss_"))
         ['loss_cql', 'loss_qvalue']
+        >>> loss.out_keys
+        ['loss_qvalue', 'loss_cql']
     """
 
     @dataclass
     class _AcceptedKeys(_TorchRLDiscreteCQLLoss._AcceptedKeys):
-        """TorchRL's discrete CQL keys, plus ``return_to_go`` (defaults to ``"return_to_go"``)."""
+        """TorchRL's discrete CQL keys, plus ``return_to_go`` (defaults to ``"return_to_go"``),
+        read only with ``mc_diagnostics=True``."""
 
         return_to_go: NestedKey = "return_to_go"
 
@@ -289,14 +393,24 @@ class DiscreteCQLLoss(_TorchRLDiscreteCQLLoss):
         value_network,
         *,
         alpha: float = 1.0,
-        action_space="categorical",
-        diagnostics: bool = True,
+        action_space=None,
+        diagnostics: bool = False,
+        mc_diagnostics: bool = False,
         **kwargs,
     ) -> None:
         check_range("DiscreteCQLLoss", "alpha", alpha, 0.0, None, low_inclusive=True)
+        if action_space is None:
+            action_space = _infer_action_space(value_network)
+        self._init_diagnostics(diagnostics, mc_diagnostics)
         super().__init__(value_network, action_space=action_space, **kwargs)
         self.register_buffer("alpha", torch.tensor(float(alpha)))
-        self.diagnostics = diagnostics
+        self._set_out_keys()
+
+    def _torchrl_out_keys(self) -> list:
+        return ["loss_qvalue", "loss_cql"]
+
+    def _diagnostic_keys(self) -> list:
+        return ["q_data_mean", "cql_gap"]
 
     def cql_loss(self, tensordict: TensorDictBase):
         loss, metadata = super().cql_loss(tensordict)
@@ -306,10 +420,9 @@ class DiscreteCQLLoss(_TorchRLDiscreteCQLLoss):
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         keys = self.tensor_keys
         check_batch_keys(tensordict, transition_keys(self.value_network.in_keys, keys), "DiscreteCQLLoss")
-        loss_qvalue, metadata = self.value_loss(tensordict)
-        loss_cql, _ = self.cql_loss(tensordict)
-        out = TensorDict({"loss_qvalue": loss_qvalue, "loss_cql": loss_cql, **metadata}, batch_size=[])
-        if self.diagnostics and self.reduction != "none":
+        self._check_diagnostic_keys(tensordict)
+        out = super().forward(tensordict)
+        if self._emits_diagnostics():
             with torch.no_grad():
                 q_all = tensordict.get(keys.pred_val)
                 action = tensordict.get(keys.action)
@@ -317,6 +430,7 @@ class DiscreteCQLLoss(_TorchRLDiscreteCQLLoss):
                     q_data = q_all.gather(-1, action.long().reshape(*q_all.shape[:-1], 1)).squeeze(-1)
                 else:
                     q_data = (q_all * action.to(q_all.dtype)).sum(-1)
-                out.update(data_q_diagnostics(q_data, tensordict, keys.return_to_go))
+                out.set("q_data_mean", q_data.mean())
                 out.set("cql_gap", (torch.logsumexp(q_all, -1) - q_data).mean())
+                out.update(self._mc_diagnostics(q_data, tensordict, None))
         return out

@@ -2,14 +2,18 @@
 
 The loss terms are TorchRL's, unchanged (``tests/test_objectives_offline.py`` and
 ``tests/test_objectives_fused.py`` check they agree with TorchRL's on the same networks
-and batch, for every value estimator). What we add: a
+and batch, for every value estimator), and so is the module contract: ``out_keys``,
+``select_out_keys``, keyword calls, ``set_keys``, reductions, N-D and masked batches,
+``state_dict`` (``tests/test_conformance_iql.py``). What we add: a
 :class:`~offline_plugins.errors.UserError` for bad hyperparameters and missing batch
-keys, and the value/advantage statistics the offline diagnostics need.
+keys, the value/advantage statistics the offline diagnostics need, paper defaults, and
+a fused fast path. Each difference has an argument that gives TorchRL's behaviour.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -21,63 +25,103 @@ from torchrl.objectives.utils import distance_loss
 
 from offline_plugins.objectives import _fused
 from offline_plugins.objectives.common import (
+    DiagnosticsContract,
     advantage_diagnostics,
     check_batch_keys,
     check_range,
-    data_q_diagnostics,
     transition_keys,
 )
 
 __all__ = ["IQLLoss", "DiscreteIQLLoss"]
 
+#: what TorchRL's IQL ``forward`` returns, in the order of its ``out_keys``
+_TORCHRL_OUT_KEYS = ("loss_actor", "loss_qvalue", "loss_value", "entropy")
+_DIAGNOSTIC_KEYS = (
+    "q_data_mean",
+    "value_mean",
+    "advantage_mean",
+    "advantage_std",
+    "advantage_weight_mean",
+    "advantage_weight_clipped_frac",
+)
+_MAX_WEIGHT = 100  # TorchRL's clamp of exp(beta * A)
 
-class _IQLDiagnosticsMixin:
-    """Adds checks and ``q_data_mean``/``value_mean``/``advantage_*`` to TorchRL's IQL forward."""
 
-    def _init_checks(self, expectile: float, temperature: float, diagnostics: bool) -> None:
+class _IQLCommon(DiagnosticsContract):
+    """What both IQL losses add to TorchRL's: range checks and the value/advantage diagnostics."""
+
+    def _init_checks(self, expectile: float, temperature: float, *, expectile_max_inclusive: bool) -> None:
         name = type(self).__name__
-        check_range(name, "expectile", expectile, 0.0, 1.0)
+        check_range(name, "expectile", expectile, 0.0, 1.0, high_inclusive=expectile_max_inclusive)
         check_range(name, "temperature", temperature, 0.0, None, low_inclusive=True)
-        self.diagnostics = diagnostics
+
+    def _torchrl_out_keys(self) -> list:
+        keys = list(_TORCHRL_OUT_KEYS)
+        if self.reduction == "none" and getattr(self, "scalar_output_mode", None) != "non_tensor":
+            keys.remove("entropy")  # TorchRL drops it from the output (but not from its out_keys)
+        return keys
+
+    def _diagnostic_keys(self) -> list:
+        return list(_DIAGNOSTIC_KEYS)
 
     def _required_keys(self) -> list:
         return transition_keys(self.actor_network.in_keys, self.tensor_keys)
 
+    def _check_batch(self, tensordict: TensorDictBase) -> None:
+        check_batch_keys(tensordict, self._required_keys(), type(self).__name__)
+        self._check_diagnostic_keys(tensordict)
+
     def _chosen_q(self, state_action_value: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         return state_action_value.squeeze(-1)
+
+    def _diagnostics(self, min_q: torch.Tensor, value: torch.Tensor, tensordict: TensorDictBase) -> dict:
+        """The ``diagnostics`` entries, averaged over the positions the loss's reduction counts.
+
+        ``min_q``/``value``: the target-ensemble minimum on the data's actions and ``V(s)``,
+        shaped like the batch; ``tensordict``: the batch (its mask and ``return_to_go``).
+        """
+        min_q, value = min_q.detach(), value.detach()
+        valid = self._counted_positions(tensordict, min_q)
+        if valid is not None:
+            min_q, value = min_q[valid], value[valid]
+        advantage = min_q - value
+        weight = torch.exp(advantage * self.temperature).clamp_max(_MAX_WEIGHT)
+        out = {"q_data_mean": min_q.mean()}
+        out.update(advantage_diagnostics(value, advantage, weight, _MAX_WEIGHT))
+        out.update(self._mc_diagnostics(min_q, tensordict, valid))
+        return out
 
     @torch.no_grad()
     def _diagnose(self, tensordict: TensorDictBase) -> dict:
         td_q = tensordict.select(*self.qvalue_network.in_keys, strict=False)
         td_q = self._vmap_qvalue_networkN0(td_q, self.target_qvalue_network_params)
         q = self._chosen_q(td_q.get(self.tensor_keys.state_action_value), tensordict.get(self.tensor_keys.action))
-        min_q = q.min(0).values
         td_v = tensordict.select(*self.value_network.in_keys, strict=False)
         with self.value_network_params.to_module(self.value_network, preserve_module_state=False):
             self.value_network(td_v)
         value = td_v.get(self.tensor_keys.value).squeeze(-1)
-        advantage = min_q - value
-        weight = torch.exp(advantage * self.temperature).clamp_max(100)
-        out = data_q_diagnostics(min_q, tensordict, self.tensor_keys.return_to_go)
-        out.update(advantage_diagnostics(value, advantage, weight, 100))
-        return out
+        return self._diagnostics(q.min(0).values, value, tensordict)
 
     @dispatch
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        check_batch_keys(tensordict, self._required_keys(), type(self).__name__)
+        self._check_batch(tensordict)
         out = super().forward(tensordict)
-        if self.diagnostics and self.reduction != "none":
+        if self._emits_diagnostics():
             out.update(self._diagnose(tensordict))
         return out
 
 
-class IQLLoss(_IQLDiagnosticsMixin, _TorchRLIQLLoss):
+class IQLLoss(_IQLCommon, _TorchRLIQLLoss):
     r"""Implicit Q-Learning (Kostrikov et al. 2022, arXiv:2110.06169), TorchRL's loss with diagnostics.
 
     .. math::
         L_V = E[|\tau - 1(u<0)| u^2],\ u = \min_i \bar Q_i(s,a) - V(s); \quad
         L_Q = E[(Q(s,a) - r - \gamma V(s'))^2]; \quad
         L_\pi = -E[\min(e^{\beta(\bar Q - V)}, 100) \log\pi(a|s)]
+
+    A drop-in for :class:`torchrl.objectives.IQLLoss`: same arguments, keys, outputs and
+    ``state_dict``. Where the defaults differ (the paper's hyperparameters, range checks)
+    the argument named below gives TorchRL's behaviour.
 
     Args:
         actor_network: stochastic actor (``get_dist``), e.g.
@@ -87,15 +131,33 @@ class IQLLoss(_IQLDiagnosticsMixin, _TorchRLIQLLoss):
         value_network: ``V(s)`` writing ``"state_value"``.
 
     Keyword Args:
-        expectile (float): :math:`\tau` in (0, 1). Defaults to 0.7 (the paper's MuJoCo value).
-        temperature (float): inverse temperature :math:`\beta` >= 0. Defaults to 3.0.
+        expectile (float): :math:`\tau` in (0, 1]; 1 is the in-support maximum the paper's
+            :math:`\tau \to 1` limit approaches. Defaults to 0.7 (the paper's MuJoCo value;
+            TorchRL's is 0.5).
+        temperature (float): inverse temperature :math:`\beta` >= 0. Defaults to 3.0 (the
+            paper's; TorchRL's is 1.0).
         num_qvalue_nets (int): critics in the ensemble. Defaults to 2.
-        loss_function (str): Q regression loss. Defaults to ``"l2"`` (the paper's).
-        diagnostics (bool): add ``q_data_mean``, ``mc_return_mean``, ``q_data_minus_mc``
-            (when the batch has ``return_to_go``), ``value_mean``, ``advantage_mean``,
-            ``advantage_std``, ``advantage_weight_mean``, ``advantage_weight_clipped_frac``.
-            Free on the fused path; one extra no-grad critic and value pass otherwise.
-            Defaults to True.
+        loss_function (str): Q regression loss. Defaults to ``"l2"`` (the paper's; TorchRL's
+            is ``"smooth_l1"``).
+        diagnostics (bool): add ``q_data_mean`` (the target ensemble's minimum on the data's
+            actions), ``value_mean``, ``advantage_mean``, ``advantage_std``,
+            ``advantage_weight_mean`` and ``advantage_weight_clipped_frac``, detached and
+            averaged over the positions the loss counts (a collector or padding mask excludes
+            the rest), listed in ``out_keys`` after TorchRL's four, so keyword calls return them
+            too. Free on the fused path (one no-grad critic and value pass otherwise); not
+            returned with ``reduction="none"``, whose per-element output has no room for batch
+            statistics. Off by default, so ``out_keys``, ``in_keys`` and keyword calls are
+            TorchRL's; the ``iql`` algorithms turn them on. Defaults to False.
+        mc_diagnostics (bool): with ``diagnostics``, also ``mc_return_mean`` (the batch's
+            ``return_to_go``) and ``q_data_minus_mc`` (``q_data_mean`` minus it: the
+            over-estimation), listed last. ``return_to_go`` then joins ``in_keys`` (a keyword
+            call passes ``return_to_go=``), and a batch without it raises
+            :class:`~offline_plugins.objectives.common.MissingBatchKeyError`. The ``iql``
+            algorithms turn it on when the dataset has a return-to-go. Defaults to False.
+        check_hyperparameters (bool): raise :class:`~offline_plugins.objectives.common.HyperparameterError`
+            (a ``ValueError``) for ``expectile`` outside (0, 1] or a negative ``temperature``,
+            where the value regression or the advantage weights lose their meaning.
+            ``False`` passes any value to TorchRL, which checks none. Defaults to True.
         fused (bool): compute the three terms in one pass straight from the parameters
             (the target critics run once, not twice; the ensemble is one batched matmul per
             layer; the tanh-Gaussian density in closed form) where that is exactly TorchRL's
@@ -104,11 +166,17 @@ class IQLLoss(_IQLDiagnosticsMixin, _TorchRLIQLLoss):
             TD(0) (any ``gamma``), ``actor_loss``/``qvalue_loss``/``value_loss`` are not
             overridden and the batch has no loss mask. Otherwise (TD(1), TD(lambda), a
             subclass's own ``qvalue_loss``, ...; checked on every call, so a later
-            ``make_value_estimator`` counts) TorchRL's code runs. The values equal TorchRL's
-            either way (tested). Defaults to True.
-        **kwargs: passed to :class:`torchrl.objectives.IQLLoss`.
+            ``make_value_estimator`` counts) TorchRL's code runs. The values, and what is
+            written back into the batch (``td_error``, ``_log_prob``), equal TorchRL's either
+            way (tested); ``fused=False`` runs TorchRL's code always. Defaults to True.
+        **kwargs: passed to :class:`torchrl.objectives.IQLLoss` (``reduction``,
+            ``separate_losses``, ``deactivate_vmap``, ``scalar_output_mode``, ...).
 
-    The extra key ``return_to_go`` (Monte-Carlo discounted return) is read when present.
+    The extra key ``return_to_go`` (``set_keys(return_to_go=...)``) is read only with
+    ``mc_diagnostics=True``: the data's Monte-Carlo return from each step, as the data layer
+    stores it, the undiscounted sum of the rewards to the episode's end (``Q`` estimates the
+    discounted return, so with ``gamma < 1`` it is the trend of ``q_data_minus_mc`` that
+    tells over-estimation).
 
     Examples:
         >>> import torch
@@ -123,21 +191,35 @@ class IQLLoss(_IQLDiagnosticsMixin, _TorchRLIQLLoss):
         ...     ("next", "done"): torch.zeros(4, 1, dtype=torch.bool),
         ...     ("next", "terminated"): torch.zeros(4, 1, dtype=torch.bool)}, [4])
         >>> out = loss(batch)
-        >>> sorted(k for k in out.keys() if k.startswith("loss_"))
-        ['loss_actor', 'loss_qvalue', 'loss_value']
-        >>> "advantage_mean" in out.keys()
+        >>> loss.out_keys  # TorchRL's
+        ['loss_actor', 'loss_qvalue', 'loss_value', 'entropy']
+        >>> loss_actor, loss_value = loss.select_out_keys("loss_actor", "loss_value")(
+        ...     observation=batch["observation"], action=batch["action"],
+        ...     next_observation=batch["next", "observation"], next_reward=batch["next", "reward"],
+        ...     next_done=batch["next", "done"], next_terminated=batch["next", "terminated"])
+        >>> loss = IQLLoss(make_tanh_gaussian_actor(3, spec, (8,)), make_qvalue(3, 2, (8,)), make_value(3, (8,)),
+        ...                diagnostics=True, mc_diagnostics=True)
+        >>> loss.make_value_estimator(gamma=0.99)
+        >>> loss.out_keys[3:6], loss.out_keys[-2:]  # TorchRL's, the diagnostics, the Monte-Carlo pair
+        (['entropy', 'q_data_mean', 'value_mean'], ['mc_return_mean', 'q_data_minus_mc'])
+        >>> loss(batch)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        offline_plugins.objectives.common.MissingBatchKeyError: IQLLoss: the batch has no key 'return_to_go', ...
+        >>> batch["return_to_go"] = torch.randn(4, 1)
+        >>> list(loss(batch).keys()) == loss.out_keys
         True
         >>> IQLLoss(make_tanh_gaussian_actor(3, spec, (8,)), make_qvalue(3, 2, (8,)), make_value(3, (8,)),
         ...         expectile=1.5)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        offline_plugins.objectives.common.HyperparameterError: IQLLoss: expectile=1.5 is outside (0, 1); ...
+        offline_plugins.objectives.common.HyperparameterError: IQLLoss: expectile=1.5 is outside (0, 1]; ...
     """
 
     @dataclass
     class _AcceptedKeys(_TorchRLIQLLoss._AcceptedKeys):
         """TorchRL's IQL keys, plus ``return_to_go`` (defaults to ``"return_to_go"``): the data's
-        Monte-Carlo discounted return, read only for diagnostics."""
+        undiscounted Monte-Carlo return, read only with ``mc_diagnostics=True``."""
 
         return_to_go: NestedKey = "return_to_go"
 
@@ -154,11 +236,15 @@ class IQLLoss(_IQLDiagnosticsMixin, _TorchRLIQLLoss):
         temperature: float = 3.0,
         num_qvalue_nets: int = 2,
         loss_function: str = "l2",
-        diagnostics: bool = True,
+        diagnostics: bool = False,
+        mc_diagnostics: bool = False,
+        check_hyperparameters: bool = True,
         fused: bool = True,
         **kwargs,
     ) -> None:
-        self._init_checks(expectile, temperature, diagnostics)
+        if check_hyperparameters:
+            self._init_checks(expectile, temperature, expectile_max_inclusive=True)
+        self._init_diagnostics(diagnostics, mc_diagnostics)
         super().__init__(
             actor_network,
             qvalue_network,
@@ -169,6 +255,7 @@ class IQLLoss(_IQLDiagnosticsMixin, _TorchRLIQLLoss):
             loss_function=loss_function,
             **kwargs,
         )
+        self._set_out_keys()
         self._plan = self._fused_plan() if fused else None
         self._no_plan = _fused.no_plan_reason(fused)
 
@@ -221,12 +308,16 @@ class IQLLoss(_IQLDiagnosticsMixin, _TorchRLIQLLoss):
         if any(plan[k] is None for k in ("actor", "q", "v")):
             return None
         low, high = kwargs.get("low", -1.0), kwargs.get("high", 1.0)
-        self.register_buffer("_fused_low", torch.as_tensor(low, dtype=torch.float32).clone())
-        self.register_buffer("_fused_high", torch.as_tensor(high, dtype=torch.float32).clone())
+        # Not persistent: derived from the actor, and TorchRL's IQLLoss has no such entries, so a
+        # state_dict loads both ways between ours and TorchRL's.
+        self.register_buffer("_fused_low", torch.as_tensor(low, dtype=torch.float32).clone(), persistent=False)
+        self.register_buffer("_fused_high", torch.as_tensor(high, dtype=torch.float32).clone(), persistent=False)
+        self.register_load_state_dict_pre_hook(_drop_fused_bounds)
         return plan
 
     def _fused_forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         plan, keys = self._plan, self.tensor_keys
+        source = tensordict  # what TorchRL writes td_error and the log-prob into, at its batch shape
         tensordict, obs, action, next_obs, reward, not_terminal = _fused.transition(tensordict, keys, plan["obs"])
         obs_action = torch.cat([obs, action], -1)
         v_layers = _fused.chain_params(self.value_network_params, plan["v"])
@@ -246,10 +337,10 @@ class IQLLoss(_IQLDiagnosticsMixin, _TorchRLIQLLoss):
         loss_qvalue = distance_loss(q, target.expand_as(q), loss_function=self.loss_function).sum(0).mean()
         loc, scale = plan["extractor"](_fused.run_chain(_fused.chain_params(self.actor_network_params, plan["actor"]), obs))
         log_prob = _fused.tanh_normal_log_prob(loc, scale, action, self._fused_low, self._fused_high)
-        advantage = diff.detach()
-        weight = torch.exp(advantage * self.temperature).clamp_max(100)
+        weight = torch.exp(diff.detach() * self.temperature).clamp_max(_MAX_WEIGHT)
         loss_actor = -(weight * log_prob).mean()
-        tensordict.set(keys.priority, (q.detach() - target).pow(2).max(0).values)
+        source.set(keys.priority, (q.detach() - target).pow(2).max(0).values.reshape(source.batch_size))
+        source.set(keys.log_prob, log_prob.detach().reshape(source.batch_size))
         out = TensorDict(
             {
                 "loss_actor": loss_actor,
@@ -258,26 +349,48 @@ class IQLLoss(_IQLDiagnosticsMixin, _TorchRLIQLLoss):
                 "entropy": -log_prob.detach().mean(),
             }
         )
-        if self.diagnostics:
-            out.update(data_q_diagnostics(min_q, tensordict, keys.return_to_go))
-            out.update(advantage_diagnostics(value.detach(), advantage, weight, 100))
+        if self._emits_diagnostics():
+            out.update(self._diagnostics(min_q, value, tensordict))
         return out
 
     @dispatch
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         if self._fused_blocker() is not None:
             return super().forward(tensordict)
-        check_batch_keys(tensordict, self._required_keys(), type(self).__name__)
+        self._check_batch(tensordict)
         if _fused.loss_mask_present(self, tensordict):
             return super().forward(tensordict)
         return self._fused_forward(tensordict)
 
 
-class DiscreteIQLLoss(_IQLDiagnosticsMixin, _TorchRLDiscreteIQLLoss):
+def _drop_fused_bounds(module, state_dict, prefix, *args) -> None:
+    # checkpoints written before the bounds became non-persistent still hold them
+    for name in ("_fused_low", "_fused_high"):
+        state_dict.pop(prefix + name, None)
+
+
+def _actor_action_space(actor) -> Optional[str]:
+    """``"categorical"``/``"one_hot"``/... from the actor's action spec; None when it has none."""
+    from torchrl.data import Composite
+    from torchrl.data.utils import _find_action_space
+
+    spec = getattr(actor, "spec", None)
+    if isinstance(spec, Composite):
+        leaves = {k: spec[k] for k in spec.keys(True, True) if spec[k] is not None}
+        spec = leaves.get("action", next(iter(leaves.values())) if len(leaves) == 1 else None)
+    if spec is None:
+        return None
+    try:
+        return _find_action_space(spec)
+    except (ValueError, KeyError):
+        return None
+
+
+class DiscreteIQLLoss(_IQLCommon, _TorchRLDiscreteIQLLoss):
     r"""Discrete-action IQL (Kostrikov et al. 2022), TorchRL's ``DiscreteIQLLoss`` with diagnostics.
 
-    Actions are int64 indices (``action_space="categorical"``), as our data layer stores
-    them; no one-hot conversion is needed.
+    A drop-in for :class:`torchrl.objectives.DiscreteIQLLoss`, as :class:`IQLLoss` is for
+    TorchRL's ``IQLLoss``.
 
     Args:
         actor_network: categorical actor, e.g.
@@ -286,8 +399,16 @@ class DiscreteIQLLoss(_IQLDiagnosticsMixin, _TorchRLDiscreteIQLLoss):
         value_network: ``V(s)`` writing ``"state_value"``.
 
     Keyword Args:
-        expectile, temperature, num_qvalue_nets, loss_function, diagnostics: as :class:`IQLLoss`.
-        action_space: ``"categorical"`` (int indices, default) or ``"one-hot"``.
+        action_space: ``"categorical"`` (int indices, as our data layer stores them),
+            ``"one-hot"``, or a spec. Defaults to None: read from the actor's action spec
+            (``Categorical`` or ``OneHot``), so the default fits the actor; an actor without a
+            spec gets TorchRL's default (a warning, then ``"one-hot"``). TorchRL's None is
+            ``"one-hot"`` whatever the actor: pass ``action_space="one-hot"`` for that.
+        expectile (float): :math:`\tau` in (0, 1), as TorchRL's discrete loss requires.
+            Defaults to 0.7.
+        temperature, num_qvalue_nets, loss_function, diagnostics, mc_diagnostics,
+            check_hyperparameters: as :class:`IQLLoss`.
+        **kwargs: passed to :class:`torchrl.objectives.DiscreteIQLLoss`.
 
     Examples:
         >>> import torch
@@ -295,6 +416,8 @@ class DiscreteIQLLoss(_IQLDiagnosticsMixin, _TorchRLDiscreteIQLLoss):
         >>> from offline_plugins.modules.networks import make_categorical_actor, make_discrete_qvalue, make_value
         >>> loss = DiscreteIQLLoss(make_categorical_actor(3, 4, (8,)), make_discrete_qvalue(3, 4, (8,)),
         ...                        make_value(3, (8,)))
+        >>> loss.action_space  # from the actor's Categorical spec
+        'categorical'
         >>> loss.make_value_estimator(gamma=0.99)
         >>> batch = TensorDict({"observation": torch.randn(5, 3), "action": torch.randint(4, (5,)),
         ...     ("next", "observation"): torch.randn(5, 3), ("next", "reward"): torch.randn(5, 1),
@@ -307,7 +430,8 @@ class DiscreteIQLLoss(_IQLDiagnosticsMixin, _TorchRLDiscreteIQLLoss):
 
     @dataclass
     class _AcceptedKeys(_TorchRLDiscreteIQLLoss._AcceptedKeys):
-        """TorchRL's discrete IQL keys, plus ``return_to_go`` (defaults to ``"return_to_go"``)."""
+        """TorchRL's discrete IQL keys, plus ``return_to_go`` (defaults to ``"return_to_go"``),
+        read only with ``mc_diagnostics=True``."""
 
         return_to_go: NestedKey = "return_to_go"
 
@@ -320,15 +444,21 @@ class DiscreteIQLLoss(_IQLDiagnosticsMixin, _TorchRLDiscreteIQLLoss):
         qvalue_network,
         value_network,
         *,
-        action_space="categorical",
+        action_space=None,
         expectile: float = 0.7,
         temperature: float = 3.0,
         num_qvalue_nets: int = 2,
         loss_function: str = "l2",
-        diagnostics: bool = True,
+        diagnostics: bool = False,
+        mc_diagnostics: bool = False,
+        check_hyperparameters: bool = True,
         **kwargs,
     ) -> None:
-        self._init_checks(expectile, temperature, diagnostics)
+        if check_hyperparameters:
+            self._init_checks(expectile, temperature, expectile_max_inclusive=False)
+        self._init_diagnostics(diagnostics, mc_diagnostics)
+        if action_space is None:
+            action_space = _actor_action_space(actor_network)
         super().__init__(
             actor_network,
             qvalue_network,
@@ -340,6 +470,7 @@ class DiscreteIQLLoss(_IQLDiagnosticsMixin, _TorchRLDiscreteIQLLoss):
             loss_function=loss_function,
             **kwargs,
         )
+        self._set_out_keys()
 
     def _chosen_q(self, state_action_value: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         if self.action_space == "categorical":

@@ -5,20 +5,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import dispatch
 from tensordict.utils import NestedKey
-from tensordict import TensorDict
 from torchrl.objectives import TD3BCLoss as _TorchRLTD3BCLoss
 from torchrl.objectives.utils import distance_loss
 
 from offline_plugins.objectives import _fused
-from offline_plugins.objectives.common import check_batch_keys, check_range, data_q_diagnostics, transition_keys
+from offline_plugins.objectives.common import DiagnosticsContract, check_batch_keys, check_range, transition_keys
 
 __all__ = ["TD3BCLoss"]
 
+#: what TorchRL's ``TD3BCLoss.forward`` returns, in the order of its ``out_keys``
+_TORCHRL_OUT_KEYS = (
+    "loss_actor",
+    "loss_qvalue",
+    "bc_loss",
+    "lmbd",
+    "pred_value",
+    "state_action_value_actor",
+    "next_state_value",
+    "target_value",
+)
 
-class TD3BCLoss(_TorchRLTD3BCLoss):
+
+class TD3BCLoss(DiagnosticsContract, _TorchRLTD3BCLoss):
     r"""TD3+BC (Fujimoto & Gu 2021, arXiv:2106.06860), TorchRL's loss with diagnostics.
 
     .. math::
@@ -34,13 +45,23 @@ class TD3BCLoss(_TorchRLTD3BCLoss):
 
     Keyword Args:
         action_spec: the ``Bounded`` action spec (clips the smoothed target action).
-        alpha (float): :math:`\alpha` > 0. Defaults to 2.5.
+        alpha (float): :math:`\alpha` >= 0, as TorchRL accepts (0 leaves the actor pure behaviour
+            cloning while the critic still trains). Defaults to 2.5.
         policy_noise (float): target smoothing noise std, in action units. Defaults to 0.2.
         noise_clip (float): its clip. Defaults to 0.5.
         loss_function (str): critic regression loss. Defaults to ``"l2"`` (the paper's).
-        diagnostics (bool): add ``q_data_mean`` (ensemble minimum on dataset actions) and,
-            with ``return_to_go`` in the batch, ``mc_return_mean`` and ``q_data_minus_mc``.
-            Free: it reads the critic's prediction. Defaults to True.
+        diagnostics (bool): add ``q_data_mean``, the ensemble minimum on the data's actions,
+            detached and averaged over the positions the loss counts (a collector or padding
+            mask excludes the rest), listed in ``out_keys`` after TorchRL's. Off by default so
+            that ``out_keys``, ``in_keys`` and what a keyword call returns are TorchRL's; the
+            ``td3-bc`` algorithm turns them on (they are free: they read the critic's
+            prediction on the data). Defaults to False.
+        mc_diagnostics (bool): with ``diagnostics``, also ``mc_return_mean`` (the batch's
+            ``return_to_go``: the undiscounted Monte-Carlo return the data layer stores) and
+            ``q_data_minus_mc``: the over-estimation the paper's constraint exists to stop.
+            Listed last; ``return_to_go`` joins ``in_keys`` (a keyword call passes
+            ``return_to_go=`` and gets all eleven values), and a batch without it raises
+            :class:`~offline_plugins.objectives.common.MissingBatchKeyError`. Defaults to False.
         fused (bool): compute both terms straight from the parameters (the ensemble as one
             batched matmul per layer, only the first critic for the actor term) where that is
             exactly TorchRL's computation: the networks are the plain MLPs of
@@ -58,7 +79,10 @@ class TD3BCLoss(_TorchRLTD3BCLoss):
         >>> from torchrl.data import Bounded
         >>> from offline_plugins.modules.networks import make_deterministic_actor, make_qvalue
         >>> spec = Bounded(-torch.ones(2), torch.ones(2), (2,))
-        >>> loss = TD3BCLoss(make_deterministic_actor(3, spec, (8,)), make_qvalue(3, 2, (8,)), action_spec=spec)
+        >>> loss = TD3BCLoss(
+        ...     make_deterministic_actor(3, spec, (8,)), make_qvalue(3, 2, (8,)), action_spec=spec,
+        ...     diagnostics=True, mc_diagnostics=True,
+        ... )
         >>> loss.make_value_estimator(gamma=0.99)
         >>> batch = TensorDict({"observation": torch.randn(4, 3), "action": spec.rand((4,)),
         ...     ("next", "observation"): torch.randn(4, 3), ("next", "reward"): torch.randn(4, 1),
@@ -68,7 +92,9 @@ class TD3BCLoss(_TorchRLTD3BCLoss):
         >>> out = loss(batch)
         >>> sorted(k for k in out.keys() if k.startswith("loss_"))
         ['loss_actor', 'loss_qvalue']
-        >>> "q_data_minus_mc" in out.keys()
+        >>> loss.out_keys[-3:]
+        ['q_data_mean', 'mc_return_mean', 'q_data_minus_mc']
+        >>> set(out.keys()) == set(loss.out_keys)
         True
         >>> sorted(k for k in loss.loss_terms(batch, ["loss_qvalue"]).keys() if k.startswith("loss_"))
         ['loss_qvalue']
@@ -77,12 +103,14 @@ class TD3BCLoss(_TorchRLTD3BCLoss):
     @dataclass
     class _AcceptedKeys(_TorchRLTD3BCLoss._AcceptedKeys):
         """TorchRL's TD3+BC keys, plus ``return_to_go`` (defaults to ``"return_to_go"``): the data's
-        Monte-Carlo discounted return, read only for diagnostics."""
+        undiscounted Monte-Carlo return, read only with ``mc_diagnostics=True``."""
 
         return_to_go: NestedKey = "return_to_go"
 
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
+
+    _unreduced_output_is_batched = False  # TorchRL's output has batch size [] under any reduction
 
     def __init__(
         self,
@@ -94,14 +122,15 @@ class TD3BCLoss(_TorchRLTD3BCLoss):
         policy_noise: float = 0.2,
         noise_clip: float = 0.5,
         loss_function: str = "l2",
-        diagnostics: bool = True,
+        diagnostics: bool = False,
+        mc_diagnostics: bool = False,
         fused: bool = True,
         **kwargs,
     ) -> None:
-        check_range("TD3BCLoss", "alpha", alpha, 0.0, None)
+        check_range("TD3BCLoss", "alpha", alpha, 0.0, None, low_inclusive=True)
         check_range("TD3BCLoss", "policy_noise", policy_noise, 0.0, None, low_inclusive=True)
         check_range("TD3BCLoss", "noise_clip", noise_clip, 0.0, None, low_inclusive=True)
-        self.diagnostics = diagnostics
+        self._init_diagnostics(diagnostics, mc_diagnostics)
         super().__init__(
             actor_network,
             qvalue_network,
@@ -112,8 +141,15 @@ class TD3BCLoss(_TorchRLTD3BCLoss):
             loss_function=loss_function,
             **kwargs,
         )
+        self._set_out_keys()
         self._plan = self._fused_plan() if fused else None
         self._no_plan = _fused.no_plan_reason(fused)
+
+    def _torchrl_out_keys(self) -> list:
+        return list(_TORCHRL_OUT_KEYS)
+
+    def _diagnostic_keys(self) -> list:
+        return ["q_data_mean"]
 
     def _fused_blocker(self):
         """Why this call runs TorchRL's code, not the fused path; None when the fused path is exact."""
@@ -157,7 +193,8 @@ class TD3BCLoss(_TorchRLTD3BCLoss):
 
     def _fused_forward(self, tensordict: TensorDictBase, actor: bool = True) -> TensorDictBase:
         plan, keys = self._plan, self.tensor_keys
-        tensordict, obs, action, next_obs, reward, not_terminal = _fused.transition(tensordict, keys, plan["obs"])
+        batch_shape = tensordict.shape  # the maths runs on the flattened batch; outputs take this shape back
+        flat, obs, action, next_obs, reward, not_terminal = _fused.transition(tensordict, keys, plan["obs"])
         squash = plan["squash"]
         q_layers = _fused.chain_params(self.qvalue_network_params, plan["q"])
         terms = {}
@@ -173,7 +210,7 @@ class TD3BCLoss(_TorchRLTD3BCLoss):
                 "loss_actor": (-lmbd * q_pi).mean() + bc_loss,
                 "bc_loss": bc_loss.detach(),
                 "lmbd": lmbd,
-                "state_action_value_actor": q_pi.detach(),
+                "state_action_value_actor": q_pi.detach().reshape(batch_shape),
             }
 
         # critic term; the noise is drawn first, as TorchRL does, so seeded runs match
@@ -186,18 +223,18 @@ class TD3BCLoss(_TorchRLTD3BCLoss):
             q_next = _fused.run_ensemble(
                 _fused.chain_params(self.target_qvalue_network_params, plan["q"]), torch.cat([next_obs, next_action], -1)
             ).squeeze(-1).min(0).values
-            gamma = _fused.td0_discount(self.value_estimator, tensordict, reward)
+            gamma = _fused.td0_discount(self.value_estimator, flat, reward)
             target = reward + gamma * not_terminal * q_next
         q = _fused.run_ensemble(q_layers, torch.cat([obs, action], -1)).squeeze(-1)
         loss_qvalue = distance_loss(q, target.expand_as(q), loss_function=self.loss_function).sum(0).mean()
-        tensordict.set(keys.priority, (q.detach() - target).pow(2).max(0).values)
+        tensordict.set(keys.priority, (q.detach() - target).pow(2).max(0).values.reshape(batch_shape))
         return TensorDict(
             {
                 **terms,
                 "loss_qvalue": loss_qvalue,
-                "pred_value": q.detach(),
-                "next_state_value": q_next,
-                "target_value": target,
+                "pred_value": q.detach().reshape(-1, *batch_shape),
+                "next_state_value": q_next.reshape(batch_shape),
+                "target_value": target.reshape(batch_shape),
             }
         )
 
@@ -223,14 +260,22 @@ class TD3BCLoss(_TorchRLTD3BCLoss):
     def _forward(self, tensordict: TensorDictBase, actor: bool) -> TensorDictBase:
         keys = self.tensor_keys
         check_batch_keys(tensordict, transition_keys(self.actor_network.in_keys, keys), "TD3BCLoss")
+        self._check_diagnostic_keys(tensordict)
         # prioritised-replay weights and loss masks are TorchRL's business: its code applies them
         weighted = tensordict.get(keys.priority_weight, None) is not None
         if weighted or self._fused_blocker() is not None or _fused.loss_mask_present(self, tensordict):
             out = super().forward(tensordict)
         else:
             out = self._fused_forward(tensordict, actor=actor)
-        if self.diagnostics and self.reduction != "none":
-            with torch.no_grad():
-                q_data = out.get("pred_value").min(0).values
-                out.update(data_q_diagnostics(q_data, tensordict, keys.return_to_go))
+        if self._emits_diagnostics():
+            out.update(self._q_diagnostics(out.get("pred_value"), tensordict))
         return out
+
+    @torch.no_grad()
+    def _q_diagnostics(self, pred_value: torch.Tensor, tensordict: TensorDictBase) -> dict:
+        """The ``diagnostics`` entries, over the positions the loss's reduction counts."""
+        q_data = pred_value.min(0).values
+        valid = self._counted_positions(tensordict, q_data)
+        if valid is not None:
+            q_data = q_data[valid]
+        return {"q_data_mean": q_data.mean(), **self._mc_diagnostics(q_data, tensordict, valid)}

@@ -167,7 +167,9 @@ def build(config: DTConfig, data: Any):
     settings = prepare(config, data, "dt")
     K = int(config.context_len)
     net = DecisionTransformerNet(_glue.obs_dim(data), _glue.action_dim(data), **settings["net_kwargs"])
-    loss = DecisionTransformerLoss(DecisionTransformerActor(net, context_len=K))
+    loss = DecisionTransformerLoss(DecisionTransformerActor(net, context_len=K), diagnostics=True)
+    # the actor reads the data's "action" as tokens, so it writes its prediction beside it
+    loss.set_keys(action_pred="action_pred")
     stats = getattr(data, "stats", None)
     policy = DecisionTransformerPolicy(
         net,
@@ -184,7 +186,7 @@ def build(config: DTConfig, data: Any):
                 "actor",
                 _glue.params(loss.actor_network_params),
                 config.lr,
-                ("loss_actor",),
+                ("loss",),
                 weight_decay=config.weight_decay,
                 max_grad_norm=config.max_grad_norm,
             )
