@@ -48,11 +48,12 @@ def test_grpo_raises_the_reward_of_a_user_task_and_exports_the_policy(prompt_fil
                     threads=1, reward="test_online_train:digit_share", eval_every=0,
                     overrides={**_SMALL, "lr": 3e-3})
     assert summary["data_kind"] == "text-rollouts" and summary["rounds"] == 12
-    # seeded: the last round's reward is well above the first's (0.09 -> 0.3 or more here)
-    assert summary["reward_mean"] > summary["reward_mean_first_round"] + 0.1
+    # spread (seeds 0-2, the releases of constraints.txt): rollout reward 0.09-0.16 -> 0.92-0.98,
+    # held-out reward 0.0 -> 1.0; the margins below sit 0.3 and 0.5 under the weakest seed
+    assert summary["reward_mean"] > summary["reward_mean_first_round"] + 0.5
     assert 0 <= summary["groups_without_signal"] <= 1
     assert summary["exact_match_after"] is None  # prompt rows without answers: reward only
-    assert summary["heldout_reward_after"] > summary["heldout_reward_before"]
+    assert summary["heldout_reward_after"] > summary["heldout_reward_before"] + 0.5
     # the reward-hacking monitor watched the run: the held-out reward is its gold score here
     watch = summary["reward_hacking"]
     assert watch["best_gold"]["gold_gain"] == pytest.approx(summary["heldout_reward_after"]

@@ -240,9 +240,10 @@ def test_seeded_ppo_rlhf_raises_the_reward_of_a_user_task(tmp_path):
               reward="test_online_train:digit_share", eval_every=0,
               overrides={"group_size": 2, "prompts_per_round": 12, "batch_size": 8, "ppo_epochs": 2,
                          "max_new_tokens": 4, "eval_prompts": 20, "lr": 3e-3})
-    # measured: 0.09 -> 0.77 sampled, held-out 0.0 -> 0.66, in about 6 s
-    assert s["reward_mean"] > s["reward_mean_first_round"] + 0.3
-    assert s["heldout_reward_after"] > s["heldout_reward_before"] + 0.2
+    # spread (seeds 0-2, the releases of constraints.txt): sampled reward 0.09-0.17 -> 0.74-0.80
+    # (gains 0.63-0.66), held-out 0.0 -> 0.9-1.0, about 6 s each; margins 0.2 and 0.4 under the weakest
+    assert s["reward_mean"] > s["reward_mean_first_round"] + 0.4
+    assert s["heldout_reward_after"] > s["heldout_reward_before"] + 0.5
 
 
 def test_kl_penalised_reward_equals_torchrl_kl_reward_transform():
