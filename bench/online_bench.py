@@ -7,7 +7,7 @@ over interleaved rounds, responses/s:
 * ``generate``: one batched ``model.generate`` of the ``P*G`` responses (KV cache, sampling),
   nothing else: the floor any online trainer pays for its samples;
 * ``sample``: the collector's generation stage, the same ``generate`` through
-  :func:`~offline_plugins.data.rollouts.generate_left_padded` with its clean sampling config and
+  :func:`~offline_plugins.modules.generation.generate_left_padded` with its clean sampling config and
   the log-prob recorder (the sampling log-probs come out of this call);
 * ``collect``: our :class:`~offline_plugins.data.rollouts.RolloutCollector` round: ``sample``,
   decoding, the verifier, the reference's log-probs (one forward) and the GRPO advantages,
@@ -99,7 +99,7 @@ def _generated_tokens(out, width: int, eos: int) -> int:
 def time_generate(model, tok, source, collector, round_: int, *, ours: bool = False) -> tuple[float, float]:
     """Responses/s and generated tokens/s of one batched ``generate``: bare, or (``ours``) the
     collector's generation stage (``generate_left_padded``, clean config, log-prob recorder)."""
-    from offline_plugins.data.rollouts import _SampledLogProbs, generate_left_padded
+    from offline_plugins.modules.generation import SampledLogProbs, generate_left_padded, generation_kwargs
 
     left, mask = _left_padded(tok, source, collector, round_)
     left, mask = left.to(DEVICE), mask.to(DEVICE)
@@ -108,8 +108,11 @@ def time_generate(model, tok, source, collector, round_: int, *, ours: bool = Fa
     t0 = time.perf_counter()
     with torch.no_grad(), AUTOCAST():
         if ours:
-            recorder = _SampledLogProbs()
-            out = generate_left_padded(model, left, mask, **collector._sampling_kwargs(recorder))
+            recorder = SampledLogProbs()
+            kwargs = generation_kwargs(max_new_tokens=collector.max_new_tokens, pad_id=collector.pad_id,
+                                       eos_id=tok.eos_token_id, temperature=collector.temperature,
+                                       top_p=collector.top_p, recorder=recorder)
+            out = generate_left_padded(model, left, mask, **kwargs)
             recorder.finish(out[:, left.shape[1]:])
         else:
             out = model.generate(input_ids=left, attention_mask=mask, do_sample=True, top_k=0,

@@ -341,8 +341,9 @@ def _checkpoint_of(model: Union[str, os.PathLike]) -> Path:
 
 def _load_scorer(model: Union[str, os.PathLike], *, registry: Any, device: str, progress: bool) -> _Scorer:
     """Rebuild a run's reward model or policy from its checkpoint (``lightning.run.load_trained_run``)."""
-    from offline_plugins.data.preference_sources import _model_context
+    from offline_plugins.data.preference_sources import PAIR_LENGTH_CAP
     from offline_plugins.kinds.preference import PreferenceText
+    from offline_plugins.modules.generation import model_context
     from offline_plugins.lightning.guards import algorithm_of_checkpoint
     from offline_plugins.lightning.run import load_checkpoint, load_trained_run
 
@@ -375,8 +376,9 @@ def _load_scorer(model: Union[str, os.PathLike], *, registry: Any, device: str, 
     config = info.get("config", {})
     scale = 1.0 if hasattr(module.policy, "rewards") else (
         float(config["beta"]) if spec.name in _BETA_SIGMOID and "beta" in config else None)
-    return _Scorer(module.policy, reference, plan.data.tokenizer, _model_context(reference), spec.name, str(path),
-                   plan.dataset_id, base, plan.data, scale)
+    context = model_context(reference, cap=PAIR_LENGTH_CAP)
+    return _Scorer(module.policy, reference, plan.data.tokenizer, context, spec.name, str(path), plan.dataset_id, base,
+                   plan.data, scale)
 
 
 def _score_rows(scorer: _Scorer, rows: Sequence[dict], *, batch_size: int, progress: bool):
@@ -705,11 +707,12 @@ def audit_preference_data(
     if scorer is not None:
         tokenizer, context, counted_by = scorer.tokenizer, scorer.context, f"{scorer.algorithm} run {scorer.checkpoint}"
     else:
-        from offline_plugins.data.preference_sources import _model_context
+        from offline_plugins.data.preference_sources import PAIR_LENGTH_CAP
+        from offline_plugins.modules.generation import model_context
         from offline_plugins.modules.tiny_lm import load_causal_lm
 
         lm, tokenizer = load_causal_lm(base_model, seed=0)
-        context, counted_by = _model_context(lm), str(base_model)
+        context, counted_by = model_context(lm, cap=PAIR_LENGTH_CAP), str(base_model)
         del lm
     lengths = ([_length(r["chosen"], length_unit, tokenizer) for r in rows],
                [_length(r["rejected"], length_unit, tokenizer) for r in rows])

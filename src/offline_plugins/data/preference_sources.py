@@ -146,10 +146,9 @@ def held_out_prompts(prompts: Sequence[str], *, fraction: float = 0.1, min_rows:
     return held
 
 
-def _model_context(model: Any, default: int = 512) -> int:
-    config = getattr(model, "config", None)
-    n = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    return int(min(n, 1024)) if n else default
+#: the longest a preference row is padded to: every row is padded to one width, so a long-context
+#: hub model's full context (32k) would make every pair that wide
+PAIR_LENGTH_CAP = 1024
 
 
 def _layout(columns) -> str:
@@ -324,6 +323,7 @@ def load_preference_source(
         data.dataset_id = resolved
         return data
 
+    from offline_plugins.modules.generation import model_context
     from offline_plugins.modules.tiny_lm import load_causal_lm
 
     rows, layout = _rows_from(resolved)
@@ -336,7 +336,7 @@ def load_preference_source(
     reference.eval()
     for p in reference.parameters():
         p.requires_grad_(False)
-    max_length = _model_context(reference)
+    max_length = model_context(reference, cap=PAIR_LENGTH_CAP)
     held = held_out_prompts([r["prompt"] for r in rows], fraction=test_fraction, min_rows=min_test_rows)
     train_rows = [r for r in rows if r["prompt"] not in held]
     test_rows = [r for r in rows if r["prompt"] in held]

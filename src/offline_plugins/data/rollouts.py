@@ -20,7 +20,7 @@ whose prompts must be a function of ``(seed, rank, round)`` so that a resumed ru
 exactly the prompts and responses of an uninterrupted one, and ``TextEnv`` keeps its
 position as a counter of resets and re-tokenises decoded text (a BPE round trip need not
 give back the generated tokens, which the PPO ratio needs). The sampling log-probs are
-recorded inside ``generate`` from the model's raw logits (``_SampledLogProbs``, before the
+recorded inside ``generate`` from the model's raw logits (:mod:`offline_plugins.modules.generation`, before the
 temperature / top-p warpers), the distribution ``CausalLMLogProbs`` scores for the losses,
 so a round costs one ``generate`` and one reference forward, not a second policy forward.
 TorchRL's ``TransformersWrapper`` still scores these rows (tests/test_online_losses.py).
@@ -41,6 +41,7 @@ import torch
 from tensordict import NonTensorStack, TensorDict
 
 from offline_plugins.errors import UserError
+from offline_plugins.modules.generation import generate_left_padded, model_context
 
 __all__ = [
     "RolloutError",
@@ -129,7 +130,9 @@ def task_prompt_source(task: Any, *, n_held_out: int = 200) -> PromptSource:
 
 
 def _exact_match(prompts, responses, answer=None, **_):
-    return [1.0 if r.strip() == str(a).strip() else 0.0 for r, a in zip(responses, answer)]
+    from offline_plugins.envs.tasks import exact_match
+
+    return [exact_match(r, a) for r, a in zip(responses, answer)]
 
 
 def load_reward_function(spec: str) -> Callable[..., Sequence[float]]:
@@ -237,104 +240,20 @@ def jsonl_prompt_source(path: str, *, reward: Optional[str] = None, test_fractio
     return PromptSource(str(path), test, fn, name, train=train, longest_prompts=longest)
 
 
-def model_context(model: Any, default: int = 1024) -> int:
-    config = getattr(model, "config", None)
-    n = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
-    return int(n) if n else default
-
-
 def _prompt_ids(tokenizer, prompt: str) -> list[int]:
     from offline_plugins.tokens import prompt_token_ids
 
     return prompt_token_ids(tokenizer, prompt)
 
 
-def generate_left_padded(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                         **kwargs) -> torch.Tensor:
-    """``model.generate`` on left-padded prompts with each row's positions counted from its first real token.
-
-    transformers derives ``position_ids`` from the attention mask only when the model's
-    ``forward`` names ``position_ids`` in its signature; a wrapper whose ``forward`` takes
-    ``**kwargs`` (the tiny model's ``TinyGPT2LMHeadModel``) gets positions counted from the
-    padding instead, so a prompt padded by ``k`` tokens is read ``k`` positions late: a
-    different model from the one the losses score (right-padded, positions from 0). Measured
-    on the built-in task's SFT reference: greedy held-out exact match 75.5 % left-padded in
-    batches against 88.0 % one prompt at a time, the 42 of 200 prompts with a 1-digit operand
-    almost all wrong, and the sampling log-probs of padded rows off by up to 13 nats from the
-    scoring forward's (``tests/test_online_train.py::test_left_padding_samples_the_scored_model``).
-    Here the positions are passed explicitly whenever transformers would not derive them.
-    """
-    import inspect
-
-    params = inspect.signature(model.forward).parameters
-    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    is_enc_dec = bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
-    if "position_ids" not in params and takes_kwargs and not is_enc_dec and "position_ids" not in kwargs:
-        kwargs["position_ids"] = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
-    return model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-
-
-@torch.no_grad()
 def greedy_responses(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[str], *, max_new_tokens: int,
                      batch_size: int = 100) -> list[str]:
-    """Greedy decoded responses, prompts left-padded in batches with their own positions
-    (:func:`generate_left_padded`): what one prompt at a time would give."""
-    from offline_plugins.tokens import pad_token_id
+    """Greedy decoded responses, prompts left-padded in batches of ``batch_size``
+    (:func:`offline_plugins.data.text_tasks.generate`): what one prompt at a time would give."""
+    from offline_plugins.data.text_tasks import generate
 
-    pad = pad_token_id(tokenizer)
-    device = next(model.parameters()).device
-    out_texts: list[str] = []
-    was_training = model.training
-    model.eval()
-    try:
-        for start in range(0, len(prompts), batch_size):
-            encoded = [_prompt_ids(tokenizer, p) for p in prompts[start:start + batch_size]]
-            width = max(len(e) for e in encoded)
-            ids = torch.full((len(encoded), width), pad, dtype=torch.long)
-            attn = torch.zeros(len(encoded), width, dtype=torch.long)
-            for i, e in enumerate(encoded):
-                ids[i, width - len(e):] = torch.tensor(e)
-                attn[i, width - len(e):] = 1
-            out = generate_left_padded(model, ids.to(device), attn.to(device), do_sample=False, temperature=None,
-                                       top_p=None, top_k=None, max_new_tokens=max_new_tokens, pad_token_id=pad,
-                                       eos_token_id=tokenizer.eos_token_id)
-            out_texts.extend(tokenizer.batch_decode(out[:, width:], skip_special_tokens=True))
-    finally:
-        model.train(was_training)
-    return out_texts
-
-
-class _SampledLogProbs:
-    """Records, during ``generate``, the policy's log-prob of each token it samples.
-
-    A ``LogitsProcessor`` that runs first, on the model's raw next-token logits: at step
-    ``t + 1`` it gathers, from step ``t``'s log-softmax, the token ``generate`` chose at
-    ``t``; :meth:`finish` gathers the last one. The log-probs are those of the model's own
-    distribution (not the temperature / top-p warped one it samples from), as
-    :class:`~offline_plugins.modules.causal_lm.CausalLMLogProbs` scores them for the losses'
-    ratio, so the collector needs no second forward of the policy over the rollouts. It
-    holds one step's ``[N, V]`` log-softmax at a time, where ``output_logits=True`` would
-    keep every step's logits until ``generate`` returns.
-    """
-
-    def __init__(self) -> None:
-        self.steps: list[torch.Tensor] = []
-        self._last: Optional[torch.Tensor] = None
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self._last is not None:
-            self.steps.append(self._last.gather(-1, input_ids[:, -1:]).squeeze(-1))
-        self._last = scores.float().log_softmax(-1)
-        return scores
-
-    def finish(self, generated: torch.Tensor) -> torch.Tensor:
-        """``[N, K]`` log-probs of the ``K`` generated tokens (garbage after a row's eos: mask them)."""
-        if self._last is not None and len(self.steps) < generated.shape[1]:
-            self.steps.append(self._last.gather(-1, generated[:, len(self.steps):len(self.steps) + 1]).squeeze(-1))
-        self._last = None
-        if not self.steps:
-            return generated.new_zeros(generated.shape, dtype=torch.float32)
-        return torch.stack(self.steps, 1)
+    return [r[0] for r in generate(model, tokenizer, prompts, greedy=True, max_new_tokens=max_new_tokens,
+                                   batch_size=batch_size)]
 
 
 class RolloutCollector:
@@ -387,7 +306,7 @@ class RolloutCollector:
         self.top_p = float(top_p)
         self.seed = int(seed)
         self.max_attempts = int(max_attempts)
-        self.context = context if context is not None else (model_context(reference) if reference is not None else 1024)
+        self.context = context if context is not None else model_context(reference)
         longest = max((len(_prompt_ids(tokenizer, p)) for p in source.longest_prompts), default=1)
         self.max_prompt_tokens = longest
         if longest + self.max_new_tokens > self.context:
@@ -413,38 +332,17 @@ class RolloutCollector:
     @torch.no_grad()
     def _sample(self, model: torch.nn.Module, rows: list[dict], seed: int) -> TensorDict:
         from offline_plugins.modules.causal_lm import CausalLMLogProbs
+        from offline_plugins.modules.generation import generate
 
         g = self.group_size
         prompt_ids = [_prompt_ids(self.tokenizer, r["prompt"]) for r in rows]
         for ids, r in zip(prompt_ids, rows):
             self._check_prompt(ids, r["prompt"])
-        device = next(model.parameters()).device
-        width = max(len(i) for i in prompt_ids)
-        n = len(rows) * g
-        left = torch.full((n, width), self.pad_id, dtype=torch.long)
-        left_mask = torch.zeros(n, width, dtype=torch.long)
-        for i, ids in enumerate(prompt_ids):
-            for j in range(g):
-                left[i * g + j, width - len(ids):] = torch.tensor(ids)
-                left_mask[i * g + j, width - len(ids):] = 1
-        was_training = model.training
-        model.eval()
-        recorder = _SampledLogProbs()
-        try:
-            devices = [device.index or 0] if device.type == "cuda" else []
-            with torch.random.fork_rng(devices=devices):
-                torch.manual_seed(seed)
-                out = generate_left_padded(model, left.to(device), left_mask.to(device),
-                                           **self._sampling_kwargs(recorder))
-        finally:
-            model.train(was_training)
-        gen = out[:, width:]
-        gen_lp = recorder.finish(gen)
-        eos = self.tokenizer.eos_token_id
-        # each response runs to its first eos (kept: the policy chose to stop), else to the budget
-        is_eos = gen == eos if eos is not None else torch.zeros_like(gen, dtype=torch.bool)
-        first = is_eos.to(torch.int8).argmax(-1)
-        resp_len = torch.where(is_eos.any(-1), first + 1, torch.full_like(first, gen.shape[1]))
+        out = generate(model, prompt_ids, pad_id=self.pad_id, eos_id=self.tokenizer.eos_token_id,
+                       max_new_tokens=self.max_new_tokens, num_samples=g, temperature=self.temperature,
+                       top_p=self.top_p, seed=seed, log_probs=True)
+        gen, gen_lp, resp_len = out.tokens, out.log_probs, out.lengths
+        device, n = gen.device, gen.shape[0]
         full = torch.full((n, self.width), self.pad_id, dtype=torch.long, device=device)
         resp_mask = torch.zeros(n, self.width, dtype=torch.bool, device=device)
         lengths_p = torch.tensor([len(prompt_ids[i // g]) for i in range(n)], device=device)
@@ -452,16 +350,15 @@ class RolloutCollector:
         for i, ids in enumerate(prompt_ids):  # prompts are short lists: one copy per group
             full[i * g:(i + 1) * g, : len(ids)] = torch.tensor(ids, device=device)
         # place the responses right after their prompts (vectorised scatter)
-        k = torch.arange(gen.shape[1], device=device)
-        valid = k.unsqueeze(0) < resp_len.unsqueeze(1)
-        target = lengths_p.unsqueeze(1) + k.unsqueeze(0)
+        valid = out.response_mask
+        target = lengths_p.unsqueeze(1) + torch.arange(gen.shape[1], device=device).unsqueeze(0)
         rows_idx = torch.arange(n, device=device).unsqueeze(1).expand_as(target)
         full[rows_idx[valid], target[valid]] = gen[valid]
         resp_mask[rows_idx[valid], target[valid]] = True
         lp_policy = torch.zeros(n, self.width, dtype=torch.float32, device=device)
         lp_policy[rows_idx[valid], target[valid]] = gen_lp[valid]
         attn = pos.unsqueeze(0) < (lengths_p + resp_len).unsqueeze(1)
-        texts = self.tokenizer.batch_decode(torch.where(valid, gen, self.pad_id).tolist(), skip_special_tokens=True)
+        texts = out.texts(self.tokenizer, self.pad_id)
         expanded = [rows[i // g] for i in range(n)]
         rewards = score_responses(self.source, expanded, texts)
         lp_ref = CausalLMLogProbs(self.reference).log_probs(full, attn) if self.reference is not None else None
@@ -484,22 +381,6 @@ class RolloutCollector:
         td.set(("text", "prompt"), NonTensorStack.from_list([r["prompt"] for r in expanded]))
         td.set(("text", "response"), NonTensorStack.from_list(texts))
         return td
-
-    def _sampling_kwargs(self, recorder) -> dict[str, Any]:
-        """``generate``'s arguments: a clean sampling config (no processor from the model's own
-        ``generation_config``: a repetition penalty there would make the samples off-policy), and the
-        log-prob recorder first, then transformers' temperature and top-p warpers."""
-        from transformers import GenerationConfig, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
-
-        processors = [recorder]
-        if self.temperature != 1.0:
-            processors.append(TemperatureLogitsWarper(self.temperature))
-        if self.top_p < 1.0:
-            processors.append(TopPLogitsWarper(self.top_p))
-        config = GenerationConfig(do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                                  max_new_tokens=self.max_new_tokens, pad_token_id=self.pad_id,
-                                  eos_token_id=self.tokenizer.eos_token_id, use_cache=True)
-        return {"generation_config": config, "logits_processor": LogitsProcessorList(processors)}
 
     def collect(self, model: torch.nn.Module, *, round: int, rank: int = 0,
                 process: Optional[Callable[[TensorDict], TensorDict]] = None,
@@ -758,7 +639,9 @@ class RolloutData:
         rewards = score_responses(self.source, rows, responses)
         em = None
         if self.source.has_answers:
-            em = sum(r.strip() == row["answer"].strip() for r, row in zip(responses, rows)) / len(rows)
+            from offline_plugins.envs.tasks import exact_match
+
+            em = sum(exact_match(r, row["answer"]) for r, row in zip(responses, rows)) / len(rows)
         return {"exact_match": em, "heldout_reward": sum(rewards) / len(rewards)}
 
 
@@ -857,7 +740,9 @@ class CompletionData:
             return {"exact_match": None}
         outs = greedy_responses(model, self.tokenizer, [r["prompt"] for r in rows],
                                 max_new_tokens=self.max_new_tokens, batch_size=batch_size)
-        correct = sum(o.strip() == r["completion"].strip() for o, r in zip(outs, rows))
+        from offline_plugins.envs.tasks import exact_match
+
+        correct = sum(exact_match(o, r["completion"]) for o, r in zip(outs, rows))
         return {"exact_match": correct / len(rows)}
 
 

@@ -39,7 +39,6 @@ def sft_rows(task: Any, n: int, *, split: str = "train", seed: int = 0) -> list[
     return [{"prompt": p.prompt, "completion": p.answer} for p in task.problems(n, split=split, seed=seed)]
 
 
-@torch.no_grad()
 def generate(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -50,49 +49,24 @@ def generate(
     temperature: float = 1.0,
     greedy: bool = False,
     seed: Optional[int] = None,
+    batch_size: Optional[int] = None,
 ) -> list[list[str]]:
-    """``num_samples`` decoded responses per prompt (the prompts are left-padded for one batch)."""
-    from offline_plugins.data.preference import prompt_token_ids
+    """``num_samples`` decoded responses per prompt: :func:`offline_plugins.modules.generation.generate`
+    on the prompts' tokens, ``batch_size`` prompts per batch (all in one by default; batch ``k``
+    samples with ``seed + k * batch_size``)."""
+    from offline_plugins.modules.generation import generate as generate_tokens
+    from offline_plugins.tokens import pad_token_id, prompt_token_ids
 
-    encoded = [prompt_token_ids(tokenizer, p) for p in prompts]
-    width = max(len(e) for e in encoded)
-    pad = tokenizer.pad_token_id
-    ids = torch.full((len(encoded), width), pad, dtype=torch.long)
-    attn = torch.zeros(len(encoded), width, dtype=torch.long)
-    for i, e in enumerate(encoded):
-        ids[i, width - len(e) :] = torch.tensor(e)
-        attn[i, width - len(e) :] = 1
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.random.fork_rng(devices=[]) if seed is not None else _null():
-            if seed is not None:
-                torch.manual_seed(seed)
-            out = model.generate(
-                input_ids=ids.to(device),
-                attention_mask=attn.to(device),
-                max_new_tokens=max_new_tokens,
-                do_sample=not greedy,
-                temperature=None if greedy else temperature,
-                top_p=None,
-                top_k=None,
-                num_return_sequences=num_samples,
-                pad_token_id=pad,
-                eos_token_id=tokenizer.eos_token_id,
-            )
-    finally:
-        model.train(was_training)
-    texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+    pad = pad_token_id(tokenizer)
+    step = batch_size or max(len(prompts), 1)
+    texts: list[str] = []
+    for start in range(0, len(prompts), step):
+        ids = [prompt_token_ids(tokenizer, p) for p in prompts[start:start + step]]
+        out = generate_tokens(model, ids, pad_id=pad, eos_id=tokenizer.eos_token_id, max_new_tokens=max_new_tokens,
+                              num_samples=num_samples, greedy=greedy, temperature=temperature,
+                              seed=None if seed is None else seed + start)
+        texts.extend(out.texts(tokenizer, pad))
     return [texts[i * num_samples : (i + 1) * num_samples] for i in range(len(prompts))]
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def sample_responses(model, tokenizer, prompts, *, num_samples=4, max_new_tokens=8, temperature=1.0, seed=0):
@@ -153,13 +127,12 @@ def exact_match_accuracy(
     batch_size: int = 100, max_new_tokens: int = 8,
 ) -> float:
     """Share of ``n`` held-out prompts whose greedy answer is exactly right."""
+    from offline_plugins.envs.tasks import exact_match
+
     problems = task.problems(n, split=split, seed=seed)
-    correct = 0
-    for start in range(0, n, batch_size):
-        chunk = problems[start : start + batch_size]
-        outs = generate(model, tokenizer, [p.prompt for p in chunk], greedy=True, max_new_tokens=max_new_tokens)
-        correct += sum(task.reward(p.prompt, o[0]) for p, o in zip(chunk, outs))
-    return correct / max(n, 1)
+    outs = generate(model, tokenizer, [p.prompt for p in problems], greedy=True, max_new_tokens=max_new_tokens,
+                    batch_size=batch_size)
+    return sum(exact_match(o[0], p.answer) for p, o in zip(problems, outs)) / max(n, 1)
 
 
 def supervised_finetune(
@@ -180,9 +153,10 @@ def supervised_finetune(
     """
     from offline_plugins.data.preference import tokenize_completions
     from offline_plugins.modules.causal_lm import CausalLMLogProbs
+    from offline_plugins.objectives import TextSFTLoss
 
     td, _ = tokenize_completions(rows, tokenizer, max_length=max_length)
-    actor = CausalLMLogProbs(model)
+    nll = TextSFTLoss(CausalLMLogProbs(model))  # the sft algorithm's loss
     device = next(model.parameters()).device
     td = td.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -196,10 +170,7 @@ def supervised_finetune(
         steps_iter = tqdm(steps_iter, desc="SFT reference", unit="step", leave=False)
     for _ in steps_iter:
         idx = torch.randint(0, td.batch_size[0], (batch_size,), generator=g).to(device)
-        batch = td[idx]
-        lp = actor.log_probs(batch["tokens", "full"], batch["masks", "all_attention_mask"])
-        mask = batch["masks", "all_assistant_mask"]
-        loss = -(lp * mask).sum() / mask.sum()
+        loss = nll(td[idx])["loss_nll"]
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

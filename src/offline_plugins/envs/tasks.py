@@ -22,12 +22,24 @@ from typing import Literal, Sequence
 
 from offline_plugins.errors import UserError
 
-__all__ = ["CHARSET", "Problem", "ArithmeticTask", "TaskError"]
+__all__ = ["CHARSET", "Problem", "ArithmeticTask", "TaskError", "exact_match"]
 
 #: characters a task's prompts and answers use
 CHARSET = "0123456789+-*= "
 
 Split = Literal["train", "test"]
+
+
+def exact_match(response: str, answer: object) -> float:
+    """1.0 if ``response`` and ``answer``, each stripped of surrounding spaces, are the same text; else 0.0.
+
+    The one exact-match rule: a task's reward, a JSONL file's reward against its ``answer``
+    column, and every held-out exact-match score.
+
+    >>> exact_match(" 119", "119"), exact_match("1190", "119")
+    (1.0, 0.0)
+    """
+    return 1.0 if response.strip() == str(answer).strip() else 0.0
 
 
 class TaskError(UserError, ValueError):
@@ -97,7 +109,7 @@ class ArithmeticTask:
 
     def reward(self, prompt: str, response: str) -> float:
         """1.0 if the response, stripped of surrounding spaces, is exactly the answer; else 0.0."""
-        return 1.0 if response.strip() == self.answer(prompt) else 0.0
+        return exact_match(response, self.answer(prompt))
 
     def rewards(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
         return [self.reward(p, r) for p, r in zip(prompts, responses)]

@@ -39,6 +39,7 @@ _EXPORTS = {
     "RobustDPOLoss": "llm.preference",
     "RPOLoss": "llm.preference",
     "SimPOLoss": "llm.preference",
+    "RolloutLoss": "llm.rollout",
     "TextGRPOLoss": "llm.online",
     "DAPOLoss": "llm.online",
     "DrGRPOLoss": "llm.online",

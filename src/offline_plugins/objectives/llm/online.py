@@ -44,9 +44,8 @@ from typing import Optional
 
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
-from torchrl.objectives import LossModule
 
-from offline_plugins.objectives.llm.common import get_checked
+from offline_plugins.objectives.llm.rollout import RolloutLoss
 
 __all__ = [
     "group_advantages",
@@ -134,7 +133,7 @@ def k3_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
     return torch.expm1(d) - d
 
 
-class TextGRPOLoss(LossModule):
+class TextGRPOLoss(RolloutLoss):
     """GRPO: group-normalised advantages, a clipped ratio, k3 KL to the reference.
 
     Shao et al. 2024, DeepSeekMath, arXiv:2402.03300. Per response token,
@@ -168,32 +167,14 @@ class TextGRPOLoss(LossModule):
     """
 
     @dataclass
-    class _AcceptedKeys:
-        """Keys the loss reads; rename them with ``set_keys(...)``.
+    class _AcceptedKeys(RolloutLoss._AcceptedKeys):
+        """The text keys of :class:`~offline_plugins.objectives.llm.rollout.RolloutLoss`, plus ``log_probs``:
+        where the actor writes the current log-probs, ``("log_probs", "current")``."""
 
-        Attributes:
-            tokens: ``("tokens", "full")``. attention_mask: ``("masks", "all_attention_mask")``.
-            response_mask: ``("masks", "all_assistant_mask")``.
-            sample_log_probs: ``("log_probs", "full")`` (the sampling policy's).
-            ref_log_probs: ``("next", "ref_log_probs", "full")``. reward: ``("next", "reward")``.
-            group: ``"group"``. advantage: ``"advantage"`` (``[B, T, 1]``, as TorchRL's GRPOLoss).
-            log_probs: where the actor writes the current log-probs, ``("log_probs", "current")``.
-        """
-
-        tokens: NestedKey = ("tokens", "full")
-        attention_mask: NestedKey = ("masks", "all_attention_mask")
-        response_mask: NestedKey = ("masks", "all_assistant_mask")
-        sample_log_probs: NestedKey = ("log_probs", "full")
-        ref_log_probs: NestedKey = ("next", "ref_log_probs", "full")
-        reward: NestedKey = ("next", "reward")
-        group: NestedKey = "group"
-        advantage: NestedKey = "advantage"
         log_probs: NestedKey = ("log_probs", "current")
 
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
-    #: drop all-equal groups and sample again (DAPO's dynamic sampling); read by the collector
-    dynamic_sampling: bool = False
     #: whether the KL to the reference is a loss term (RLOO puts it in the reward instead)
     kl_as_term: bool = True
     default_clip = 0.2
@@ -220,37 +201,13 @@ class TextGRPOLoss(LossModule):
         # a python flag, so forward needs no host sync to know whether the KL term exists
         self.has_kl_term = self.kl_as_term and float(self.beta) > 0
 
-    def _forward_value_estimator_keys(self, **kwargs) -> None:
-        pass
-
-    @property
-    def in_keys(self):
-        k = self.tensor_keys
-        return [getattr(k, f) for f in k.__dataclass_fields__ if f != "log_probs"]
-
     @property
     def out_keys(self):
         return ["loss_objective", "loss_kl", "kl_to_reference", "clip_fraction", "ratio_mean"]
 
-    def _get(self, td: TensorDictBase, name: str, what: str) -> torch.Tensor:
-        return get_checked(td, getattr(self.tensor_keys, name), what=what, loss=type(self).__name__, setter=name)
-
-    # -- what runs once per batch of rollouts ---------------------------------
-    def rollout_rewards(self, td: TensorDictBase) -> torch.Tensor:
-        """The reward the advantages come from, ``[B]`` (default: the task's ``("next", "reward")``)."""
-        return self._get(td, "reward", "the rollouts' rewards").reshape(-1).to(torch.float32)
-
     def advantages(self, rewards: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(advantage [B], has_signal [B])``: GRPO's group-standardised reward (population std)."""
         return group_advantages(rewards, groups, scale=True)
-
-    def process_rollouts(self, td: TensorDictBase) -> TensorDictBase:
-        """Write ``"advantage"`` (``[B, T, 1]``, on response tokens) and ``"has_signal"`` into ``td``."""
-        mask = self._get(td, "response_mask", "the response-token mask")
-        adv, signal = self.advantages(self.rollout_rewards(td), self._get(td, "group", "the prompt ids"))
-        td.set(self.tensor_keys.advantage, (adv.unsqueeze(-1) * mask.to(adv.dtype)).unsqueeze(-1))
-        td.set("has_signal", signal)
-        return td
 
     # -- the objective --------------------------------------------------------
     def aggregate(self, per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -267,9 +224,8 @@ class TextGRPOLoss(LossModule):
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
         k = self.tensor_keys
-        tokens = self._get(tensordict, "tokens", "the rollouts' tokens")
-        attn = self._get(tensordict, "attention_mask", "the attention mask")
-        mask = self._get(tensordict, "response_mask", "the response-token mask").bool()
+        tokens, attn, mask = self._text(tensordict)
+        mask = mask.bool()
         sample_lp = self._get(tensordict, "sample_log_probs", "the sampling policy's log-probs")
         advantage = self._get(tensordict, "advantage", "the advantages (written by loss.process_rollouts)")
         advantage = advantage.reshape(mask.shape)
@@ -378,7 +334,7 @@ class RLOOLoss(TextGRPOLoss):
         return group_advantages(rewards, groups, leave_one_out=True)
 
 
-class ExpertIterationLoss(TextGRPOLoss):
+class ExpertIterationLoss(RolloutLoss):
     """Expert iteration (STaR / rejection-sampling fine-tuning): SFT on the sampled responses
     whose reward reaches ``threshold``.
 
@@ -388,40 +344,48 @@ class ExpertIterationLoss(TextGRPOLoss):
     policy conditioned on success). The row's weight (1 kept, 0 dropped) is written as its
     advantage; the loss is ``-sum(w * logp) / sum(w * tokens)``, 0 when no row passed.
 
+    A sibling of :class:`TextGRPOLoss` (no ratio, no KL term); the other constructor arguments
+    of :class:`TextGRPOLoss` are accepted and unused, as before.
+
     Keyword Args:
         threshold (float): the reward a response must reach. Defaults to ``1.0``.
     """
 
-    default_beta = 0.0
+    has_kl_term = False
 
-    def __init__(self, actor_network, *, threshold: float = 1.0, **kwargs) -> None:
-        super().__init__(actor_network, **kwargs)
+    def __init__(self, actor_network, *, threshold: float = 1.0, clip_epsilon=None, beta: Optional[float] = None,
+                 length_normalizer: Optional[int] = None) -> None:
+        super().__init__()
+        self.actor_network = actor_network
         self.threshold = float(threshold)
+
+    @property
+    def out_keys(self):
+        return ["loss_nll", "kept_fraction"]
 
     def advantages(self, rewards, groups):
         keep = rewards >= self.threshold
         return keep.to(torch.float32), keep
 
-    kl_as_term = False
-
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
-        tokens = self._get(tensordict, "tokens", "the rollouts' tokens")
-        attn = self._get(tensordict, "attention_mask", "the attention mask")
-        mask = self._get(tensordict, "response_mask", "the response-token mask").bool()
+        tokens, attn, mask = self._text(tensordict)
+        mask = mask.bool()
         weight = self._get(tensordict, "advantage", "the kept-row weights").reshape(mask.shape)
         lp = self.actor_network.log_probs(tokens, attn)
         w = weight * mask.to(lp.dtype)
-        out = TensorDict({"loss_nll": -(lp * w).sum() / w.sum().clamp_min(1)}, [])
+        out = TensorDict({"loss_nll": self._weighted_nll(lp, w)}, [])
         with torch.no_grad():
             out.set("kept_fraction", (w.sum(-1) > 0).to(lp.dtype).mean())
         return out
 
 
-class TextSFTLoss(LossModule):
+class TextSFTLoss(RolloutLoss):
     """Supervised fine-tuning: token-mean NLL of the completions given their prompts.
 
     The LLM's behaviour cloning (Ouyang et al. 2022, arXiv:2203.02155, step 1): its result
-    is the reference the preference and online algorithms start from.
+    is the reference the preference and online algorithms start from. It reads the text keys
+    of :class:`~offline_plugins.objectives.llm.rollout.RolloutLoss` from offline rows (no rollouts,
+    so no ``process_rollouts``).
 
     Args:
         actor_network: as :class:`TextGRPOLoss`.
@@ -436,41 +400,20 @@ class TextSFTLoss(LossModule):
         torch.Size([])
     """
 
-    @dataclass
-    class _AcceptedKeys:
-        """tokens: ``("tokens", "full")``; attention_mask: ``("masks", "all_attention_mask")``;
-        response_mask: ``("masks", "all_assistant_mask")``."""
-
-        tokens: NestedKey = ("tokens", "full")
-        attention_mask: NestedKey = ("masks", "all_attention_mask")
-        response_mask: NestedKey = ("masks", "all_assistant_mask")
-
-    default_keys = _AcceptedKeys
-    tensor_keys: _AcceptedKeys
+    reads = ("tokens", "attention_mask", "response_mask")
 
     def __init__(self, actor_network: torch.nn.Module) -> None:
         super().__init__()
         self.actor_network = actor_network
-
-    def _forward_value_estimator_keys(self, **kwargs) -> None:
-        pass
-
-    @property
-    def in_keys(self):
-        k = self.tensor_keys
-        return [k.tokens, k.attention_mask, k.response_mask]
 
     @property
     def out_keys(self):
         return ["loss_nll"]
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
-        k = self.tensor_keys
-        get = lambda key, name: get_checked(tensordict, key, what=name, loss="TextSFTLoss", setter=name)  # noqa: E731
-        tokens, attn = get(k.tokens, "tokens"), get(k.attention_mask, "attention_mask")
-        mask = get(k.response_mask, "response_mask").to(torch.float32)
+        tokens, attn, mask = self._text(tensordict)
         lp = self.actor_network.log_probs(tokens, attn)
-        return TensorDict({"loss_nll": -(lp * mask).sum() / mask.sum().clamp_min(1)}, [])
+        return TensorDict({"loss_nll": self._weighted_nll(lp, mask.to(torch.float32))}, [])
 
 
 def _example_rollouts(tokens: torch.Tensor, rewards, groups) -> TensorDict:

@@ -41,10 +41,10 @@ from dataclasses import dataclass
 
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
-from torchrl.objectives import LossModule
 
 from offline_plugins.objectives.llm.common import PreferenceInputError, PreferenceLossBase, get_checked
 from offline_plugins.objectives.llm.preference import KTOLoss
+from offline_plugins.objectives.llm.rollout import RolloutLoss
 
 __all__ = ["OnlinePreferenceLoss", "REFERENCES"]
 
@@ -52,7 +52,7 @@ __all__ = ["OnlinePreferenceLoss", "REFERENCES"]
 REFERENCES = ("initial", "sampler")
 
 
-class OnlinePreferenceLoss(LossModule):
+class OnlinePreferenceLoss(RolloutLoss):
     """A paired preference loss trained on best-vs-worst pairs of the policy's own rollouts.
 
     Online DPO (Guo et al. 2024, arXiv:2402.04792) and iterative DPO (Xiong et al. 2024,
@@ -100,22 +100,16 @@ class OnlinePreferenceLoss(LossModule):
     """
 
     @dataclass
-    class _AcceptedKeys:
-        """Rollout keys the pairing reads; rename them with ``set_keys(...)``.
+    class _AcceptedKeys(RolloutLoss._AcceptedKeys):
+        """The rollout keys of :class:`~offline_plugins.objectives.llm.rollout.RolloutLoss` (the pairing reads
+        ``reward``, ``group``, ``ref_log_probs`` for ``reference="initial"`` and ``sample_log_probs`` for
+        ``reference="sampler"``), plus ``pair_weight``: where the pairs carry their weight,
+        ``"pair_weight"`` (``[P, 2]``).
 
-        Attributes:
-            reward: ``("next", "reward")``, ``[N, 1]``. group: ``"group"`` (prompt id).
-            ref_log_probs: ``("next", "ref_log_probs", "full")`` (``reference="initial"``).
-            sample_log_probs: ``("log_probs", "full")`` (``reference="sampler"``).
-            pair_weight: where the pairs carry their weight, ``"pair_weight"`` (``[P, 2]``).
-
-        The token and mask keys are the inner loss's (``inner.tensor_keys``).
+        The token and mask keys the pairs are read from and written at are the inner loss's
+        (``inner.tensor_keys``).
         """
 
-        reward: NestedKey = ("next", "reward")
-        group: NestedKey = "group"
-        ref_log_probs: NestedKey = ("next", "ref_log_probs", "full")
-        sample_log_probs: NestedKey = ("log_probs", "full")
         pair_weight: NestedKey = "pair_weight"
 
     default_keys = _AcceptedKeys
@@ -148,9 +142,6 @@ class OnlinePreferenceLoss(LossModule):
     def actor_network(self):
         return self.inner.actor_network
 
-    def _forward_value_estimator_keys(self, **kwargs) -> None:
-        pass
-
     @property
     def in_keys(self):
         return [*self.inner.in_keys, self.tensor_keys.pair_weight]
@@ -159,9 +150,6 @@ class OnlinePreferenceLoss(LossModule):
     def out_keys(self):
         return ["pair_fraction"]
 
-    def _get(self, td: TensorDictBase, name: str, what: str) -> torch.Tensor:
-        return get_checked(td, getattr(self.tensor_keys, name), what=what, loss=type(self).__name__, setter=name)
-
     def _grouped_rewards(self, td: TensorDictBase) -> torch.Tensor:
         n, g = td.numel(), self.group_size
         if td.batch_dims != 1 or n % g:
@@ -169,7 +157,7 @@ class OnlinePreferenceLoss(LossModule):
                 f"OnlinePreferenceLoss: rollouts must be [P * G] rows with G = group_size = {g} contiguous rows per "
                 f"prompt, got batch_size {tuple(td.batch_size)}; sample them with "
                 f"offline_plugins.data.rollouts.RolloutCollector(group_size={g})")
-        return self._get(td, "reward", "the rollouts' rewards").reshape(n // g, g).to(torch.float32)
+        return self.rollout_rewards(td).reshape(n // g, g)
 
     # -- once per round --------------------------------------------------------
     def process_rollouts(self, td: TensorDictBase) -> TensorDictBase:

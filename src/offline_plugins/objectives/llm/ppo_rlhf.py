@@ -39,10 +39,9 @@ from typing import Optional
 
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
-from torchrl.objectives import LossModule
 
 from offline_plugins.errors import UserError
-from offline_plugins.objectives.llm.common import get_checked
+from offline_plugins.objectives.llm.rollout import RolloutLoss
 
 __all__ = ["kl_penalised_rewards", "token_gae", "masked_whiten", "AdaptiveKLController", "PPORLHFLoss",
            "KLTargetError"]
@@ -147,7 +146,7 @@ class AdaptiveKLController:
         return coef * (1 + error * n / horizon)
 
 
-class PPORLHFLoss(LossModule):
+class PPORLHFLoss(RolloutLoss):
     """PPO with a value head against a (learnt) reward, the KL to the reference in the reward.
 
     Ouyang et al. 2022, arXiv:2203.02155; Ziegler et al. 2019, arXiv:1909.08593. Per response token,
@@ -185,23 +184,17 @@ class PPORLHFLoss(LossModule):
     """
 
     @dataclass
-    class _AcceptedKeys:
-        """As :class:`~offline_plugins.objectives.llm.online.TextGRPOLoss`, plus ``value``
+    class _AcceptedKeys(RolloutLoss._AcceptedKeys):
+        """The text keys of :class:`~offline_plugins.objectives.llm.rollout.RolloutLoss`, plus ``value``
         (``"state_value"``, ``[B, T]`` old values) and ``value_target`` (``"value_target"``, GAE returns)."""
 
-        tokens: NestedKey = ("tokens", "full")
-        attention_mask: NestedKey = ("masks", "all_attention_mask")
-        response_mask: NestedKey = ("masks", "all_assistant_mask")
-        sample_log_probs: NestedKey = ("log_probs", "full")
-        ref_log_probs: NestedKey = ("next", "ref_log_probs", "full")
-        reward: NestedKey = ("next", "reward")
-        advantage: NestedKey = "advantage"
         value: NestedKey = "state_value"
         value_target: NestedKey = "value_target"
 
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
-    dynamic_sampling: bool = False
+    reads = ("tokens", "attention_mask", "response_mask", "sample_log_probs", "ref_log_probs", "reward", "advantage",
+             "value", "value_target")
     #: PPO needs no groups of responses to one prompt
     min_group_size: int = 1
 
@@ -228,32 +221,20 @@ class PPORLHFLoss(LossModule):
         self.gamma, self.lmbda = float(gamma), float(lmbda)
         self.whiten_advantages = bool(whiten_advantages)
 
-    def _forward_value_estimator_keys(self, **kwargs) -> None:
-        pass
-
-    @property
-    def in_keys(self):
-        k = self.tensor_keys
-        return [getattr(k, f) for f in k.__dataclass_fields__]
-
     @property
     def out_keys(self):
         return ["loss_objective", "loss_critic", "kl_to_reference", "clip_fraction", "ratio_mean", "value_clip_fraction"]
-
-    def _get(self, td: TensorDictBase, name: str, what: str) -> torch.Tensor:
-        return get_checked(td, getattr(self.tensor_keys, name), what=what, loss=type(self).__name__, setter=name)
 
     @torch.no_grad()
     def process_rollouts(self, td: TensorDictBase) -> TensorDictBase:
         """Write per-token KL-penalised rewards, old values, whitened GAE advantages and returns; step the
         adaptive KL controller on this round's KL (used from the next round on)."""
         k = self.tensor_keys
-        mask = self._get(td, "response_mask", "the response-token mask").bool()
-        tokens = self._get(td, "tokens", "the rollouts' tokens")
-        attn = self._get(td, "attention_mask", "the attention mask")
+        tokens, attn, mask = self._text(td)
+        mask = mask.bool()
         sample = self._get(td, "sample_log_probs", "the sampling policy's log-probs")
         ref = self._get(td, "ref_log_probs", "the reference's log-probs")
-        reward = self._get(td, "reward", "the rollouts' rewards").reshape(-1).to(torch.float32)
+        reward = self.rollout_rewards(td)
         rewards, kl = kl_penalised_rewards(reward, sample, ref, mask, self.kl_coef, estimator=self.kl_estimator)
         values = self.value_network(tokens, attn).to(torch.float32)
         adv, ret = token_gae(rewards, values, mask, gamma=self.gamma, lmbda=self.lmbda)
@@ -272,9 +253,8 @@ class PPORLHFLoss(LossModule):
         return td
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
-        tokens = self._get(tensordict, "tokens", "the rollouts' tokens")
-        attn = self._get(tensordict, "attention_mask", "the attention mask")
-        mask = self._get(tensordict, "response_mask", "the response-token mask").bool()
+        tokens, attn, mask = self._text(tensordict)
+        mask = mask.bool()
         sample = self._get(tensordict, "sample_log_probs", "the sampling policy's log-probs")
         adv = self._get(tensordict, "advantage", "the advantages (written by loss.process_rollouts)")
         adv = adv.reshape(mask.shape)

@@ -42,10 +42,9 @@ from typing import Optional, Sequence
 
 import torch
 from tensordict import NestedKey, NonTensorStack, TensorDict, TensorDictBase
-from torchrl.objectives import LossModule
 
-from offline_plugins.objectives.llm.common import get_checked
 from offline_plugins.objectives.llm.online import group_advantages
+from offline_plugins.objectives.llm.rollout import RolloutLoss
 
 __all__ = ["return_buckets", "relabel_return_tokens", "TextDTLoss"]
 
@@ -81,7 +80,7 @@ def relabel_return_tokens(tokens: torch.Tensor, return_token_ids: torch.Tensor,
     return torch.where(is_return, new, tokens), is_return.sum(-1)
 
 
-class TextDTLoss(LossModule):
+class TextDTLoss(RolloutLoss):
     """Text Decision Transformer: NLL of responses conditioned on the reward token of the return they achieved.
 
     Chen et al. 2021, Decision Transformer, arXiv:2106.01345 (return-conditioned sequence
@@ -119,27 +118,16 @@ class TextDTLoss(LossModule):
     """
 
     @dataclass
-    class _AcceptedKeys:
-        """Keys the loss reads; rename them with ``set_keys(...)``.
+    class _AcceptedKeys(RolloutLoss._AcceptedKeys):
+        """The text keys of :class:`~offline_plugins.objectives.llm.rollout.RolloutLoss` (``advantage`` is
+        written here: the row's NLL weight on its response tokens), plus ``prompt_text``:
+        ``("text", "prompt")`` (rewritten when the token texts are known)."""
 
-        Attributes:
-            tokens: ``("tokens", "full")``. attention_mask: ``("masks", "all_attention_mask")``.
-            response_mask: ``("masks", "all_assistant_mask")``. reward: ``("next", "reward")``.
-            prompt_text: ``("text", "prompt")`` (rewritten when the token texts are known).
-            advantage: ``"advantage"`` (written: the row's NLL weight on its response tokens).
-        """
-
-        tokens: NestedKey = ("tokens", "full")
-        attention_mask: NestedKey = ("masks", "all_attention_mask")
-        response_mask: NestedKey = ("masks", "all_assistant_mask")
-        reward: NestedKey = ("next", "reward")
         prompt_text: NestedKey = ("text", "prompt")
-        advantage: NestedKey = "advantage"
 
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
-    #: read by the rollout refill: keep every group (each row is a training row)
-    dynamic_sampling: bool = False
+    reads = ("tokens", "attention_mask", "response_mask", "reward", "advantage")
 
     def __init__(
         self,
@@ -176,20 +164,9 @@ class TextDTLoss(LossModule):
         self.target_return = target
         self.return_token_texts = None if return_token_texts is None else [str(t) for t in return_token_texts]
 
-    def _forward_value_estimator_keys(self, **kwargs) -> None:
-        pass
-
-    @property
-    def in_keys(self):
-        k = self.tensor_keys
-        return [k.tokens, k.attention_mask, k.response_mask, k.reward, k.advantage]
-
     @property
     def out_keys(self):
         return ["loss_nll", "target_return_fraction"]
-
-    def _get(self, td: TensorDictBase, name: str, what: str) -> torch.Tensor:
-        return get_checked(td, getattr(self.tensor_keys, name), what=what, loss=type(self).__name__, setter=name)
 
     @property
     def target_token_id(self) -> int:
@@ -210,9 +187,8 @@ class TextDTLoss(LossModule):
                 from the conditioned prompt source of :mod:`offline_plugins.algorithms.text_dt`).
         """
         k = self.tensor_keys
-        tokens = self._get(td, "tokens", "the rollouts' tokens")
-        attn = self._get(td, "attention_mask", "the attention mask").bool()
-        mask = self._get(td, "response_mask", "the response-token mask").bool()
+        tokens, attn, mask = self._text(td)
+        attn, mask = attn.bool(), mask.bool()
         reward = self._get(td, "reward", "the rollouts' rewards").reshape(-1)
         buckets = return_buckets(reward, self.return_levels)
         # only prompt tokens carry the conditioning (a sampled response could emit a return token)
@@ -230,8 +206,8 @@ class TextDTLoss(LossModule):
         at_target = buckets == self.target_index
         weight = torch.where(at_target, torch.ones_like(reward, dtype=torch.float32),
                              self.low_return_weight.expand_as(reward))
-        td.set(k.advantage, (weight.unsqueeze(-1) * mask.to(torch.float32)).unsqueeze(-1))
-        groups = td.get("group", None)
+        td.set(k.advantage, self._on_response(weight, mask))
+        groups = td.get(k.group, None)
         if groups is None:
             td.set("has_signal", torch.ones_like(buckets, dtype=torch.bool))
         else:  # as the other online losses: whether the group's rewards differ (the rollout statistics read it)
@@ -255,13 +231,12 @@ class TextDTLoss(LossModule):
 
     # -- the objective --------------------------------------------------------
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
-        tokens = self._get(tensordict, "tokens", "the rollouts' tokens")
-        attn = self._get(tensordict, "attention_mask", "the attention mask")
-        mask = self._get(tensordict, "response_mask", "the response-token mask").to(torch.float32)
+        tokens, attn, mask = self._text(tensordict)
+        mask = mask.to(torch.float32)
         weight = self._get(tensordict, "advantage", "the row weights (written by loss.process_rollouts)")
         w = weight.reshape(mask.shape) * mask
         lp = self.actor_network.log_probs(tokens, attn)
-        out = TensorDict({"loss_nll": -(lp * w).sum() / w.sum().clamp_min(1e-6)}, [])
+        out = TensorDict({"loss_nll": self._weighted_nll(lp, w, floor=1e-6)}, [])
         with torch.no_grad():
             # the share of the batch's rows relabelled with the target return (the success rate)
             target = self.return_token_ids[self.target_index]
