@@ -218,3 +218,25 @@ def test_an_online_algorithm_given_offline_data_names_the_data_it_got():
     with pytest.raises(UserError, match=r"grpo trains on its own rollouts: .*load_rollout_data\), "
                                         r"not a PendulumTransitions$"):
         build_grpo(GRPOConfig(), PendulumTransitions())
+
+
+def test_the_rollout_defaults_live_in_one_table():
+    import dataclasses
+    import inspect
+
+    from offline_plugins.algorithms.online import GRPOConfig
+    from offline_plugins.algorithms.online_dpo import OnlineDPOConfig
+    from offline_plugins.config import ROLLOUT_DEFAULTS
+    from offline_plugins.data.rollouts import RolloutCollector, load_rollout_data
+
+    for fn in (RolloutCollector.__init__, load_rollout_data):
+        params = inspect.signature(fn).parameters
+        for key, default in ROLLOUT_DEFAULTS.items():
+            if key in params:
+                assert params[key].default == default, (fn.__qualname__, key)
+    grpo = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    assert {k: grpo[k] for k in ROLLOUT_DEFAULTS if k in grpo} == {k: ROLLOUT_DEFAULTS[k] for k in grpo
+                                                                  if k in ROLLOUT_DEFAULTS}
+    dpo = {f.name: f.default for f in dataclasses.fields(OnlineDPOConfig)}
+    for key in ("group_size", "max_new_tokens", "temperature", "top_p", "reference_sft_steps", "eval_prompts"):
+        assert dpo[key] == ROLLOUT_DEFAULTS[key], key

@@ -38,7 +38,17 @@ __all__ = [
     "parse_set_args",
     "load_config_file",
     "config_to_dict",
+    "ROLLOUT_DEFAULTS",
 ]
+
+#: The rollout settings' defaults, in one place: the online algorithms' config fields
+#: (``algorithms/online.py``, ``online_dpo.py``), the text-rollouts kind's fallbacks for a
+#: third-party config that lacks a field, and the keyword defaults of
+#: ``RolloutCollector``/``load_rollout_data`` (``tests/test_online_train.py`` checks they agree).
+ROLLOUT_DEFAULTS: dict[str, Any] = {
+    "group_size": 8, "prompts_per_round": 16, "max_new_tokens": 6, "temperature": 1.0, "top_p": 1.0,
+    "batch_size": 32, "ppo_epochs": 1, "reference_sft_steps": 2000, "eval_prompts": 200, "max_attempts": 4,
+}
 
 
 class ConfigError(UserError, ValueError):

@@ -115,3 +115,14 @@ def soft_updater(loss, tau: float):
     from offline_plugins.objectives.target import FusedSoftUpdate
 
     return FusedSoftUpdate(loss, tau=tau)
+
+
+def require_rollouts(data: Any, algorithm: str) -> None:
+    """Refuse data that is not a :class:`~offline_plugins.data.rollouts.RolloutData` (what the
+    text-rollouts kind loads), naming what was given and how to load the right one."""
+    from offline_plugins.data.rollouts import RolloutData
+    from offline_plugins.errors import UserError
+
+    if not isinstance(data, RolloutData):
+        raise UserError(f"{algorithm} trains on its own rollouts: give it a RolloutData "
+                        f"(offline_plugins.data.rollouts.load_rollout_data), not a {type(data).__name__}")

@@ -8,7 +8,8 @@ policy starts at the reference). The rollouts are sampled while training, by the
 
 The config fields the kind reads (``group_size``, ``prompts_per_round``, ``ppo_epochs``,
 ``max_new_tokens``, ``temperature``, ``top_p``, ``batch_size``, ``reference_sft_steps``,
-``eval_prompts``) are declared here with each algorithm's defaults.
+``eval_prompts``) are declared here (:class:`SamplingFields` and each config), their
+defaults read from :data:`~offline_plugins.config.ROLLOUT_DEFAULTS`.
 
 ``lr`` defaults to ``None``: the algorithm's rate for a pretrained or SFT reference, and
 :data:`~offline_plugins.algorithms.preference.FROM_SCRATCH_LR` for the tiny model at its
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
 from offline_plugins.algorithms.preference import LoRAFields
+from offline_plugins.config import ROLLOUT_DEFAULTS as _D
 from offline_plugins.config import config_field
 from offline_plugins.plugins.hookspecs import hookimpl
 from offline_plugins.plugins.registry import AlgorithmSpec
@@ -36,19 +38,28 @@ def _lr_help(pretrained: float) -> str:
 
 
 @dataclass
-class _RolloutFields(LoRAFields):
+class SamplingFields(LoRAFields):
+    """The sampling and reference fields every online algorithm's config shares (defaults:
+    :data:`~offline_plugins.config.ROLLOUT_DEFAULTS`)."""
+
+    max_grad_norm: float = config_field(1.0, "clip the policy's gradient norm to this")
+    max_new_tokens: int = config_field(_D["max_new_tokens"], "response budget in tokens")
+    temperature: float = config_field(_D["temperature"], "sampling temperature")
+    top_p: float = config_field(_D["top_p"], "nucleus sampling threshold (1.0: off)")
+    reference_sft_steps: int = config_field(_D["reference_sft_steps"],
+                                            "built-in task with --model tiny: SFT steps of the cached reference")
+    eval_prompts: int = config_field(_D["eval_prompts"], "held-out prompts scored by greedy exact match")
+
+
+@dataclass
+class _RolloutFields(SamplingFields):
     pretrained_lr: ClassVar[float] = 1e-4
     lr: Optional[float] = config_field(None, _lr_help(1e-4))
-    batch_size: int = config_field(32, "rollouts per gradient step (must divide prompts_per_round * group_size)")
-    max_grad_norm: float = config_field(1.0, "clip the policy's gradient norm to this")
-    group_size: int = config_field(8, "responses sampled per prompt (G >= 2)")
-    prompts_per_round: int = config_field(16, "prompts per round of rollouts")
-    ppo_epochs: int = config_field(1, "passes over each round's rollouts (PPO-style reuse)")
-    max_new_tokens: int = config_field(6, "response budget in tokens")
-    temperature: float = config_field(1.0, "sampling temperature")
-    top_p: float = config_field(1.0, "nucleus sampling threshold (1.0: off)")
-    reference_sft_steps: int = config_field(2000, "built-in task with --model tiny: SFT steps of the cached reference")
-    eval_prompts: int = config_field(200, "held-out prompts scored by greedy exact match")
+    batch_size: int = config_field(_D["batch_size"], "rollouts per gradient step (must divide prompts_per_round * "
+                                                     "group_size)")
+    group_size: int = config_field(_D["group_size"], "responses sampled per prompt (G >= 2)")
+    prompts_per_round: int = config_field(_D["prompts_per_round"], "prompts per round of rollouts")
+    ppo_epochs: int = config_field(_D["ppo_epochs"], "passes over each round's rollouts (PPO-style reuse)")
 
 
 @dataclass
@@ -129,12 +140,9 @@ def _parts(config: Any, data: Any, name: str, loss_cls: str, kwargs: dict):
     from offline_plugins.algorithms.preference import resolve_lr, trainable_policy
     from offline_plugins.modules.causal_lm import CausalLMLogProbs
     import offline_plugins.objectives.llm.online as online
+    from offline_plugins.algorithms._glue import require_rollouts
 
-    if not hasattr(data, "collector"):
-        from offline_plugins.errors import UserError
-
-        raise UserError(f"{name} trains on its own rollouts: give it a RolloutData "
-                        f"(offline_plugins.data.rollouts.load_rollout_data), not a {type(data).__name__}")
+    require_rollouts(data, name)
     policy = trainable_policy(config, data, name)
     actor = CausalLMLogProbs(policy)
     loss = getattr(online, loss_cls)(actor, **kwargs)

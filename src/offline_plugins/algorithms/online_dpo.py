@@ -31,8 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from offline_plugins.algorithms.preference import LoRAFields
-from offline_plugins.config import config_field
+from offline_plugins.algorithms.online import SamplingFields
+from offline_plugins.config import ROLLOUT_DEFAULTS, config_field
 from offline_plugins.plugins.hookspecs import hookimpl
 from offline_plugins.plugins.registry import AlgorithmSpec
 
@@ -51,21 +51,17 @@ _HYPER = ("beta", "label_smoothing", "tau", "length_normalize", "alpha", "lam", 
 
 
 @dataclass
-class _PreferenceRolloutFields(LoRAFields):
+class _PreferenceRolloutFields(SamplingFields):
     inner: str = config_field("dpo", "the preference loss trained on the pairs: dpo, ipo, robust-dpo, rpo, orpo, "
                                      "simpo (kto is refused: it needs unpaired rows)")
     lr: Optional[float] = config_field(None, "Adam learning rate; unset: the inner algorithm's rate (dpo, ipo, "
                                              "simpo 1e-5; rpo, orpo 3e-5), 1e-3 for --model tiny from its random init")
-    max_grad_norm: float = config_field(1.0, "clip the policy's gradient norm to this")
-    group_size: int = config_field(8, "responses sampled per prompt (G >= 2): chosen the best, rejected the worst")
-    max_new_tokens: int = config_field(6, "response budget in tokens")
-    temperature: float = config_field(1.0, "sampling temperature")
-    top_p: float = config_field(1.0, "nucleus sampling threshold (1.0: off)")
+    group_size: int = config_field(ROLLOUT_DEFAULTS["group_size"],
+                                   "responses sampled per prompt (G >= 2): chosen the best, rejected the worst")
     dynamic_sampling: bool = config_field(False, "replace prompts whose G rewards are all equal (no pair) by newly "
                                                  "sampled ones, up to max_attempts batches of prompts")
-    max_attempts: int = config_field(4, "dynamic_sampling: batches of prompts sampled to fill a round with pairs")
-    reference_sft_steps: int = config_field(2000, "built-in task with --model tiny: SFT steps of the cached reference")
-    eval_prompts: int = config_field(200, "held-out prompts scored by greedy exact match")
+    max_attempts: int = config_field(ROLLOUT_DEFAULTS["max_attempts"],
+                                     "dynamic_sampling: batches of prompts sampled to fill a round with pairs")
     beta: Optional[float] = config_field(None, "inner dpo, robust-dpo, rpo: inverse temperature (unset 0.1); "
                                                "simpo: reward scale (unset 2.0)")
     label_smoothing: Optional[float] = config_field(None, "inner dpo (cDPO, unset 0.0), robust-dpo (unset 0.1): "
@@ -141,10 +137,9 @@ def _build(config: Any, data: Any, name: str, *, reference: str):
     from offline_plugins.errors import UserError
     from offline_plugins.modules.causal_lm import CausalLMLogProbs
     from offline_plugins.objectives.llm.online_dpo import OnlinePreferenceLoss
+    from offline_plugins.algorithms._glue import require_rollouts
 
-    if not hasattr(data, "collector") or not hasattr(data, "train_on"):
-        raise UserError(f"{name} trains on its own rollouts: give it a RolloutData "
-                        f"(offline_plugins.data.rollouts.load_rollout_data), not a {type(data).__name__}")
+    require_rollouts(data, name)
     loss_cls, kwargs, terms, inner_cfg = _inner_kwargs(config, name)
     lr = config.lr
     if lr is None:

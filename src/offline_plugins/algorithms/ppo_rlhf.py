@@ -49,13 +49,11 @@ class PPORLHFConfig(_RolloutFields):
 def build(config: PPORLHFConfig, data: Any):
     from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
     from offline_plugins.algorithms.preference import _trainable_copy, resolve_lr, trainable_policy
-    from offline_plugins.errors import UserError
     from offline_plugins.modules.causal_lm import CausalLMLogProbs
     from offline_plugins.objectives.llm.ppo_rlhf import PPORLHFLoss, TokenValueHead
+    from offline_plugins.algorithms._glue import require_rollouts
 
-    if not hasattr(data, "collector"):
-        raise UserError(f"ppo-rlhf trains on its own rollouts: give it a RolloutData "
-                        f"(offline_plugins.data.rollouts.load_rollout_data), not a {type(data).__name__}")
+    require_rollouts(data, "ppo-rlhf")
     # the critic is copied before LoRA (if asked) wraps the reference in place: a full trainable copy
     critic = TokenValueHead(_trainable_copy(data.reference))
     critic.train()

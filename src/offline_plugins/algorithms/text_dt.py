@@ -196,10 +196,9 @@ def build_text_dt(config: TextDTConfig, data: Any):
     from offline_plugins.modules.causal_lm import CausalLMLogProbs
     from offline_plugins.objectives.llm.text_dt import TextDTLoss
     from offline_plugins.tokens import prompt_token_ids
+    from offline_plugins.algorithms._glue import require_rollouts
 
-    if not hasattr(data, "collector"):
-        raise UserError(f"text-dt trains on its own rollouts: give it a RolloutData "
-                        f"(offline_plugins.data.rollouts.load_rollout_data), not a {type(data).__name__}")
+    require_rollouts(data, "text-dt")
     if getattr(data, "buffer", None) is not None:
         raise UserError("text-dt: build(config, data) must run before data.replay_buffer(...): the conditioning "
                         "widens the buffer's rows; build first (the training shell does)")

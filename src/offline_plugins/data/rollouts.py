@@ -275,7 +275,7 @@ class RolloutCollector:
     """
 
     def __init__(self, source: PromptSource, tokenizer: Any, reference: Optional[torch.nn.Module], *,
-                 group_size: int = 8, prompts_per_round: int = 16, max_new_tokens: int = 8,
+                 group_size: int = 8, prompts_per_round: int = 16, max_new_tokens: int = 6,
                  temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, max_attempts: int = 4,
                  context: Optional[int] = None, min_group_size: int = 2) -> None:
         # the algorithm declares its minimum: GRPO-style losses compare G >= 2 responses to one prompt,
@@ -646,7 +646,7 @@ class RolloutData:
 
 
 def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[str] = None, seed: int = 0,
-                      group_size: int = 8, prompts_per_round: int = 16, max_new_tokens: int = 8,
+                      group_size: int = 8, prompts_per_round: int = 16, max_new_tokens: int = 6,
                       temperature: float = 1.0, top_p: float = 1.0, batch_size: int = 32, ppo_epochs: int = 1,
                       reference_sft_steps: int = 2000, eval_prompts: int = 200, max_attempts: int = 4,
                       cache_dir: Optional[Path] = None, progress: bool = False,

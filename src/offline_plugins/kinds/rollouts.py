@@ -34,16 +34,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
+from offline_plugins.config import ROLLOUT_DEFAULTS
 from offline_plugins.errors import UserError
 from offline_plugins.plugins.datakind import DataKind, DataOptions, LoadedData, config_value, result_line
 
 __all__ = ["TextRollouts", "TextCompletions", "RolloutRefill", "RolloutEvaluation"]
-
-#: config fields the kind reads, with their defaults
-_FIELDS = {
-    "group_size": 8, "prompts_per_round": 16, "max_new_tokens": 6, "temperature": 1.0, "top_p": 1.0,
-    "batch_size": 32, "ppo_epochs": 1, "reference_sft_steps": 2000, "eval_prompts": 200, "max_attempts": 4,
-}
 
 
 def _pct(x) -> str:
@@ -264,7 +259,7 @@ class TextRollouts(DataKind):
              options: DataOptions) -> LoadedData:
         from offline_plugins.data.rollouts import load_rollout_data
 
-        kwargs = {k: config_value(config, k, default) for k, default in _FIELDS.items()}
+        kwargs = {k: config_value(config, k, default) for k, default in ROLLOUT_DEFAULTS.items()}
         # an algorithm that needs no groups (PPO) declares a smaller minimum than GRPO's G >= 2 (a
         # ClassVar of its config, not a field a user sets)
         data = load_rollout_data(dataset_id, model=options.model or "tiny", reward=options.reward,
@@ -275,7 +270,7 @@ class TextRollouts(DataKind):
     def batch_layout(self, config):
         from offline_plugins.plugins.datakind import BatchLayout
 
-        return BatchLayout(int(config_value(config, "batch_size", _FIELDS["batch_size"])))
+        return BatchLayout(int(config_value(config, "batch_size", ROLLOUT_DEFAULTS["batch_size"])))
 
     def run_settings(self, data, options: DataOptions) -> dict[str, Any]:
         return {"model": getattr(data, "model", None) or options.model or "tiny", "reward": options.reward}
