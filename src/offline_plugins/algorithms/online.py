@@ -1,4 +1,4 @@
-"""Online RL on text as plugins: GRPO, DAPO, Dr. GRPO, RLOO, expert iteration (family ``online-llm``).
+"""Online RL on text as plugins: GRPO, DAPO, Dr. GRPO, RLOO, CISPO, GSPO, expert iteration (family ``online-llm``).
 
 Each ``build(config, data)`` takes a :class:`~offline_plugins.data.rollouts.RolloutData`
 (prompts, reward, the frozen reference, the rollout collector) and returns the loss of
@@ -27,7 +27,8 @@ from offline_plugins.config import config_field
 from offline_plugins.plugins.hookspecs import hookimpl
 from offline_plugins.plugins.registry import AlgorithmSpec
 
-__all__ = ["SFTConfig", "GRPOConfig", "DAPOConfig", "DrGRPOConfig", "RLOOConfig", "ExpertIterationConfig"]
+__all__ = ["SFTConfig", "GRPOConfig", "DAPOConfig", "DrGRPOConfig", "RLOOConfig", "CISPOConfig", "GSPOConfig",
+           "ExpertIterationConfig"]
 
 _LOSSES = "offline_plugins.objectives.llm.online"
 
@@ -89,6 +90,22 @@ class DrGRPOConfig(_RolloutFields):
 class RLOOConfig(_RolloutFields):
     clip_epsilon: float = config_field(0.2, "PPO ratio clipping")
     beta: float = config_field(0.05, "weight of the sequence-level KL subtracted from the reward")
+
+
+@dataclass
+class CISPOConfig(_RolloutFields):
+    clip_low: float = config_field(0.2, "importance weight clipped below at 1 - clip_low (TorchRL CISPOLoss's 0.2; "
+                                        "the paper sets no lower bound: 0.99)")
+    clip_high: float = config_field(0.2, "importance weight clipped above at 1 + clip_high (TorchRL CISPOLoss's 0.2)")
+    beta: float = config_field(0.0, "weight of the k3 KL to the reference (0: MiniMax-M1's objective has none)")
+
+
+@dataclass
+class GSPOConfig(_RolloutFields):
+    clip_low: float = config_field(3e-4, "sequence ratio clipped below at 1 - clip_low (GSPO paper v2, sec. 5.1)")
+    clip_high: float = config_field(4e-4, "sequence ratio clipped above at 1 + clip_high (GSPO paper v2, sec. 5.1)")
+    beta: float = config_field(0.0, "weight of the k3 KL to the reference (0, as the GSPO paper's setting in "
+                                    "TRL's paper index)")
 
 
 @dataclass
@@ -173,6 +190,16 @@ def build_rloo(config: RLOOConfig, data: Any):
     return _parts(config, data, "rloo", "RLOOLoss", {"clip_epsilon": config.clip_epsilon, "beta": config.beta})
 
 
+def build_cispo(config: CISPOConfig, data: Any):
+    return _parts(config, data, "cispo", "TextCISPOLoss",
+                  {"clip_epsilon": (config.clip_low, config.clip_high), "beta": config.beta})
+
+
+def build_gspo(config: GSPOConfig, data: Any):
+    return _parts(config, data, "gspo", "TextGSPOLoss",
+                  {"clip_epsilon": (config.clip_low, config.clip_high), "beta": config.beta})
+
+
 def build_expert_iteration(config: ExpertIterationConfig, data: Any):
     return _parts(config, data, "expert-iteration", "ExpertIterationLoss", {"threshold": config.threshold})
 
@@ -191,6 +218,11 @@ _SPECS = (
     ("rloo", "REINFORCE leave-one-out: baseline from the group's other responses, KL in the reward", "RLOOLoss",
      "build_rloo", RLOOConfig, "Ahmadian et al. 2024, Back to Basics: Revisiting REINFORCE Style Optimization "
      "for Learning from Human Feedback in LLMs, arXiv:2402.14740"),
+    ("cispo", "CISPO: clipped, detached importance weight times the log-prob, every token kept", "TextCISPOLoss",
+     "build_cispo", CISPOConfig, "MiniMax 2025, MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning "
+     "Attention, arXiv:2506.13585"),
+    ("gspo", "GSPO: one clipped importance ratio per response (geometric mean of its tokens')", "TextGSPOLoss",
+     "build_gspo", GSPOConfig, "Zheng et al. 2025, Group Sequence Policy Optimization, arXiv:2507.18071"),
     ("expert-iteration", "Expert iteration / STaR: fine-tune on sampled responses that pass, repeat",
      "ExpertIterationLoss", "build_expert_iteration", ExpertIterationConfig,
      "Zelikman et al. 2022, STaR: Bootstrapping Reasoning With Reasoning, arXiv:2203.14465"),

@@ -44,6 +44,8 @@ _EXPORTS = {
     "DAPOLoss": "llm.online",
     "DrGRPOLoss": "llm.online",
     "RLOOLoss": "llm.online",
+    "TextCISPOLoss": "llm.online",
+    "TextGSPOLoss": "llm.online",
     "ExpertIterationLoss": "llm.online",
     "TextSFTLoss": "llm.online",
     "OnlinePreferenceLoss": "llm.online_dpo",

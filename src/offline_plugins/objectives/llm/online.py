@@ -1,4 +1,4 @@
-"""Online RL on text: GRPO, DAPO, Dr. GRPO, RLOO and expert iteration as TorchRL loss modules.
+"""Online RL on text: GRPO, DAPO, Dr. GRPO, RLOO, CISPO, GSPO and expert iteration as TorchRL loss modules.
 
 Every loss reads one batch of rollouts in the TED text layout (DESIGN.md), the rows a
 rollout collector (:mod:`offline_plugins.data.rollouts`) writes into a TorchRL replay
@@ -55,6 +55,8 @@ __all__ = [
     "DAPOLoss",
     "DrGRPOLoss",
     "RLOOLoss",
+    "TextCISPOLoss",
+    "TextGSPOLoss",
     "ExpertIterationLoss",
     "TextSFTLoss",
 ]
@@ -215,6 +217,11 @@ class TextGRPOLoss(RolloutLoss):
         m = mask.to(per_token.dtype)
         return ((per_token * m).sum(-1) / m.sum(-1).clamp_min(1)).mean()
 
+    def importance_log_ratio(self, log_probs: torch.Tensor, sample_log_probs: torch.Tensor,
+                             mask: torch.Tensor) -> torch.Tensor:
+        """``log(pi / pi_sample)`` per response token, 0 elsewhere: GRPO's token-level ratio."""
+        return torch.where(mask, log_probs - sample_log_probs, torch.zeros_like(log_probs))
+
     def surrogate(self, log_ratio: torch.Tensor, advantage: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """PPO's clipped surrogate per token and whether each token was clipped."""
         ratio = log_ratio.exp()
@@ -231,7 +238,7 @@ class TextGRPOLoss(RolloutLoss):
         advantage = advantage.reshape(mask.shape)
         lp = self.actor_network.log_probs(tokens, attn) if hasattr(self.actor_network, "log_probs") else \
             self.actor_network(tensordict.select(k.tokens, k.attention_mask).clone()).get(("log_probs", "full"))
-        log_ratio = torch.where(mask, lp - sample_lp, torch.zeros_like(lp))
+        log_ratio = self.importance_log_ratio(lp, sample_lp, mask)
         gain, clipped = self.surrogate(log_ratio, advantage)
         m = mask.to(lp.dtype)
         out = TensorDict({"loss_objective": -self.aggregate(gain, mask)}, [])
@@ -332,6 +339,57 @@ class RLOOLoss(TextGRPOLoss):
 
     def advantages(self, rewards, groups):
         return group_advantages(rewards, groups, leave_one_out=True)
+
+
+class TextCISPOLoss(TextGRPOLoss):
+    """CISPO: the clipped, detached importance weight times the log-prob, every token kept.
+
+    MiniMax 2025, MiniMax-M1, arXiv:2506.13585 (its CISPO objective). Per response token
+    ``sg(clip(rho, 1 - eps_low, 1 + eps_high)) * A * log pi`` with ``rho = pi / pi_sample``,
+    summed over every response token of the batch over their number (the paper's
+    ``1 / sum_i |o_i|``, DAPO's aggregation). Where PPO's ``min`` zeroes the gradient of a
+    clipped token, CISPO only caps its weight, so rare tokens with a large ratio still learn.
+    The value uses ``log(pi / pi_sample)`` for ``log pi``: the same gradient, and 0 on-policy.
+
+    Defaults: ``clip_epsilon = 0.2`` (TorchRL's ``CISPOLoss``, which inherits ``GRPOLoss``'s
+    ``[0.8, 1.2]``; the paper sets no lower bound and tunes only the upper one:
+    ``clip_epsilon=(0.99, eps_high)``); ``beta = 0`` (the paper's objective has no KL term; TorchRL's
+    ``CISPOLoss`` adds none unless ``kl_to_ref_coeff`` is set). Not TorchRL's ``CISPOLoss``: that one returns
+    ``-clip(rho) * A`` without the detach, whose gradient is 0 wherever the weight is clipped.
+    """
+
+    default_beta = 0.0
+    aggregate = DAPOLoss.aggregate
+
+    def surrogate(self, log_ratio, advantage):
+        """``sg(clip(rho)) * A * log_ratio`` and whether each token's weight was clipped."""
+        ratio = log_ratio.detach().exp()
+        weight = ratio.clamp(1 - self.clip_low, 1 + self.clip_high)
+        return weight * advantage * log_ratio, weight != ratio
+
+
+class TextGSPOLoss(TextGRPOLoss):
+    """GSPO: one importance ratio per response, the geometric mean of its tokens' ratios, clipped.
+
+    Zheng et al. 2025, Group Sequence Policy Optimization, arXiv:2507.18071:
+    ``s_i = exp(1/|o_i| sum_t log(pi / pi_sample))``, the objective
+    ``1/G sum_i min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)``. ``s_i`` is written on
+    each of the response's tokens, so GRPO's surrogate and aggregation (token mean per response,
+    then mean over responses) give exactly that sum (TRL's ``importance_sampling_level="sequence"``
+    does the same). Defaults from the paper (v2, section 5.1), as TRL's paper index quotes them:
+    ``clip_epsilon = (3e-4, 4e-4)``, ``beta = 0``. On-policy (one pass, ratio 1) it is GRPO's
+    gradient with the same advantages; the two differ once the policy has moved.
+    """
+
+    default_clip = (3e-4, 4e-4)
+    default_beta = 0.0
+
+    def importance_log_ratio(self, log_probs, sample_log_probs, mask):
+        """``log s_i``, the mean over the response's tokens, on each of its tokens (0 elsewhere)."""
+        per_token = super().importance_log_ratio(log_probs, sample_log_probs, mask)
+        m = mask.to(per_token.dtype)
+        per_row = per_token.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1)
+        return per_row * m
 
 
 class ExpertIterationLoss(RolloutLoss):
