@@ -220,8 +220,10 @@ class TextRollouts(DataKind):
     name = "text-rollouts"
     summary = "prompts answered by the policy while it trains, scored by a verifier or a reward function"
     description = "a text task (prompts with a verifier or a reward)"
-    train_hint = ("train an online algorithm on it (grpo, dapo, dr-grpo, rloo, cispo, gspo, expert-iteration, "
-                  "online-dpo, iterative-dpo, text-dt, ppo-rlhf)")
+    # examples, not the list: 'list --kinds' names every algorithm of this kind, so a new online
+    # method needs no edit here
+    train_hint = ("train an online algorithm on it (grpo, ppo-rlhf, online-dpo, ...: 'offline-plugins list --kinds' "
+                  "names them all)")
     config_fields = {
         "batch_size": "rollouts per gradient step (default 32; must divide prompts_per_round * group_size)",
         "group_size": "responses sampled per prompt, G >= 2 for the group methods (default 8; ppo-rlhf: 1)",
