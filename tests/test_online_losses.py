@@ -394,31 +394,3 @@ def test_gspo_on_policy_gradient_is_grpos():
         loss(td)["loss_objective"].backward()
         grads.append(actor.table.grad)
     torch.testing.assert_close(grads[0], grads[1])
-
-
-@pytest.fixture(scope="module")
-def prompt_file(tmp_path_factory):
-    import json
-    import random
-
-    rng = random.Random(0)
-    path = tmp_path_factory.mktemp("online") / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"prompt": "".join(rng.choice("abcdef") for _ in range(4)) + ":"}) + "\n"
-                            for _ in range(220)))
-    return path
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("algorithm", ["cispo", "gspo"])
-def test_cispo_and_gspo_raise_the_reward_of_a_user_task(algorithm, prompt_file, tmp_path):
-    from offline_plugins.lightning.run import train
-
-    summary = train(algorithm, str(prompt_file), steps=36, seed=0, out_dir=tmp_path / "run", progress=False,
-                    threads=1, reward="test_online_train:digit_share", eval_every=0,
-                    overrides={"group_size": 4, "prompts_per_round": 6, "batch_size": 8, "max_new_tokens": 4,
-                               "eval_prompts": 20, "lr": 3e-3})
-    # spread (seeds 0-2, 36 steps, the settings of test_online_train's GRPO test): rollout reward
-    # 0.09-0.16 -> cispo 1.0 in every seed, gspo 0.90-0.98 (gain 0.78-0.85); held-out reward 0.0 -> 1.0
-    # in every seed of both; the margins below sit 0.28 and 0.5 under the weakest seed
-    assert summary["reward_mean"] > summary["reward_mean_first_round"] + 0.5
-    assert summary["heldout_reward_after"] > summary["heldout_reward_before"] + 0.5
