@@ -132,3 +132,26 @@ def test_a_kind_missing_part_of_the_contract_cannot_be_made():
 
     with pytest.raises(TypeError, match="abstract"):
         Half()
+
+
+def test_each_kind_names_the_panels_of_its_learning_curve():
+    from offline_plugins.plugins import shared_registry
+
+    kinds = shared_registry().data_kinds
+    env = ["eval/normalized_score", "eval/return_mean", "train/loss_actor", "train/loss_qvalue"]
+    assert [p.select(env) for p in kinds["transitions"].curve_panels()] == [
+        ["eval/normalized_score"], ["train/loss_actor", "train/loss_qvalue"]]
+    # a dataset without reference scores: the raw return; the Decision Transformer's single "loss"
+    assert [p.select(["eval/return_mean", "train/loss"]) for p in kinds["trajectories"].curve_panels()] == [
+        ["eval/return_mean"], ["train/loss"]]
+    pref = ["eval/preference_accuracy", "eval/likelihood_accuracy", "train/loss_dpo", "eval/kl_to_reference"]
+    assert [p.select(pref) for p in kinds["preference-pairs"].curve_panels()] == [
+        ["eval/preference_accuracy", "eval/likelihood_accuracy"], ["train/loss_dpo"]]
+    online = ["eval/exact_match", "rollout/reward_mean", "rollout/kl_to_reference", "train/loss_objective"]
+    assert [p.select(online) for p in kinds["text-rollouts"].curve_panels()] == [
+        ["eval/exact_match", "rollout/reward_mean"], ["rollout/kl_to_reference", "train/loss_objective"]]
+    # a kind that says nothing draws what its evaluation logs under eval/ above the losses
+    from offline_plugins.plugins.datakind import DataKind
+
+    assert [p.select(["eval/heldout_mse", "train/loss_mse"]) for p in DataKind.curve_panels(None)] == [
+        ["eval/heldout_mse"], ["train/loss_mse"]]

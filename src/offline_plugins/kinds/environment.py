@@ -14,7 +14,15 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from offline_plugins.errors import UserError
-from offline_plugins.plugins.datakind import BatchLayout, DataKind, DataOptions, LoadedData, config_value
+from offline_plugins.plugins.datakind import (
+    LOSS_PANEL,
+    BatchLayout,
+    CurvePanel,
+    DataKind,
+    DataOptions,
+    LoadedData,
+    config_value,
+)
 
 __all__ = ["EnvironmentSteps", "Transitions", "Trajectories", "LOADER_CONFIG_FIELDS"]
 
@@ -118,6 +126,11 @@ class EnvironmentSteps(DataKind):
         return PolicyEvaluation(data.make_env, every=every, episodes=episodes, seed=seed,
                                 normalize=getattr(data, "normalize", None),
                                 score=getattr(data, "normalized_score", None))
+
+    def curve_panels(self) -> list:
+        # the D4RL-style score where the dataset has reference returns, else the raw return
+        return [CurvePanel("normalised score (else return)", ("eval/normalized_score", "eval/return_mean"),
+                           first_only=True), LOSS_PANEL]
 
     def summary_fields(self, evaluation, data, *, eval_episodes: int) -> dict[str, Any]:
         last = evaluation.history[-1] if evaluation.history else {}

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from offline_plugins.errors import UserError
-from offline_plugins.plugins.datakind import DataKind, DataOptions, LoadedData, result_line
+from offline_plugins.plugins.datakind import LOSS_PANEL, CurvePanel, DataKind, DataOptions, LoadedData, result_line
 
 __all__ = ["PreferenceText", "PreferencePairs", "UnpairedFeedback"]
 
@@ -73,6 +73,10 @@ class PreferenceText(DataKind):
         from offline_plugins.lightning.callbacks import PreferenceEvaluation
 
         return PreferenceEvaluation(data, every=every)
+
+    def curve_panels(self) -> list:
+        return [CurvePanel("held-out accuracy", ("eval/preference_accuracy", "eval/likelihood_accuracy",
+                                                 "eval/exact_match")), LOSS_PANEL]
 
     def summary_fields(self, evaluation, data, *, eval_episodes: int) -> dict[str, Any]:
         last = evaluation.history[-1] if evaluation.history else {}

@@ -36,7 +36,15 @@ from typing import Any, Optional
 
 from offline_plugins.config import ROLLOUT_DEFAULTS
 from offline_plugins.errors import UserError
-from offline_plugins.plugins.datakind import DataKind, DataOptions, LoadedData, config_value, result_line
+from offline_plugins.plugins.datakind import (
+    LOSS_PANEL,
+    CurvePanel,
+    DataKind,
+    DataOptions,
+    LoadedData,
+    config_value,
+    result_line,
+)
 
 __all__ = ["TextRollouts", "TextCompletions", "RolloutRefill", "RolloutEvaluation"]
 
@@ -300,6 +308,14 @@ class TextRollouts(DataKind):
             data.monitor = RewardHackingMonitor(evaluation, gold=gold, proxy="reward_mean", checkpoint="auto")
             callbacks.append(data.monitor)
         return callbacks
+
+    def curve_panels(self) -> list:
+        # held-out exact match beside the sampled responses' reward; the KL to the reference
+        # beside the losses
+        return [CurvePanel("held-out accuracy / reward", ("eval/exact_match", "eval/heldout_reward",
+                                                          "rollout/reward_mean")),
+                CurvePanel("loss / KL", (*LOSS_PANEL.columns, "rollout/kl_to_reference"),
+                           prefixes=LOSS_PANEL.prefixes, log=True)]
 
     def summary_fields(self, evaluation, data, *, eval_episodes: int) -> dict[str, Any]:
         last = evaluation.history[-1] if evaluation.history else {}

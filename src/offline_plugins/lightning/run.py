@@ -732,7 +732,8 @@ def _fit(plan: RunPlan, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dic
             summary["checkpoint"] = str(last_ckpt) if last_ckpt.is_file() else None
     else:
         summary.update(plan.kind.export(parts, out))
-    plot_learning_curve(out / "metrics.csv", out / "learning_curve.png", title=f"{plan.spec.name} on {plan.dataset_id}")
+    plot_learning_curve(out / "metrics.csv", out / "learning_curve.png", title=f"{plan.spec.name} on {plan.dataset_id}",
+                        panels=plan.kind.curve_panels())
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     if interrupted:
         raise RunInterrupted(_interrupted_message(summary, plan, out))
@@ -954,8 +955,11 @@ def evaluate_checkpoint(
     }
 
 
-def plot_learning_curve(metrics_csv: Union[str, os.PathLike], out_png: Union[str, os.PathLike], *, title: str = "") -> Path:
-    """Plot normalised score (or return) and training losses against steps from ``metrics.csv``."""
+def plot_learning_curve(metrics_csv: Union[str, os.PathLike], out_png: Union[str, os.PathLike], *, title: str = "",
+                        panels: Optional[Sequence[Any]] = None) -> Path:
+    """Plot ``metrics.csv`` against gradient steps, one panel per
+    :class:`~offline_plugins.plugins.datakind.CurvePanel` (the data kind's ``curve_panels()``;
+    default: the environment kinds' score above the losses)."""
     import csv
 
     import matplotlib
@@ -963,6 +967,11 @@ def plot_learning_curve(metrics_csv: Union[str, os.PathLike], out_png: Union[str
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from offline_plugins.plugins.datakind import LOSS_PANEL, CurvePanel
+
+    if panels is None:
+        panels = [CurvePanel("normalised score (else return)", ("eval/normalized_score", "eval/return_mean"),
+                             first_only=True), LOSS_PANEL]
     columns: dict[str, list[tuple[int, float]]] = {}
     path = Path(metrics_csv)
     if path.is_file():
@@ -979,37 +988,21 @@ def plot_learning_curve(metrics_csv: Union[str, os.PathLike], out_png: Union[str
                         columns.setdefault(key, []).append((int(float(step)) + 1, float(value)))
                     except ValueError:
                         continue
-    score_key = "eval/normalized_score" if "eval/normalized_score" in columns else "eval/return_mean"
-    # online runs add the sampled responses' reward beside the held-out accuracy, and their KL to the reference
-    accuracy_keys = [k for k in ("eval/exact_match", "eval/preference_accuracy", "eval/likelihood_accuracy",
-                                 "rollout/reward_mean") if k in columns]
-    # loss_* terms, and TorchRL's single "loss" (the Decision Transformer's)
-    loss_keys = sorted(k for k in columns if k == "train/loss" or k.startswith("train/loss_"))
-    loss_keys += [k for k in ("rollout/kl_to_reference",) if k in columns]
-    fig, (ax_score, ax_loss) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    if accuracy_keys and score_key not in columns:  # a preference run: held-out accuracies
-        for key in accuracy_keys:
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 3 * len(panels)), sharex=True, squeeze=False)
+    for ax, panel in zip(axes[:, 0], panels):
+        keys = panel.select(columns)
+        for key in keys:
             xs, ys = zip(*sorted(columns[key]))
-            ax_score.plot(xs, ys, marker="o", label=key.split("/", 1)[1].replace("_", " "))
-        ax_score.legend(fontsize="small")
-        ax_score.set_ylabel("held-out accuracy" + (" / reward" if "rollout/reward_mean" in columns else ""))
-    elif score_key in columns:
-        xs, ys = zip(*sorted(columns[score_key]))
-        ax_score.plot(xs, ys, marker="o")
-    if not (accuracy_keys and score_key not in columns):
-        ax_score.set_ylabel("normalised score" if score_key.endswith("normalized_score") else "return")
-    ax_score.grid(alpha=0.3)
-    for key in loss_keys:
-        xs, ys = zip(*sorted(columns[key]))
-        ax_loss.plot(xs, ys, label=key.split("/", 1)[1])
-    if loss_keys:
-        ax_loss.set_yscale("symlog", linthresh=1e-3)
-        ax_loss.legend(fontsize="small")
-    ax_loss.set_xlabel("gradient step")
-    ax_loss.set_ylabel("loss" + (" / KL" if "rollout/kl_to_reference" in columns else ""))
-    ax_loss.grid(alpha=0.3)
+            ax.plot(xs, ys, marker="o" if len(xs) < 50 else None, label=key.split("/", 1)[-1].replace("_", " "))
+        if keys:
+            ax.legend(fontsize="small")
+            if panel.log:
+                ax.set_yscale("symlog", linthresh=1e-3)
+        ax.set_ylabel(panel.ylabel)
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("gradient step")
     if title:
-        ax_score.set_title(title)
+        axes[0, 0].set_title(title)
     fig.tight_layout()
     out = Path(out_png)
     fig.savefig(out, dpi=100)

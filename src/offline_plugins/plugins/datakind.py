@@ -37,7 +37,8 @@ from typing import Any, ClassVar, Optional
 
 from offline_plugins.errors import UserError
 
-__all__ = ["DataKind", "DataOptions", "LoadedData", "BatchLayout", "config_value", "result_line"]
+__all__ = ["DataKind", "DataOptions", "LoadedData", "BatchLayout", "CurvePanel", "LOSS_PANEL", "config_value",
+           "result_line"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +88,42 @@ class BatchLayout:
     batch_size: int
     sampler: str = "random"
     slice_len: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CurvePanel:
+    """One panel of a run's ``learning_curve.png``: which ``metrics.csv`` columns it draws.
+
+    Attributes:
+        ylabel: the panel's axis label.
+        columns: columns drawn where present, in this order.
+        prefixes: also every column starting with one of these (sorted).
+        first_only: draw only the first of ``columns`` present (a score, else its fallback).
+        log: a symmetric-log y axis (losses spanning decades).
+
+    >>> CurvePanel("loss", ("train/loss",), prefixes=("train/loss_",)).select(
+    ...     ["step", "train/loss_qvalue", "train/loss_actor", "eval/return_mean"])
+    ['train/loss_actor', 'train/loss_qvalue']
+    """
+
+    ylabel: str
+    columns: tuple = ()
+    prefixes: tuple = ()
+    first_only: bool = False
+    log: bool = False
+
+    def select(self, available) -> list:
+        """The columns of ``available`` this panel draws, in drawing order."""
+        have = set(available)
+        named = [c for c in self.columns if c in have]
+        if self.first_only:
+            return named[:1]
+        named += sorted(c for c in have if c not in named and any(c.startswith(p) for p in self.prefixes))
+        return named
+
+
+#: the training losses: every ``train/loss_*`` term, and TorchRL's single ``train/loss``
+LOSS_PANEL = CurvePanel("loss", ("train/loss",), prefixes=("train/loss_",), log=True)
 
 
 def config_value(config: Any, name: str, default: Any = None) -> Any:
@@ -209,6 +246,11 @@ class DataKind(abc.ABC):
     def summary_fields(self, evaluation, data, *, eval_episodes: int) -> dict[str, Any]:
         """The fields this kind adds to ``summary.json`` (the last evaluation's figures)."""
         return {}
+
+    def curve_panels(self) -> list:
+        """The panels of the run's ``learning_curve.png``, top to bottom (:class:`CurvePanel`):
+        by default what the evaluation logs under ``eval/`` above the training losses."""
+        return [CurvePanel("held-out evaluation", prefixes=("eval/",)), LOSS_PANEL]
 
     def export(self, parts, out: Path) -> dict[str, Any]:
         """Write the trained policy for other tools under ``out``; returns the summary fields
