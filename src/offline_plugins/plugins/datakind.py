@@ -16,6 +16,7 @@ the one object per data kind that an algorithm's ``AlgorithmSpec.data`` names:
 ``evaluation``                the Lightning callback that scores the run
 ``callbacks``                 further callbacks the data needs (a refilled buffer binds the policy)
 ``summary_fields``            what ``summary.json`` adds (the last evaluation's figures)
+``curve_panels``              the panels of ``learning_curve.png`` (:class:`CurvePanel`)
 ``export``                    the trained policy in a form other tools load
 ``evaluate``                  ``offline-plugins eval`` of a checkpoint
 ``describe``                  the CLI's one-line result
