@@ -40,6 +40,7 @@ _EXPORTS = {
     "RPOLoss": "llm.preference",
     "SimPOLoss": "llm.preference",
     "RolloutLoss": "llm.rollout",
+    "GroupAdvantageLoss": "llm.rollout",
     "TextGRPOLoss": "llm.online",
     "DAPOLoss": "llm.online",
     "DrGRPOLoss": "llm.online",

@@ -138,9 +138,6 @@ class DiagnosticsContract:
         self.diagnostics = bool(diagnostics)
         self.mc_diagnostics = bool(mc_diagnostics)
 
-    def _torchrl_out_keys(self) -> list:
-        raise NotImplementedError
-
     def _diagnostic_keys(self) -> list:
         return []
 

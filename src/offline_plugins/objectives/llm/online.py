@@ -45,7 +45,7 @@ from typing import Optional
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
 
-from offline_plugins.objectives.llm.rollout import RolloutLoss
+from offline_plugins.objectives.llm.rollout import GroupAdvantageLoss, RolloutLoss
 
 __all__ = [
     "group_advantages",
@@ -135,7 +135,7 @@ def k3_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
     return torch.expm1(d) - d
 
 
-class TextGRPOLoss(RolloutLoss):
+class TextGRPOLoss(GroupAdvantageLoss):
     """GRPO: group-normalised advantages, a clipped ratio, k3 KL to the reference.
 
     Shao et al. 2024, DeepSeekMath, arXiv:2402.03300. Per response token,
@@ -392,7 +392,7 @@ class TextGSPOLoss(TextGRPOLoss):
         return per_row * m
 
 
-class ExpertIterationLoss(RolloutLoss):
+class ExpertIterationLoss(GroupAdvantageLoss):
     """Expert iteration (STaR / rejection-sampling fine-tuning): SFT on the sampled responses
     whose reward reaches ``threshold``.
 

@@ -3,31 +3,35 @@
 GRPO and its variants, RLOO, expert iteration, PPO-RLHF, online DPO and text-DT read rows
 in the TED text layout a rollout collector (:mod:`offline_plugins.data.rollouts`) writes
 (the table in :mod:`offline_plugins.objectives.llm.online`); SFT reads the same token and
-mask keys from offline text. :class:`RolloutLoss` declares those keys, what the collector
-reads of a loss (``dynamic_sampling``, ``min_group_size``) and the hook it calls once per
-round, :meth:`RolloutLoss.process_rollouts` (rewards -> advantages). A variant overrides one
-hook: ``rollout_rewards``, ``advantages``, or ``process_rollouts`` as a whole.
+mask keys from offline text. :class:`RolloutLoss` declares those keys and what the collector
+reads of a loss (``dynamic_sampling``, ``min_group_size``). The hook the collector calls once
+per round is ``process_rollouts``: :class:`GroupAdvantageLoss` writes it from
+``rollout_rewards`` and an abstract ``advantages`` (GRPO and its variants, expert iteration:
+a variant overrides one of the two); PPO-RLHF, online DPO and text-DT write their own; SFT,
+trained on offline text, has none.
 """
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
+
 import torch
 from tensordict import NestedKey, TensorDictBase
 from torchrl.objectives import LossModule
 
 from offline_plugins.objectives.llm.common import get_checked
 
-__all__ = ["RolloutLoss"]
+__all__ = ["RolloutLoss", "GroupAdvantageLoss"]
 
 
 class RolloutLoss(LossModule):
-    """Base of the text-rollout losses: the text keys, the per-round hook, the collector's flags.
+    """Base of the text losses: the text keys, their helpers, the collector's flags.
 
     Subclasses register their networks (``self.actor_network``, as TorchRL's losses do in their
-    own ``__init__``), set ``reads`` (the key names their ``in_keys`` list), implement ``forward``,
-    and either ``advantages`` (the default :meth:`process_rollouts` writes them on the
-    response tokens) or ``process_rollouts`` itself. A subclass that reads more keys extends
+    own ``__init__``), set ``reads`` (the key names their ``in_keys`` list) and implement
+    ``forward``; one trained on rollouts also implements ``process_rollouts(td)`` (or
+    subclasses :class:`GroupAdvantageLoss`). A subclass that reads more keys extends
     ``_AcceptedKeys`` (``class _AcceptedKeys(RolloutLoss._AcceptedKeys): ...``).
     """
 
@@ -83,20 +87,25 @@ class RolloutLoss(LossModule):
         """A per-row value ``[B]`` on the row's response tokens, 0 elsewhere: ``[B, T, 1]``."""
         return (per_row.unsqueeze(-1) * mask.to(per_row.dtype)).unsqueeze(-1)
 
+    def rollout_rewards(self, td: TensorDictBase) -> torch.Tensor:
+        """The reward of each rollout, ``[B]`` (default: the task's ``("next", "reward")``)."""
+        return self._get(td, "reward", "the rollouts' rewards").reshape(-1).to(torch.float32)
+
     @staticmethod
     def _weighted_nll(log_probs: torch.Tensor, weight: torch.Tensor, *, floor: float = 1) -> torch.Tensor:
         """``-sum(w * logp) / max(floor, sum(w))``: token-mean NLL over the weighted tokens."""
         return -(log_probs * weight).sum() / weight.sum().clamp_min(floor)
 
-    # -- what runs once per batch of rollouts ---------------------------------
-    def rollout_rewards(self, td: TensorDictBase) -> torch.Tensor:
-        """The reward the advantages come from, ``[B]`` (default: the task's ``("next", "reward")``)."""
-        return self._get(td, "reward", "the rollouts' rewards").reshape(-1).to(torch.float32)
 
+class GroupAdvantageLoss(RolloutLoss):
+    """A rollout loss whose round hook is a per-response advantage from the rewards and the
+    prompt groups, written on the response tokens (GRPO and its variants, expert iteration).
+    Subclasses implement :meth:`advantages`; one that scores rollouts otherwise overrides
+    ``rollout_rewards``."""
+
+    @abc.abstractmethod
     def advantages(self, rewards: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(advantage [B], has_signal [B])`` from the rewards and the prompt ids."""
-        raise NotImplementedError(f"{type(self).__name__} computes no advantages from rollouts: it trains on "
-                                  "offline text (no process_rollouts)")
 
     def process_rollouts(self, td: TensorDictBase) -> TensorDictBase:
         """Write ``"advantage"`` (``[B, T, 1]``, on response tokens) and ``"has_signal"`` into ``td``."""
