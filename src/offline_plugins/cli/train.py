@@ -186,7 +186,7 @@ def cmd_train(args) -> int:
         strategy=args.strategy,
         accumulate=args.accumulate,
         out_dir=args.out,
-        resume=args.resume,
+        resume=resumed if resumed is not None else args.resume,  # the checkpoint read once
         overwrite=args.overwrite,
         checkpoint_every=args.checkpoint_every,
         log_every=args.log_every,

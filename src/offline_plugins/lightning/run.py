@@ -238,13 +238,15 @@ class ResumedRun:
     ``options`` are ``train()``'s run options (:data:`RUN_DEFAULTS`' names) the run was started
     with; ``config`` its whole algorithm config; ``model``, ``reward``, ``drop_nonfinite`` and
     ``drop_empty`` how its data was loaded. Checkpoints written before a setting was recorded
-    lack it, and the new run's default applies.
+    lack it, and the new run's default applies. ``checkpoint`` is the loaded (and checked)
+    checkpoint itself, which the resumed fit starts from: it is read once.
     """
 
     path: Path
     options: dict[str, Any]
     config: dict[str, Any]
     data_options: dict[str, Any]
+    checkpoint: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
 
     @classmethod
     def read(cls, path: Union[str, os.PathLike]) -> "ResumedRun":
@@ -258,13 +260,15 @@ class ResumedRun:
         data_options = {k: run[k] for k in ("model", "reward") if run.get(k) is not None}
         data_options.update({k: True for k, flag in (("drop_nonfinite", "drop_nonfinite"),
                                                       ("drop_empty", "drop_empty_episodes")) if kwargs.get(flag)})
-        return cls(Path(path), options, dict(info.get("config") or {}), data_options)
+        return cls(Path(path), options, dict(info.get("config") or {}), data_options, ckpt)
 
     @classmethod
     def find(cls, resume, out_dir) -> Optional["ResumedRun"]:
         """The run ``resume`` (``True``: ``out_dir``'s ``last.ckpt``; a path) points at, or None when
         not resuming or when the folder is not known yet (no ``out_dir``: the default folder is
-        chosen after the dataset is resolved)."""
+        chosen after the dataset is resolved). A ``ResumedRun`` is returned as it is."""
+        if isinstance(resume, cls):
+            return resume
         if resume in (None, False, ""):
             return None
         if resume is True and out_dir is None:
@@ -423,7 +427,8 @@ def train(
         overrides: ``["key=value", ...]`` applied after ``config``.
         out_dir: output folder (default ``runs/<algorithm>-<dataset>-s<seed>``); it must not
             hold another run unless resuming.
-        resume: ``True`` for ``out_dir/checkpoints/last.ckpt``, or a checkpoint path. A resumed
+        resume: ``True`` for ``out_dir/checkpoints/last.ckpt``, a checkpoint path, or a
+            :class:`ResumedRun` already read (as the CLI passes). A resumed
             run finishes the run it resumes: each run option left at None (``steps``, ``seed``,
             ``eval_every``, ``eval_episodes``, ``checkpoint_every``, ``log_every``,
             ``precision``, ``accumulate``, ``steps_per_call``, ``logger``; :data:`RUN_DEFAULTS`) and the
@@ -542,11 +547,13 @@ def train(
             out = Path(os.environ["OFFLINE_PLUGINS_RUN_DIR"])  # the folder rank 0 chose
         else:
             out = _default_out_dir(plan.spec.name, plan.dataset_id, seed)
-        ckpt_path = _resume_path(resume, out)
-        ckpt = None
-        if ckpt_path is not None:
-            ckpt = read_checkpoint(ckpt_path)
-            check_checkpoint(ckpt, ckpt_path, for_resume=True)
+        if resumed is not None:  # read and checked once, above
+            ckpt_path, ckpt = resumed.path, resumed.checkpoint
+        else:
+            ckpt_path, ckpt = _resume_path(resume, out), None
+            if ckpt_path is not None:
+                ckpt = read_checkpoint(ckpt_path)
+                check_checkpoint(ckpt, ckpt_path, for_resume=True)
         default = (plan.spec.name, plan.dataset_id, seed) if out_dir is None and ckpt_path is None else None
         lock = None if launched else _lock_run_folder(out, default=default)
         try:
