@@ -1,0 +1,218 @@
+"""Prompts and rewards of a text task: where prompts come from and how a response is scored.
+
+A :class:`PromptSource` holds the training and held-out prompts and the reward: the
+built-in arithmetic task (its verifier), a JSONL file of ``prompt``/``answer`` rows (exact
+match), or prompt rows with a user's reward function ``module:function`` called as
+TRL's reward functions are, ``fn(prompts, responses, **columns) -> list[float]``.
+Held-out prompts are split off deterministically by a hash of their text
+(:func:`~offline_plugins.data.preference_sources.held_out_prompts`, as the preference loader).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from offline_plugins.errors import UserError
+
+__all__ = ["RolloutError", "rollout_seed", "PromptSource", "task_prompt_source", "jsonl_prompt_source",
+           "load_reward_function", "score_responses", "greedy_responses"]
+
+
+class RolloutError(UserError, ValueError):
+    """A reward function, prompt file or rollout setting that cannot be used."""
+
+
+def rollout_seed(*parts: int) -> int:
+    """A 63-bit seed from integers (seed, rank, round, attempt): the same everywhere, every run.
+
+    >>> rollout_seed(0, 0, 1) != rollout_seed(0, 1, 1)
+    True
+    """
+    digest = hashlib.blake2b(",".join(str(int(p)) for p in parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+@dataclass
+class PromptSource:
+    """Training and held-out prompts, and how a response to one is scored.
+
+    Attributes:
+        name: what the source is, for messages (``"arithmetic-2d+"``, a file path).
+        train: the training rows (dicts with at least ``"prompt"``), or None when ``sample``
+            draws them (a task makes fresh problems).
+        held_out: the held-out rows.
+        reward_fn: ``fn(prompts, responses, **columns) -> list[float]``.
+        reward_name: the function's name, for error messages.
+        sample_fn: ``sample_fn(n, seed) -> rows`` (a task); default: draw from ``train``.
+        max_prompt_chars: the longest prompt the source can give (tasks: their longest form).
+    """
+
+    name: str
+    held_out: list[dict]
+    reward_fn: Callable[..., Sequence[float]]
+    reward_name: str
+    train: Optional[list[dict]] = None
+    sample_fn: Optional[Callable[[int, int], list[dict]]] = None
+    longest_prompts: list[str] = field(default_factory=list)
+
+    def sample(self, n: int, seed: int) -> list[dict]:
+        """``n`` training rows drawn with ``seed`` (with replacement)."""
+        if self.sample_fn is not None:
+            return self.sample_fn(n, seed)
+        rng = random.Random(seed)
+        return [self.train[rng.randrange(len(self.train))] for _ in range(n)]
+
+    @property
+    def has_answers(self) -> bool:
+        return bool(self.held_out) and all("answer" in r for r in self.held_out)
+
+
+def task_prompt_source(task: Any, *, n_held_out: int = 200) -> PromptSource:
+    """A built-in verifiable task: fresh train-split problems per round, test-split problems held out."""
+    held = [{"prompt": p.prompt, "answer": p.answer} for p in task.problems(n_held_out, split="test", seed=1)]
+
+    def sample(n: int, seed: int) -> list[dict]:
+        return [{"prompt": p.prompt, "answer": p.answer} for p in task.problems(n, split="train", seed=seed)]
+
+    def reward(prompts, responses, **_):
+        return task.rewards(prompts, responses)
+
+    digits = getattr(task, "digits", 2)
+    longest = [f"{'9' * digits}{op}{'9' * digits}=" for op in getattr(task, "ops", "+")]
+    return PromptSource(task.name, held, reward, f"{task.name} verifier", sample_fn=sample, longest_prompts=longest)
+
+
+def _exact_match(prompts, responses, answer=None, **_):
+    from offline_plugins.envs.tasks import exact_match
+
+    return [exact_match(r, a) for r, a in zip(responses, answer)]
+
+
+def load_reward_function(spec: str) -> Callable[..., Sequence[float]]:
+    """The callable ``module:function`` names (``--reward``); a ``UserError`` naming what is wrong."""
+    from offline_plugins.data.reward_source import is_reward_model_dir, reward_model_function
+
+    if Path(str(spec)).is_dir():  # a reward-model run's OUT dir or its exported OUT/reward_model
+        if not is_reward_model_dir(spec):
+            from offline_plugins.data.reward_source import _folder
+
+            _folder(spec)  # raises, naming what the folder lacks
+        return reward_model_function(spec)
+    module_name, sep, attr = str(spec).partition(":")
+    if not sep or not module_name or not attr:
+        raise RolloutError(f"--reward {spec!r} must be 'module:function' (e.g. mytask.rewards:score), a Python "
+                           "callable (prompts, responses, **columns) -> list[float]")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the user's module
+        raise RolloutError(f"--reward {spec!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc}); "
+                           "put it on PYTHONPATH or install it") from None
+    fn = module
+    for part in attr.split("."):
+        fn = getattr(fn, part, None)
+        if fn is None:
+            raise RolloutError(f"--reward {spec!r}: module {module_name!r} has no attribute {attr!r}; name a "
+                               "function defined in it")
+    if not callable(fn):
+        raise RolloutError(f"--reward {spec!r} is a {type(fn).__name__}, not a callable; name a function "
+                           "(prompts, responses, **columns) -> list[float]")
+    return fn
+
+
+def score_responses(source: PromptSource, rows: Sequence[dict], responses: Sequence[str]) -> list[float]:
+    """The source's rewards of ``responses`` to ``rows``, checked: one finite number per response."""
+    prompts = [r["prompt"] for r in rows]
+    columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"} if rows else {}
+    name = source.reward_name
+    try:
+        values = source.reward_fn(prompts, list(responses), **columns)
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's function failed: say which and how
+        raise RolloutError(f"reward function {name} raised {type(exc).__name__}: {exc} (on prompt "
+                           f"{prompts[0]!r:.60} and {len(prompts) - 1} more); fix the function, it is called as "
+                           "fn(prompts, responses, **columns) -> list[float]") from None
+    try:
+        values = list(values)
+    except TypeError:
+        raise RolloutError(f"reward function {name} returned a {type(values).__name__}, expected a list of "
+                           f"{len(prompts)} floats (one per response)") from None
+    if len(values) != len(prompts):
+        raise RolloutError(f"reward function {name} returned {len(values)} rewards for {len(prompts)} responses; "
+                           "return one float per response, in order")
+    out = []
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) and not (torch.is_tensor(v) and v.numel() == 1):
+            raise RolloutError(f"reward function {name} returned {v!r} ({type(v).__name__}) for response {i} "
+                               f"({responses[i]!r:.40} to {prompts[i]!r:.40}); return floats")
+        v = float(v)
+        if not math.isfinite(v):
+            raise RolloutError(f"reward function {name} returned {v} for response {i} ({responses[i]!r:.40} to "
+                               f"{prompts[i]!r:.40}); rewards must be finite numbers")
+        out.append(v)
+    return out
+
+
+def jsonl_prompt_source(path: str, *, reward: Optional[str] = None, test_fraction: float = 0.1,
+                        min_test_rows: int = 100) -> PromptSource:
+    """Rows of a JSONL file: ``prompt`` and ``answer`` (exact-match reward), or ``prompt`` (and any
+    other columns) with ``reward``, a ``module:function`` reward function."""
+    from offline_plugins.data.preference_sources import held_out_prompts
+
+    p = Path(path)
+    if not p.is_file():
+        raise RolloutError(f"prompt file {path!r} does not exist; give a .jsonl file of prompt/answer rows")
+    rows = []
+    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise RolloutError(f"{path}: line {n} is not JSON ({exc.msg}); each line must be an object "
+                               '{"prompt": ..., "answer": ...}') from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
+            raise RolloutError(f"{path}: line {n} has no non-empty string 'prompt'; each line must be an object "
+                               '{"prompt": ..., "answer": ...}')
+        if reward is None and "answer" not in row:
+            raise RolloutError(f"{path}: line {n} has no 'answer'; give prompt/answer rows for the exact-match "
+                               "reward, or a reward function with --reward module:function")
+        if "answer" in row:
+            row["answer"] = str(row["answer"])
+        rows.append(row)
+    if not rows:
+        raise RolloutError(f"{path} holds no rows; it needs prompt/answer rows")
+    held = held_out_prompts([r["prompt"] for r in rows], fraction=test_fraction, min_rows=min_test_rows)
+    train = [r for r in rows if r["prompt"] not in held]
+    test = [r for r in rows if r["prompt"] in held]
+    if not train:
+        raise RolloutError(f"{path}: every row fell in the held-out split; give more rows")
+    fn, name = (_exact_match, "exact match against 'answer'") if reward is None else (load_reward_function(reward),
+                                                                                      reward)
+    longest = sorted((r["prompt"] for r in rows), key=len)[-3:]
+    return PromptSource(str(path), test, fn, name, train=train, longest_prompts=longest)
+
+
+def _prompt_ids(tokenizer, prompt: str) -> list[int]:
+    from offline_plugins.tokens import prompt_token_ids
+
+    return prompt_token_ids(tokenizer, prompt)
+
+
+def greedy_responses(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[str], *, max_new_tokens: int,
+                     batch_size: int = 100) -> list[str]:
+    """Greedy decoded responses, prompts left-padded in batches of ``batch_size``
+    (:func:`offline_plugins.data.text_tasks.generate`): what one prompt at a time would give."""
+    from offline_plugins.data.text_tasks import generate
+
+    return [r[0] for r in generate(model, tokenizer, prompts, greedy=True, max_new_tokens=max_new_tokens,
+                                   batch_size=batch_size)]
