@@ -138,7 +138,11 @@ def test_a_user_trainer_trains_dpo(tmp_path):
     assert last["step"] == 4 and 0.0 <= last["preference_accuracy"] <= 1.0
 
 
-def test_a_user_trainer_trains_grpo_on_its_rollouts_and_refuses_without_the_refill(tmp_path):
+def test_a_user_trainer_trains_grpo_on_its_rollouts_and_refuses_without_its_data_module(tmp_path):
+    from lightning.pytorch import LightningDataModule
+
+    from offline_plugins.lightning.rollouts import RolloutDataModule
+
     rng = random.Random(0)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": "".join(rng.choice("abcdef") for _ in range(4)) + ":"}) + "\n"
@@ -147,18 +151,27 @@ def test_a_user_trainer_trains_grpo_on_its_rollouts_and_refuses_without_the_refi
     kw = dict(config=small, reward="test_lightning_user_trainer:digit_share")
 
     bare = opl.build("grpo", str(prompts), **kw)
-    assert [c.__name__ for c in bare.required][:1] == ["RolloutRefill"]
-    with pytest.raises(UserError, match=r"lacks a callback grpo needs: RolloutRefill .*parts\.callbacks"):
-        _fit(_trainer(tmp_path, 3, [], logger=False), bare)
+    assert isinstance(bare.datamodule, RolloutDataModule) and bare.required == ()
+
+    class Elsewhere(LightningDataModule):
+        def train_dataloader(self):
+            return [bare.datamodule.data.collector.rows] * 3
+
+    before = _state(bare.module)
+    with pytest.raises(UserError, match=r"fits grpo without its data module RolloutDataModule \(rounds of rollouts "
+                                        r".*datamodule=parts\.datamodule"):
+        _trainer(tmp_path, 3, bare.callbacks, logger=False).fit(bare.module, datamodule=Elsewhere())
+    assert all(torch.equal(before[k], v) for k, v in _state(bare.module).items())
 
     parts = opl.build("grpo", str(prompts), **kw)
     before = _state(parts.module)
     trainer = _trainer(tmp_path, 3, parts.callbacks, logger=False)
     _fit(trainer, parts)
-    refill = next(cb for cb in parts.callbacks if type(cb).__name__ == "RolloutRefill")
     # 6 prompts x 4 responses = 24 rollouts, 8 a step: one round of rollouts fed 3 steps
-    assert trainer.global_step == 3 and [h["round"] for h in refill.history] == [0]
+    assert trainer.global_step == 3 and [h["round"] for h in parts.datamodule.history] == [0]
     assert any(not torch.equal(before[k], v) for k, v in _state(parts.module).items())
+    # the loaded data is as it was: the round lives in the data module
+    assert not hasattr(parts.plan.data, "buffer") and not hasattr(parts.plan.data, "refill")
 
 
 def test_a_trainer_without_the_target_update_is_refused_in_one_line(tmp_path):

@@ -82,18 +82,19 @@ def test_grpo_with_lora_samples_and_scores_against_the_base_with_adapters_off(tm
     export merges the adapters into OUT/model."""
     from offline_plugins.data.rollouts import load_rollout_data
     from offline_plugins.lightning.run import train
-    from offline_plugins.modules.causal_lm import AdaptersOff
 
     rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10, 40) for b in range(10, 17)]
     path = tmp_path / "sums.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     settings = {"group_size": 4, "prompts_per_round": 4, "batch_size": 8, "max_new_tokens": 3, "eval_prompts": 8}
-    data = load_rollout_data(str(path), model="tiny", **settings)
+    data = load_rollout_data(str(path), model="tiny", **{k: v for k, v in settings.items() if k != "batch_size"})
     base = {k: v.clone() for k, v in data.reference.state_dict().items()}
     summary = train("grpo", data, steps=6, out_dir=tmp_path / "run", progress=False, eval_every=0, threads=1,
                     overrides={**settings, "lora_r": 4, "lr": 1e-2})
-    assert isinstance(data.reference, AdaptersOff) and data.collector.reference is data.reference
-    policy = data.reference.peft_model
+    # peft puts the adapters into the reference's own modules (the weights are held once): the run scored its
+    # rollouts against them switched off (RolloutPlan.reference, an AdaptersOff), and the loaded model object
+    # now runs with them on, as the policy
+    policy = data.reference
     trainable = [n for n, p in policy.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     after_base = {k.replace("base_model.model.", "").replace(".base_layer", ""): v
@@ -115,10 +116,10 @@ def test_ppo_rlhf_with_lora_keeps_a_full_critic_and_the_adapters_off_reference(t
 
     path = tmp_path / "p.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(40)))
-    data = load_rollout_data(str(path), model="tiny", group_size=1, prompts_per_round=4, batch_size=4,
-                             max_new_tokens=3, min_group_size=1)
+    data = load_rollout_data(str(path), model="tiny", group_size=1, prompts_per_round=4, max_new_tokens=3)
     parts = build(PPORLHFConfig(group_size=1, prompts_per_round=4, batch_size=4, max_new_tokens=3, lora_r=4), data)
-    assert isinstance(data.reference, AdaptersOff) and data.collector.reference is data.reference
+    reference = parts.rollout.reference
+    assert isinstance(reference, AdaptersOff) and data.collector_for(parts.rollout).reference is reference
     policy, value = parts.optimizers
     assert all("lora_" in n for n, p in parts.model.named_parameters() if p.requires_grad)
     assert value.params and all(p.requires_grad for p in value.params)  # the critic trains every weight

@@ -129,23 +129,28 @@ def test_inner_ipo_builds_ipo_with_its_own_hyperparameters(prompt_file):
     from offline_plugins.algorithms.online_dpo import IterativeDPOConfig, OnlineDPOConfig, build_online_dpo
     from offline_plugins.config import apply_overrides
     from offline_plugins.data.rollouts import load_rollout_data
+    from offline_plugins.lightning.rollouts import RolloutDataModule
     from offline_plugins.objectives.llm import IPOLoss, SimPOLoss
 
     def data():
         return load_rollout_data(str(prompt_file), model="tiny", reward="test_online_dpo:digit_share",
-                                 group_size=4, prompts_per_round=6, batch_size=3, eval_prompts=20)
+                                 group_size=4, prompts_per_round=6, eval_prompts=20)
 
     d = data()
     parts = build_online_dpo(apply_overrides(OnlineDPOConfig(), {"inner": "ipo", "tau": "0.05", "batch_size": 3}), d)
     assert type(parts.loss.inner) is IPOLoss and parts.loss.inner.tau.item() == pytest.approx(0.05)
     assert parts.optimizers[0].loss_keys == ("loss_ipo",) and parts.optimizers[0].lr == 1e-3  # from-scratch tiny
     # one pair slot per prompt: 6 slots, batch 3, one epoch
-    assert (d.rows_per_round, d.updates_per_round) == (6, 2)
-    assert d.placeholder().batch_size == torch.Size([6, 2])
+    rounds = RolloutDataModule(d, parts, batch_size=3)
+    assert (rounds.rows_per_round, rounds.updates_per_round) == (6, 2)
+    assert parts.rollout.training_rows == parts.loss.pair_rollouts
     d = data()
     parts = build_online_dpo(apply_overrides(IterativeDPOConfig(), {"inner": "simpo", "batch_size": 3}), d)
     assert type(parts.loss.inner) is SimPOLoss and parts.loss.inner.beta.item() == 2.0  # simpo's own default
-    assert d.updates_per_round == 4 * 2  # iterative: 4 epochs per round
+    assert RolloutDataModule(d, parts, batch_size=3).updates_per_round == 4 * 2  # iterative: 4 epochs per round
+    with pytest.raises(UserError, match=r"batch_size 4 must divide the 6 preference-pair slots \(one per prompt of "
+                                        r"prompts_per_round\) of a round; fix it with --set batch_size=2"):
+        RolloutDataModule(d, parts, batch_size=4)
 
 
 def test_bad_inner_losses_are_named(prompt_file, tmp_path):

@@ -166,8 +166,7 @@ def test_reward_model_errors_name_the_input_and_the_fix(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join('{"prompt": "%d+1="}\n' % i for i in range(120)))
     with pytest.raises(UserError, match=r"tokenizer .* differs from the policy's.*--model"):
-        load_rollout_data(str(prompts), model="tiny", reward=str(other), group_size=2, prompts_per_round=2,
-                          batch_size=2)
+        load_rollout_data(str(prompts), model="tiny", reward=str(other), group_size=2, prompts_per_round=2)
 
 
 def test_ppo_rlhf_with_a_reward_model_folder(tmp_path):
@@ -213,18 +212,20 @@ def test_cli_reward_model_run_exports_a_folder_that_ppo_rlhf_reads(tmp_path, cap
 
 
 def test_group_size_one_is_allowed_when_the_algorithm_declares_it(tmp_path):
+    from offline_plugins.algorithms.online import GRPOConfig, build_grpo
     from offline_plugins.algorithms.ppo_rlhf import PPORLHFConfig, build
     from offline_plugins.data.rollouts import load_rollout_data
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join('{"prompt": "%d+1=", "answer": "%d"}\n' % (i, i + 1) for i in range(120)))
+    data = load_rollout_data(str(prompts), group_size=1, prompts_per_round=4, max_new_tokens=3)
+    # a group method refuses the single responses PPO samples
+    grpo = build_grpo(GRPOConfig(group_size=1, prompts_per_round=4, batch_size=4), data)
     with pytest.raises(UserError, match=r"group_size must be a whole number >= 2"):
-        load_rollout_data(str(prompts), group_size=1, prompts_per_round=4, batch_size=4)
-    data = load_rollout_data(str(prompts), group_size=1, prompts_per_round=4, batch_size=4, max_new_tokens=3,
-                             min_group_size=PPORLHFConfig.min_group_size)
+        data.collector_for(grpo.rollout)
     parts = build(PPORLHFConfig(group_size=1, prompts_per_round=4, batch_size=4, max_new_tokens=3), data)
-    data.replay_buffer(4)
-    td, stats = data.collector.collect(parts.model, round=0, process=parts.loss.process_rollouts)
+    assert parts.rollout.min_group_size == 1 and parts.rollout.epochs == 4
+    td, stats = data.collector_for(parts.rollout).collect(parts.model, round=0, process=parts.rollout.process)
     assert td.batch_size[0] == 4 and td["advantage"].shape == (4, data.collector.width, 1)
     out = parts.loss(td)
     assert torch.isfinite(out["loss_objective"]) and torch.isfinite(out["loss_critic"])

@@ -32,7 +32,7 @@ def _rollout_data(prompts_per_round=2, group_size=2, max_new_tokens=4):
     collector = RolloutCollector(source, tokenizer, reference, group_size=group_size,
                                  prompts_per_round=prompts_per_round, max_new_tokens=max_new_tokens, seed=0)
     return RolloutData(source, reference, tokenizer, collector, dataset_id="offline-plugins/arithmetic/v0",
-                       model="tiny", batch_size=prompts_per_round * group_size)
+                       model="tiny")
 
 
 @pytest.fixture()
@@ -60,45 +60,52 @@ def test_relabel_replaces_only_the_return_tokens():
 def test_build_conditions_sampled_and_held_out_prompts_on_the_best_return(data):
     from offline_plugins.tokens import prompt_token_ids
 
-    base = data.source
+    base, tok0, ref0 = data.source, data.tokenizer, data.reference
+    vocab = len(tok0)
     width = data.collector.width
     emb = data.reference.get_input_embeddings().weight.detach().clone()
     parts = build_text_dt(TextDTConfig(), data)
-    tok = data.tokenizer
+    plan = parts.rollout
+    tok = plan.tokenizer
     ids = tok.convert_tokens_to_ids([R0, R1])
-    assert ids == [len(tok) - 2, len(tok) - 1] and parts.loss.target_token_id == ids[1]
+    assert ids == [len(tok) - 2, len(tok) - 1] and parts.loss.target_token_id == ids[1] and parts.tokenizer is tok
     # the target's token starts as a copy of bos's, the other at the mean row, in the reference and the policy
-    for model in (data.reference, parts.model):
+    for model in (plan.reference, parts.model):
         w = model.get_input_embeddings().weight.detach()
         assert w.shape[0] == len(tok) and torch.equal(w[: emb.shape[0]], emb)
         assert torch.equal(w[ids[1]], emb[tok.bos_token_id]) and torch.allclose(w[ids[0]], emb.mean(0))
-    rows, plain = data.source.sample(5, seed=3), base.sample(5, seed=3)
+    source = plan.source
+    rows, plain = source.sample(5, seed=3), base.sample(5, seed=3)
     assert [r["prompt"] for r in rows] == [R1 + r["prompt"] for r in plain]
     assert [r["answer"] for r in rows] == [r["answer"] for r in plain]
-    assert all(r["prompt"] == R1 + b["prompt"] for r, b in zip(data.source.held_out, base.held_out))
-    assert data.collector.source is data.source and data.source.has_answers
+    assert all(r["prompt"] == R1 + b["prompt"] for r, b in zip(source.held_out, base.held_out))
+    assert source.has_answers
     # the task's verifier parses the prompt: it gets it without the reward token
-    assert data.source.reward_fn([R1 + "12+30=", R0 + "12+30="], ["42", "41"], answer=["42", "42"]) == [1.0, 0.0]
+    assert source.reward_fn([R1 + "12+30=", R0 + "12+30="], ["42", "41"], answer=["42", "42"]) == [1.0, 0.0]
     # the token takes bos's place (same positions as the reference's prompts, same width); a plain prompt keeps bos
     assert prompt_token_ids(tok, R1 + "12+30=") == [ids[1]] + prompt_token_ids(tok, "12+30=")[1:]
     assert prompt_token_ids(tok, "12+30=")[0] == tok.bos_token_id
-    assert data.collector.width == width and data.collector.max_prompt_tokens == width - 4
+    run = data.collector_for(plan)
+    assert run.source is source and run.reference is plan.reference and run.tokenizer is tok
+    assert run.width == width and run.max_prompt_tokens == width - 4
+    # the loaded data is as it was: its source, tokenizer, reference and collector
+    assert (data.source, data.tokenizer, data.reference) == (base, tok0, ref0) and len(tok0) == vocab
+    assert data.collector.source is base and data.collector.width == width
+    assert ref0.get_input_embeddings().weight.shape[0] == emb.shape[0]
     # building again (a resume) neither prefixes twice nor grows the vocabulary
-    n = len(tok)
-    build_text_dt(TextDTConfig(), data)
-    assert len(tok) == n and data.source.held_out[0]["prompt"].count(R1) == 1
-    assert data.collector.width == width
+    again = build_text_dt(TextDTConfig(), data).rollout
+    assert len(again.tokenizer) == len(tok) and again.source.held_out[0]["prompt"].count(R1) == 1
 
 
 def test_at_step_zero_the_policy_conditioned_on_the_target_is_the_reference(data):
     from offline_plugins.tokens import prompt_token_ids, response_token_ids
 
-    tok = data.tokenizer
-    old = len(tok)
-    plain = torch.tensor([prompt_token_ids(tok, "12+30=") + response_token_ids(tok, "42")])
+    old = len(data.tokenizer)
+    plain = torch.tensor([prompt_token_ids(data.tokenizer, "12+30=") + response_token_ids(data.tokenizer, "42")])
     with torch.no_grad():
         before = data.reference(plain).logits
     parts = build_text_dt(TextDTConfig(), data)
+    tok = parts.tokenizer
     logits = {}
     for token in (R0, R1):
         ids = torch.tensor([prompt_token_ids(tok, token + "12+30=") + response_token_ids(tok, "42")])
@@ -114,22 +121,23 @@ def test_at_step_zero_the_policy_conditioned_on_the_target_is_the_reference(data
 def test_a_tokenizer_with_a_chat_template_keeps_it_and_rows_grow_by_the_token(data):
     from offline_plugins.tokens import prompt_token_ids
 
-    tok = data.tokenizer
-    tok.chat_template = "{{ bos_token }}{{ messages[0]['content'] }}"
-    width = data.collector.width
-    build_text_dt(TextDTConfig(), data)
+    data.tokenizer.chat_template = "{{ bos_token }}{{ messages[0]['content'] }}"
+    width = data.collector_for().width
+    parts = build_text_dt(TextDTConfig(), data)
+    tok = parts.tokenizer
     r1 = tok.convert_tokens_to_ids(R1)
     assert tok.chat_template == "{{ bos_token }}{{ messages[0]['content'] }}"
     assert prompt_token_ids(tok, R1 + "1+2=")[:2] == [tok.bos_token_id, r1]
-    assert data.collector.width == width + 1
+    assert data.collector_for(parts.rollout).width == width + 1
 
 
 def test_a_round_of_rollouts_is_relabelled_with_the_achieved_returns(data):
     parts = build_text_dt(TextDTConfig(), data)
-    ids = torch.tensor(data.tokenizer.convert_tokens_to_ids([R0, R1]))
-    td, _ = data.collector.collect(parts.model, round=0, process=parts.loss.process_rollouts)
+    ids = torch.tensor(parts.tokenizer.convert_tokens_to_ids([R0, R1]))
+    collector = data.collector_for(parts.rollout)
+    td, _ = collector.collect(parts.model, round=0, process=parts.rollout.process)
     n, t = td.shape[0], td.get(("tokens", "full")).shape[1]
-    assert (n, t) == (4, data.collector.width)
+    assert (n, t) == (4, collector.width)
     reward = td.get(("next", "reward")).reshape(-1)
     tokens = td.get(("tokens", "full"))
     # the first token is the achieved return's; no other prompt token is one
@@ -177,7 +185,7 @@ class _FixedLogProbs(torch.nn.Module):
 
 def test_hand_checked_relabelled_tokens_masks_and_nll(data):
     parts = build_text_dt(TextDTConfig(), data)
-    tok = data.tokenizer
+    tok = parts.tokenizer
     r0, r1 = tok.convert_tokens_to_ids([R0, R1])
     td, p = _hand_rows(tok)
     before = td.clone()
@@ -217,8 +225,7 @@ def test_hand_checked_relabelled_tokens_masks_and_nll(data):
 
 
 def test_a_response_that_emits_a_return_token_is_not_relabelled(data):
-    build_text_dt(TextDTConfig(), data)
-    tok = data.tokenizer
+    tok = build_text_dt(TextDTConfig(), data).tokenizer
     r0, r1 = tok.convert_tokens_to_ids([R0, R1])
     td, p = _hand_rows(tok)
     tokens = td.get(("tokens", "full"))
@@ -229,13 +236,12 @@ def test_a_response_that_emits_a_return_token_is_not_relabelled(data):
 
 
 def test_rows_without_the_conditioning_are_refused_naming_the_fix(data):
-    build_text_dt(TextDTConfig(), data)
-    tok = data.tokenizer
+    tok = build_text_dt(TextDTConfig(), data).tokenizer
     r0, r1 = tok.convert_tokens_to_ids([R0, R1])
     td, p = _hand_rows(tok)
     td.get(("tokens", "full"))[0, 0] = tok.bos_token_id  # row 0 lost its token
     loss = TextDTLoss(_FixedLogProbs(), return_token_ids=[r0, r1], return_levels=[0.0, 1.0])
-    with pytest.raises(ValueError, match=r"row 0 holds 0 return tokens.*build_text_dt wraps data.source"):
+    with pytest.raises(ValueError, match=r"row 0 holds 0 return tokens.*build_text_dt conditions the prompts"):
         loss.process_rollouts(td)
 
 

@@ -15,7 +15,7 @@ import torch
 from tensordict.nn import TensorDictModuleBase
 from torchrl.objectives import LossModule
 
-__all__ = ["OptimizerGroup", "AlgorithmParts", "adam_kernel", "compute_terms", "target_update_period"]
+__all__ = ["OptimizerGroup", "RolloutPlan", "AlgorithmParts", "adam_kernel", "compute_terms", "target_update_period"]
 
 
 @dataclass
@@ -107,6 +107,64 @@ def target_update_period(every: Optional[int], groups: Sequence[OptimizerGroup])
     return max(g.every for g in groups)
 
 
+@dataclass
+class RolloutPlan:
+    """What a round of rollouts needs from an online algorithm (``AlgorithmParts.rollout``).
+
+    ``build(config, data)`` returns it and leaves the data as it was loaded; the
+    ``text-rollouts`` kind's data module
+    (:class:`~offline_plugins.lightning.rollouts.RolloutDataModule`) runs the rounds from it.
+
+    Attributes:
+        process: ``process(rollouts) -> rollouts`` with ``"advantage"`` (and ``"has_signal"``)
+            written: the loss's ``process_rollouts``.
+        dynamic_sampling: replace groups whose rewards are all equal by newly sampled ones (DAPO).
+        min_group_size: the smallest ``group_size`` the loss accepts (group methods 2, PPO 1).
+        epochs: passes over a round's training rows.
+        epochs_field: the config field ``epochs`` came from, for error messages.
+        training_rows: None (train on the rollout rows) or ``rows(rollouts) -> rows``: what a
+            round trains on instead (e.g. one preference pair per prompt); it must return
+            ``rows_per_round`` rows whatever the rollouts hold.
+        rows_per_round: with ``training_rows``, how many rows it returns.
+        rows_what: what those rows are, for error messages.
+        source: the prompt source a round samples from and evaluation scores on, when the
+            algorithm transforms the prompts (text-DT's return conditioning); None: the data's.
+        reference: the model whose log-probs are the rollouts' reference, when it is not the
+            data's (LoRA: the policy with its adapters off; text-DT: the reference with the
+            reward tokens' embeddings); None: the data's.
+        tokenizer: the tokenizer of the policy, when it is not the data's (text-DT adds tokens).
+    """
+
+    process: Callable[[Any], Any]
+    dynamic_sampling: bool = False
+    min_group_size: int = 2
+    epochs: int = 1
+    epochs_field: str = "ppo_epochs"
+    training_rows: Optional[Callable[[Any], Any]] = None
+    rows_per_round: Optional[int] = None
+    rows_what: str = "training rows"
+    source: Optional[Any] = None
+    reference: Optional[torch.nn.Module] = None
+    tokenizer: Optional[Any] = None
+
+    def __post_init__(self) -> None:
+        from offline_plugins.errors import UserError
+
+        if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or self.epochs < 1:
+            raise UserError(f"{self.epochs_field} must be a whole number >= 1, got {self.epochs!r}; fix it with "
+                            f"--set {self.epochs_field}=1")
+        if (self.training_rows is None) != (self.rows_per_round is None):
+            raise ValueError("RolloutPlan: training_rows and rows_per_round go together (give both or neither)")
+
+    @classmethod
+    def of(cls, loss: Any, **fields: Any) -> "RolloutPlan":
+        """The plan of a rollout loss: its ``process_rollouts``, ``dynamic_sampling`` and
+        ``min_group_size``, and ``fields``."""
+        fields.setdefault("dynamic_sampling", bool(getattr(loss, "dynamic_sampling", False)))
+        fields.setdefault("min_group_size", int(getattr(loss, "min_group_size", 2)))
+        return cls(process=loss.process_rollouts, **fields)
+
+
 #: ``extra`` keys that were read by the shell before they became typed fields of :class:`AlgorithmParts`
 _TYPED_EXTRA = ("target_update_every", "lr_schedulers", "model", "tokenizer")
 
@@ -131,6 +189,8 @@ class AlgorithmParts:
             the reference and generation in evaluation, exported with ``save_pretrained``.
             None when the policy is no language model (a reward model's score head).
         tokenizer: the tokenizer exported with ``model``.
+        rollout: online algorithms: the :class:`RolloutPlan` of their rounds of rollouts
+            (None for algorithms trained on a fixed dataset).
         extra: anything else the algorithm wants to keep (the shell reads none of it).
     """
 
@@ -142,6 +202,7 @@ class AlgorithmParts:
     lr_schedulers: Sequence[Callable[[torch.optim.Optimizer], Any]] = ()
     model: Optional[torch.nn.Module] = None
     tokenizer: Optional[Any] = None
+    rollout: Optional[RolloutPlan] = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -1,10 +1,12 @@
 """Online RL on text as plugins: GRPO, DAPO, Dr. GRPO, RLOO, CISPO, GSPO, expert iteration (family ``online-llm``).
 
 Each ``build(config, data)`` takes a :class:`~offline_plugins.data.rollouts.RolloutData`
-(prompts, reward, the frozen reference, the rollout collector) and returns the loss of
+(prompts, reward, the frozen reference, the sampling settings) and returns the loss of
 :mod:`offline_plugins.objectives.llm.online` around a trainable copy of the reference (the
-policy starts at the reference). The rollouts are sampled while training, by the
-``text-rollouts`` kind's callback (:mod:`offline_plugins.kinds.rollouts`).
+policy starts at the reference), with the round's
+:class:`~offline_plugins.algorithms.base.RolloutPlan` (``AlgorithmParts.rollout``). The
+rollouts are sampled while training, by the ``text-rollouts`` kind's data module
+(:class:`~offline_plugins.lightning.rollouts.RolloutDataModule`).
 
 The config fields the kind reads (``group_size``, ``prompts_per_round``, ``ppo_epochs``,
 ``max_new_tokens``, ``temperature``, ``top_p``, ``batch_size``, ``reference_sft_steps``,
@@ -132,7 +134,7 @@ def build_sft(config: SFTConfig, data: Any):
     """Supervised fine-tuning of a trainable copy of ``data.reference`` (or LoRA adapters on it) on the
     completions."""
     from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
-    from offline_plugins.algorithms.preference import trainable_policy
+    from offline_plugins.algorithms.preference import policy_and_reference
     from offline_plugins.errors import UserError
     from offline_plugins.modules.causal_lm import CausalLMLogProbs
     from offline_plugins.objectives.llm.online import TextSFTLoss
@@ -144,7 +146,7 @@ def build_sft(config: SFTConfig, data: Any):
         config.lr = SFTConfig.from_scratch_lr if data.from_scratch else SFTConfig.pretrained_lr
     elif isinstance(config.lr, bool) or not isinstance(config.lr, (int, float)) or not config.lr > 0:
         raise UserError(f"sft: lr must be a positive number, got {config.lr!r}; fix it with --set lr=1e-4")
-    policy = trainable_policy(config, data, "sft")
+    policy, _ = policy_and_reference(config, data, "sft")
     actor = CausalLMLogProbs(policy)
     group = OptimizerGroup("policy", list(policy.parameters()), float(config.lr), ("loss_nll",),
                            max_grad_norm=config.max_grad_norm)
@@ -153,21 +155,22 @@ def build_sft(config: SFTConfig, data: Any):
 
 
 def _parts(config: Any, data: Any, name: str, loss_cls: str, kwargs: dict):
-    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
-    from offline_plugins.algorithms.preference import resolve_lr, trainable_policy
+    from offline_plugins.algorithms._glue import require_rollouts
+    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup, RolloutPlan
+    from offline_plugins.algorithms.preference import policy_and_reference, resolve_lr
     from offline_plugins.modules.causal_lm import CausalLMLogProbs
     import offline_plugins.objectives.llm.online as online
-    from offline_plugins.algorithms._glue import require_rollouts
 
     require_rollouts(data, name)
-    policy = trainable_policy(config, data, name)
+    policy, reference = policy_and_reference(config, data, name)
     actor = CausalLMLogProbs(policy)
     loss = getattr(online, loss_cls)(actor, **kwargs)
     keys = ("loss_nll",) if loss_cls == "ExpertIterationLoss" else (
         ("loss_objective", "loss_kl") if loss.has_kl_term else ("loss_objective",))
     group = OptimizerGroup("policy", list(policy.parameters()), resolve_lr(config, data, name), keys,
                            max_grad_norm=config.max_grad_norm)
-    return AlgorithmParts(loss=loss, policy=actor, optimizers=[group], model=policy, tokenizer=data.tokenizer)
+    return AlgorithmParts(loss=loss, policy=actor, optimizers=[group], model=policy, tokenizer=data.tokenizer,
+                          rollout=RolloutPlan.of(loss, epochs=config.ppo_epochs, reference=reference))
 
 
 def build_grpo(config: GRPOConfig, data: Any):

@@ -132,8 +132,8 @@ def _inner_kwargs(config: Any, name: str) -> tuple[str, dict, tuple[str, ...], A
 
 def _build(config: Any, data: Any, name: str, *, reference: str):
     import offline_plugins.objectives.llm as llm
-    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
-    from offline_plugins.algorithms.preference import FROM_SCRATCH_LR, trainable_policy
+    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup, RolloutPlan
+    from offline_plugins.algorithms.preference import FROM_SCRATCH_LR, policy_and_reference
     from offline_plugins.errors import UserError
     from offline_plugins.modules.causal_lm import CausalLMLogProbs
     from offline_plugins.objectives.llm.online_dpo import OnlinePreferenceLoss
@@ -148,7 +148,7 @@ def _build(config: Any, data: Any, name: str, *, reference: str):
         raise UserError(f"{name}: lr must be a positive number (or unset for the inner loss's default), got "
                         f"{lr!r}; fix it with --set lr=1e-5")
     config.lr = float(lr)
-    policy = trainable_policy(config, data, name)
+    policy, ref_model = policy_and_reference(config, data, name)
     actor = CausalLMLogProbs(policy)
     try:
         inner = getattr(llm, loss_cls)(actor, reduction="none", **kwargs)
@@ -156,11 +156,14 @@ def _build(config: Any, data: Any, name: str, *, reference: str):
         raise UserError(f"{name}: inner={config.inner}: {exc}") from None
     loss = OnlinePreferenceLoss(inner, group_size=data.collector.group_size, reference=reference,
                                 dynamic_sampling=bool(config.dynamic_sampling))
-    # one pair slot per prompt: the round's training rows are [prompts_per_round, 2]
-    data.train_on(data.collector.prompts_per_round, loss.pair_rollouts, epochs=config.epochs_per_round,
-                  what="preference-pair slots (one per prompt of prompts_per_round)", epochs_field="epochs_per_round")
     group = OptimizerGroup("policy", list(policy.parameters()), config.lr, terms, max_grad_norm=config.max_grad_norm)
-    return AlgorithmParts(loss=loss, policy=actor, optimizers=[group], model=policy, tokenizer=data.tokenizer)
+    # one pair slot per prompt: the round's training rows are [prompts_per_round, 2]
+    rollout = RolloutPlan.of(loss, epochs=config.epochs_per_round, epochs_field="epochs_per_round",
+                             training_rows=loss.pair_rollouts, rows_per_round=data.collector.prompts_per_round,
+                             rows_what="preference-pair slots (one per prompt of prompts_per_round)",
+                             reference=ref_model)
+    return AlgorithmParts(loss=loss, policy=actor, optimizers=[group], model=policy, tokenizer=data.tokenizer,
+                          rollout=rollout)
 
 
 def build_online_dpo(config: OnlineDPOConfig, data: Any):

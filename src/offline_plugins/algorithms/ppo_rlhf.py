@@ -15,7 +15,7 @@ lm-human-preferences (adaptive KL: target 6 nats, horizon 10000). No torch impor
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional
+from typing import Any, Optional
 
 from offline_plugins.algorithms.online import _RolloutFields
 from offline_plugins.config import config_field
@@ -27,8 +27,6 @@ __all__ = ["PPORLHFConfig", "build"]
 
 @dataclass
 class PPORLHFConfig(_RolloutFields):
-    #: the smallest group_size the loss accepts (read by the text-rollouts kind)
-    min_group_size: ClassVar[int] = 1
     group_size: int = config_field(1, "responses sampled per prompt (PPO needs no groups)")
     batch_size: int = config_field(8, "rollouts per gradient step (must divide prompts_per_round * group_size)")
     ppo_epochs: int = config_field(4, "passes over each round's rollouts (TRL num_ppo_epochs=4)")
@@ -47,8 +45,8 @@ class PPORLHFConfig(_RolloutFields):
 
 
 def build(config: PPORLHFConfig, data: Any):
-    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
-    from offline_plugins.algorithms.preference import _trainable_copy, resolve_lr, trainable_policy
+    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup, RolloutPlan
+    from offline_plugins.algorithms.preference import _trainable_copy, policy_and_reference, resolve_lr
     from offline_plugins.modules.causal_lm import CausalLMLogProbs
     from offline_plugins.objectives.llm.ppo_rlhf import PPORLHFLoss, TokenValueHead
     from offline_plugins.algorithms._glue import require_rollouts
@@ -57,7 +55,7 @@ def build(config: PPORLHFConfig, data: Any):
     # the critic is copied before LoRA (if asked) wraps the reference in place: a full trainable copy
     critic = TokenValueHead(_trainable_copy(data.reference))
     critic.train()
-    policy = trainable_policy(config, data, "ppo-rlhf")
+    policy, reference = policy_and_reference(config, data, "ppo-rlhf")
     actor = CausalLMLogProbs(policy)
     loss = PPORLHFLoss(actor, critic, kl_coef=config.kl_coef, kl_target=config.kl_target,
                        kl_horizon=config.kl_horizon, kl_estimator=config.kl_estimator,
@@ -68,7 +66,9 @@ def build(config: PPORLHFConfig, data: Any):
                              max_grad_norm=config.max_grad_norm),
               OptimizerGroup("value", list(critic.parameters()), float(config.value_lr or lr), ("loss_critic",),
                              max_grad_norm=config.max_grad_norm)]
-    return AlgorithmParts(loss=loss, policy=actor, optimizers=groups, model=policy, tokenizer=data.tokenizer)
+    # the loss's min_group_size is 1: a value baseline needs no group
+    return AlgorithmParts(loss=loss, policy=actor, optimizers=groups, model=policy, tokenizer=data.tokenizer,
+                          rollout=RolloutPlan.of(loss, epochs=config.ppo_epochs, reference=reference))
 
 
 @hookimpl

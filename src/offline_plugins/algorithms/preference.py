@@ -188,12 +188,11 @@ def _trainable_copy(model: Any) -> Any:
     return model
 
 
-def _lora_policy(config: Any, data: Any, name: str) -> Any:
-    """The reference with LoRA adapters (peft) as the policy; ``data.reference`` becomes the same
-    model with its adapters switched off (:class:`~offline_plugins.modules.causal_lm.AdaptersOff`),
-    so the weights are held once."""
+def _lora_policy(config: Any, base: Any, name: str) -> Any:
+    """``base`` with LoRA adapters (peft) as the policy. peft puts the adapters into ``base``'s
+    modules, so the weights are held once; the reference is then the policy with its adapters
+    off (:class:`~offline_plugins.modules.causal_lm.AdaptersOff`)."""
     from offline_plugins.errors import UserError
-    from offline_plugins.modules.causal_lm import AdaptersOff
 
     if isinstance(config.lora_r, bool) or int(config.lora_r) < 0:
         raise UserError(f"{name}: lora_r must be a whole number >= 0, got {config.lora_r!r}; fix it with --set lora_r=16")
@@ -202,7 +201,9 @@ def _lora_policy(config: Any, data: Any, name: str) -> Any:
     except ImportError:
         raise UserError(f"{name}: lora_r={config.lora_r} trains LoRA adapters, which needs peft: "
                         "pip install 'offline-plugins[peft]' (or drop --set lora_r)") from None
-    if isinstance(data.reference, AdaptersOff):
+    from offline_plugins.modules.causal_lm import AdaptersOff
+
+    if isinstance(base, AdaptersOff) or any(type(m).__module__.startswith("peft") for m in base.modules()):
         raise UserError(f"{name}: this dataset's reference already carries LoRA adapters from an earlier run in "
                         "this process; load the dataset again for a new LoRA run")
     targets = [t.strip() for t in str(config.lora_target or "").split(",") if t.strip()] or None
@@ -212,24 +213,32 @@ def _lora_policy(config: Any, data: Any, name: str) -> Any:
         with warnings.catch_warnings():
             # peft notes that GPT-2's Conv1D stores its weight transposed, and handles it
             warnings.filterwarnings("ignore", message="fan_in_fan_out is set to False")
-            policy = get_peft_model(data.reference, LoraConfig(r=int(config.lora_r), lora_alpha=config.lora_alpha,
-                                                               lora_dropout=config.lora_dropout,
-                                                               target_modules=targets, task_type="CAUSAL_LM"))
+            return get_peft_model(base, LoraConfig(r=int(config.lora_r), lora_alpha=config.lora_alpha,
+                                                   lora_dropout=config.lora_dropout, target_modules=targets,
+                                                   task_type="CAUSAL_LM"))
     except ValueError as exc:
         first = str(exc).splitlines()[0][:200]
         raise UserError(f"{name}: LoRA could not adapt the model with lora_target={config.lora_target!r} ({first}); "
                         "name modules the model has (e.g. --set lora_target=c_attn for GPT-2)") from None
-    data.reference = AdaptersOff(policy)
-    return policy
 
 
-def trainable_policy(config: Any, data: Any, name: str) -> Any:
-    """The model a language-model algorithm trains, in train mode: LoRA adapters on ``data.reference``
-    (``config.lora_r > 0``; ``data.reference`` becomes the base with adapters off) or a trainable
-    copy of it, with transformers' activation checkpointing when ``config.gradient_checkpointing``."""
+def policy_and_reference(config: Any, data: Any, name: str, *, reference: Any = None) -> tuple[Any, Any]:
+    """``(policy, reference)``: the model a language-model algorithm trains, in train mode, and the
+    frozen model it is measured against. ``data`` is left as it was.
+
+    The policy is a trainable copy of ``reference`` (default ``data.reference``), or LoRA adapters
+    on it (``config.lora_r > 0``; the reference is then the policy with its adapters off), with
+    transformers' activation checkpointing when ``config.gradient_checkpointing``."""
     from offline_plugins.errors import UserError
 
-    policy_model = _lora_policy(config, data, name) if int(config.lora_r) > 0 else _trainable_copy(data.reference)
+    base = data.reference if reference is None else reference
+    if int(config.lora_r) > 0:
+        from offline_plugins.modules.causal_lm import AdaptersOff
+
+        policy_model = _lora_policy(config, base, name)
+        base = AdaptersOff(policy_model)
+    else:
+        policy_model = _trainable_copy(base)
     if config.gradient_checkpointing:
         if not hasattr(policy_model, "gradient_checkpointing_enable"):
             raise UserError(f"{name}: gradient_checkpointing=true needs a transformers model, got "
@@ -237,6 +246,15 @@ def trainable_policy(config: Any, data: Any, name: str) -> Any:
         # non-reentrant: works with inputs that need no grad (token ids) and with LoRA's frozen base
         policy_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     policy_model.train()
+    return policy_model, base
+
+
+def trainable_policy(config: Any, data: Any, name: str) -> Any:
+    """The policy of :func:`policy_and_reference` for preference data, whose ``reference`` is
+    read by its evaluation: with LoRA, ``data.reference`` becomes the policy with adapters off."""
+    policy_model, reference = policy_and_reference(config, data, name)
+    if reference is not data.reference:
+        data.reference = reference
     return policy_model
 
 

@@ -30,13 +30,14 @@ that has a chat template keeps it, and the token leads the user turn's text. The
 tokenizer (``OUT/model``) holds the tokens and the template, so ``AutoTokenizer`` reloads them
 and ``apply_chat_template`` conditions a prompt the way training did.
 
-``build(config, data)`` adapts the run's :class:`~offline_plugins.data.rollouts.RolloutData`
-without changing its classes: it wraps ``data.source`` (and the collector's) in a
-:class:`ConditionedPromptSource` whose sampled and held-out prompts start with the target
-token, grows the reference's embeddings, and re-sizes the collector's rows for the
-conditioned prompts (its ``width`` was computed from the unconditioned longest prompt; with
-the token in place of bos it is unchanged, with a chat template it grows by one), refusing a
-prompt that no longer fits the model's context.
+``build(config, data)`` leaves the run's :class:`~offline_plugins.data.rollouts.RolloutData`
+as loaded and says in the round's :class:`~offline_plugins.algorithms.base.RolloutPlan` what
+differs: a :class:`ConditionedPromptSource` (wrapping ``data.source``) whose sampled and
+held-out prompts start with the target token, a copy of the reference with grown embeddings,
+and a copy of the tokenizer with the reward tokens. The run's collector is made from them
+(:meth:`~offline_plugins.data.rollouts.RolloutData.collector_for`), so its rows are sized for
+the conditioned prompts (with the token in place of bos as wide as before, with a chat
+template one wider); ``build`` refuses a prompt that no longer fits the model's context.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from typing import Any, ClassVar, Optional
 
 from offline_plugins.algorithms.online import _RolloutFields, _lr_help
 from offline_plugins.config import config_field
+from offline_plugins.data.prompts import PromptSource
 from offline_plugins.plugins.hookspecs import hookimpl
 from offline_plugins.plugins.registry import AlgorithmSpec
 
@@ -106,30 +108,22 @@ def _check_levels(config: TextDTConfig) -> tuple[list[float], float]:
     return levels, float(target)
 
 
-def _make_conditioned_class():
-    from offline_plugins.data.rollouts import PromptSource
+@dataclass
+class ConditionedPromptSource(PromptSource):
+    """A :class:`~offline_plugins.data.prompts.PromptSource` whose prompts start with a reward token.
 
-    @dataclass
-    class ConditionedPromptSource(PromptSource):
-        """A :class:`~offline_plugins.data.rollouts.PromptSource` whose prompts start with a reward token.
+    ``base`` is the unconditioned source; ``sample`` and ``held_out`` give its rows with
+    ``prefix`` (the target return's token) before the prompt; the reward function gets the
+    prompts without any return token (``token_texts``), so a task's verifier that parses
+    its prompt is unaffected.
+    """
 
-        ``base`` is the unconditioned source; ``sample`` and ``held_out`` give its rows with
-        ``prefix`` (the target return's token) before the prompt; the reward function gets the
-        prompts without any return token (``token_texts``), so a task's verifier that parses
-        its prompt is unaffected.
-        """
+    base: Any = None
+    prefix: str = ""
+    token_texts: tuple = ()
 
-        base: Any = None
-        prefix: str = ""
-        token_texts: tuple = ()
-
-        def sample(self, n: int, seed: int) -> list[dict]:
-            return [{**r, "prompt": self.prefix + r["prompt"]} for r in self.base.sample(n, seed)]
-
-    return ConditionedPromptSource
-
-
-_CONDITIONED = None
+    def sample(self, n: int, seed: int) -> list[dict]:
+        return [{**r, "prompt": self.prefix + r["prompt"]} for r in self.base.sample(n, seed)]
 
 
 def _strip(prompt: str, texts) -> str:
@@ -144,9 +138,6 @@ def conditioned_source(source: Any, prefix: str, token_texts) -> Any:
 
     A source that is already conditioned is re-conditioned from its base (never prefixed twice).
     """
-    global _CONDITIONED
-    if _CONDITIONED is None:
-        _CONDITIONED = _make_conditioned_class()
     base = getattr(source, "base", None) or source
     texts = tuple(token_texts)
     base_fn = base.reward_fn
@@ -154,7 +145,7 @@ def conditioned_source(source: Any, prefix: str, token_texts) -> Any:
     def reward(prompts, responses, **columns):
         return base_fn([_strip(p, texts) for p in prompts], responses, **columns)
 
-    return _CONDITIONED(
+    return ConditionedPromptSource(
         name=base.name, held_out=[{**r, "prompt": prefix + r["prompt"]} for r in base.held_out],
         reward_fn=reward, reward_name=base.reward_name, train=base.train, sample_fn=None,
         longest_prompts=[prefix + p for p in base.longest_prompts], base=base, prefix=prefix, token_texts=texts)
@@ -186,29 +177,31 @@ def _grow_embeddings(model: Any, n_tokens: int, copies: dict) -> None:
 
 def build_text_dt(config: TextDTConfig, data: Any):
     """The policy (a trainable copy of the reference, or LoRA adapters on it) and
-    :class:`~offline_plugins.objectives.llm.text_dt.TextDTLoss`, with ``data`` conditioned on
-    ``config.target_return``: reward tokens added to the tokenizer, the reference's embeddings grown,
-    ``data.source`` and the collector's source wrapped, the collector's rows re-sized (module docstring)."""
-    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
-    from offline_plugins.algorithms.preference import resolve_lr, trainable_policy
+    :class:`~offline_plugins.objectives.llm.text_dt.TextDTLoss`, conditioned on
+    ``config.target_return``. ``data`` is left as loaded: the reward tokens go into a copy of its
+    tokenizer, the grown embeddings into a copy of its reference, and the round's
+    :class:`~offline_plugins.algorithms.base.RolloutPlan` names the conditioned prompt source,
+    that reference and that tokenizer (module docstring)."""
+    import copy
+
+    from offline_plugins.algorithms._glue import require_rollouts
+    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup, RolloutPlan
+    from offline_plugins.algorithms.preference import policy_and_reference, resolve_lr
     from offline_plugins.data.rollouts import RolloutError
     from offline_plugins.errors import UserError
     from offline_plugins.modules.causal_lm import CausalLMLogProbs
     from offline_plugins.objectives.llm.text_dt import TextDTLoss
     from offline_plugins.tokens import prompt_token_ids
-    from offline_plugins.algorithms._glue import require_rollouts
 
     require_rollouts(data, "text-dt")
-    if getattr(data, "buffer", None) is not None:
-        raise UserError("text-dt: build(config, data) must run before data.replay_buffer(...): the conditioning "
-                        "widens the buffer's rows; build first (the training shell does)")
     levels, target = _check_levels(config)
     w = config.low_return_weight
     if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= float(w) <= 1:
         raise UserError(f"text-dt: low_return_weight must be a number in [0, 1], got {w!r}; fix it with "
                         "--set low_return_weight=1 (every row, the Decision Transformer)")
     config.return_levels, config.target_return = tuple(levels), target  # the run's summary records them
-    tokenizer, collector = data.tokenizer, data.collector
+    collector = data.collector
+    tokenizer = copy.deepcopy(data.tokenizer)
     texts = [return_token(x) for x in levels]
     missing = [t for t in texts if t not in tokenizer.get_vocab()]
     if missing:
@@ -222,11 +215,11 @@ def build_text_dt(config: TextDTConfig, data: Any):
     if getattr(tokenizer, "chat_template", None) is None and tokenizer.bos_token is not None:
         tokenizer.chat_template = CHAT_TEMPLATE
     target_id = ids[levels.index(target)]
-    _grow_embeddings(data.reference, len(tokenizer), {target_id: tokenizer.bos_token_id})
+    reference = copy.deepcopy(data.reference)
+    _grow_embeddings(reference, len(tokenizer), {target_id: tokenizer.bos_token_id})
+    reference.requires_grad_(False)
     source = conditioned_source(data.source, return_token(target), texts)
-    data.source = source
-    collector.source = source
-    # the collector sized its rows from the unconditioned longest prompt: size them for the conditioned ones
+    # the collector sized its rows from the unconditioned longest prompt; the run's is sized for these
     longest = max((len(prompt_token_ids(tokenizer, p)) for p in source.longest_prompts), default=1)
     if longest + collector.max_new_tokens > collector.context:
         worst = max(source.longest_prompts, key=lambda p: len(prompt_token_ids(tokenizer, p)))
@@ -235,23 +228,22 @@ def build_text_dt(config: TextDTConfig, data: Any):
             f"{collector.max_new_tokens} it exceeds the model's context of {collector.context} tokens; lower "
             "max_new_tokens (--set max_new_tokens=...) or shorten the prompts")
     prefixed = prompt_token_ids(tokenizer, source.longest_prompts[0]) if source.longest_prompts else []
-    if prefixed.count(ids[levels.index(target)]) != 1:
+    if prefixed.count(target_id) != 1:
         raise UserError(f"text-dt: the tokenizer's chat template drops or repeats the reward token "
                         f"{return_token(target)!r} ({source.longest_prompts[0]!r:.60} -> {prefixed}); use a template "
                         "that keeps the user's text")
-    collector.max_prompt_tokens = longest
-    collector.width = longest + collector.max_new_tokens
 
     # a trainable copy of the grown reference, or LoRA adapters on it (config.lora_r; the embedding rows of
     # the reward tokens then stay at their initial values and only the adapters learn to read them)
-    policy = trainable_policy(config, data, "text-dt")
+    policy, reference = policy_and_reference(config, data, "text-dt", reference=reference)
     actor = CausalLMLogProbs(policy)
     loss = TextDTLoss(actor, return_token_ids=ids, return_levels=levels, target_return=target,
                       return_token_texts=texts, low_return_weight=float(w))
     group = OptimizerGroup("policy", list(policy.parameters()), resolve_lr(config, data, "text-dt"), ("loss_nll",),
                            max_grad_norm=config.max_grad_norm)
+    rollout = RolloutPlan.of(loss, epochs=config.ppo_epochs, source=source, reference=reference, tokenizer=tokenizer)
     return AlgorithmParts(loss=loss, policy=actor, optimizers=[group], model=policy, tokenizer=tokenizer,
-                          extra={"return_tokens": dict(zip(levels, texts)), "target_return": target})
+                          rollout=rollout, extra={"return_tokens": dict(zip(levels, texts)), "target_return": target})
 
 
 @hookimpl

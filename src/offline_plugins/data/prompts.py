@@ -6,6 +6,7 @@ match), or prompt rows with a user's reward function ``module:function`` called 
 TRL's reward functions are, ``fn(prompts, responses, **columns) -> list[float]``.
 Held-out prompts are split off deterministically by a hash of their text
 (:func:`~offline_plugins.data.preference_sources.held_out_prompts`, as the preference loader).
+Importing it imports no torch (an algorithm's module may subclass :class:`PromptSource`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
-
-import torch
 
 from offline_plugins.errors import UserError
 
@@ -130,6 +129,8 @@ def load_reward_function(spec: str) -> Callable[..., Sequence[float]]:
 
 def score_responses(source: PromptSource, rows: Sequence[dict], responses: Sequence[str]) -> list[float]:
     """The source's rewards of ``responses`` to ``rows``, checked: one finite number per response."""
+    import torch
+
     prompts = [r["prompt"] for r in rows]
     columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"} if rows else {}
     name = source.reward_name
@@ -208,7 +209,7 @@ def _prompt_ids(tokenizer, prompt: str) -> list[int]:
     return prompt_token_ids(tokenizer, prompt)
 
 
-def greedy_responses(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[str], *, max_new_tokens: int,
+def greedy_responses(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_tokens: int,
                      batch_size: int = 100) -> list[str]:
     """Greedy decoded responses, prompts left-padded in batches of ``batch_size``
     (:func:`offline_plugins.data.text_tasks.generate`): what one prompt at a time would give."""

@@ -10,12 +10,11 @@ SFT (:func:`load_completion_data`).
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
-from tensordict import NonTensorStack, TensorDict
+from tensordict import TensorDict
 
 from offline_plugins.data.collector import RolloutCollector
 from offline_plugins.data.prompts import (
@@ -98,29 +97,29 @@ def sft_reference(task: Any, *, model: Any = "tiny", seed: int = 0, steps: int =
 
 
 class RolloutData:
-    """What an online algorithm's ``build(config, data)`` receives: prompts, reference, collector, buffer.
+    """A loaded text task, what an online algorithm's ``build(config, data)`` receives: the
+    prompts and their reward, the frozen reference, its tokenizer and the sampling settings.
+
+    Nothing changes it after loading: an algorithm that samples from other prompts, scores
+    against another reference or adds tokens says so in its
+    :class:`~offline_plugins.algorithms.base.RolloutPlan`, and a run's collector is made from
+    both (:meth:`collector_for`).
 
     Attributes:
-        source: the :class:`PromptSource` (training and held-out prompts, the reward).
-        reference: the frozen reference model; the policy starts as a copy of it. Setting it
-            sets the collector's too (a LoRA build makes it the policy's base with adapters off,
-            and the rollouts' reference log-probs must come from that).
+        source: the :class:`~offline_plugins.data.prompts.PromptSource` (training and held-out
+            prompts, the reward).
+        reference: the frozen reference model; the policy starts as a copy of it.
         tokenizer: its tokenizer.
-        collector: the :class:`RolloutCollector` (built by ``build``'s config: group size...).
-        buffer: the TorchRL replay buffer the collector writes (made by :meth:`replay_buffer`).
-        updates_per_round: gradient steps per batch of rollouts (``ppo_epochs`` passes).
-        rows_per_round: training rows a round gives: the rollouts themselves
-            (``prompts_per_round * group_size``), or what :meth:`train_on` declares.
-        to_training_rows: None (train on the rollout rows), or the function :meth:`train_on`
-            set that turns a round's rollouts into its training rows.
+        collector: the :class:`~offline_plugins.data.collector.RolloutCollector` of these prompts,
+            reference and sampling settings (``group_size``, ``prompts_per_round``,
+            ``max_new_tokens``, ``temperature``, ``top_p``, ``max_attempts``).
         from_scratch: the reference is the tiny model at its random initialisation.
     """
 
     action_space = "tokens"
 
     def __init__(self, source: PromptSource, reference, tokenizer, collector: RolloutCollector, *,
-                 dataset_id: str, model: str, batch_size: int, ppo_epochs: int = 1,
-                 from_scratch: bool = False) -> None:
+                 dataset_id: str, model: str, from_scratch: bool = False) -> None:
         self.source = source
         self.collector = collector
         self.reference = reference
@@ -128,121 +127,35 @@ class RolloutData:
         self.dataset_id = dataset_id
         self.model = model
         self.from_scratch = from_scratch
-        self.batch_size = int(batch_size)
-        n = collector.rows
-        if ppo_epochs < 1:
-            raise RolloutError(f"ppo_epochs must be at least 1, got {ppo_epochs}; fix it with --set ppo_epochs=1")
-        if self.batch_size < 1 or n % self.batch_size:
-            raise RolloutError(
-                f"batch_size {self.batch_size} must divide the {n} rollouts of a round (prompts_per_round "
-                f"{collector.prompts_per_round} x group_size {collector.group_size}); fix it with --set "
-                f"batch_size={math.gcd(n, max(self.batch_size, 1))} or change prompts_per_round")
-        self.ppo_epochs = int(ppo_epochs)
-        self.rows_per_round = n
-        self.to_training_rows: Optional[Callable[[TensorDict], TensorDict]] = None
-        self.minibatches = n // self.batch_size
-        self.updates_per_round = self.ppo_epochs * self.minibatches
-        self.buffer = None
 
-    @property
-    def reference(self):
-        return self._reference
-
-    @reference.setter
-    def reference(self, model) -> None:
-        self._reference = model
-        self.collector.reference = model
-
-    def train_on(self, rows_per_round: int, to_training_rows: Callable[[TensorDict], TensorDict], *, epochs: int,
-                 what: str, epochs_field: str = "ppo_epochs") -> None:
-        """Train on rows made from each round's rollouts instead of the rollouts themselves.
-
-        ``to_training_rows(rollouts)`` (run once per round, by the rollout callback) returns
-        ``rows_per_round`` rows whatever the rollouts hold, e.g. one preference pair ``[P, 2]``
-        per prompt, ties kept as weight-0 pairs so shapes are static. The round then serves
-        ``epochs`` passes of minibatches of ``batch_size`` of those rows:
-        ``updates_per_round = epochs * rows_per_round / batch_size``. ``what`` names the rows
-        in the errors (``"preference pairs (one per prompt of prompts_per_round)"``).
-        """
-        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-            raise RolloutError(f"{epochs_field} must be a whole number >= 1, got {epochs!r}; fix it with "
-                               f"--set {epochs_field}=1")
-        n = int(rows_per_round)
-        if n < 1 or n % self.batch_size:
-            raise RolloutError(
-                f"batch_size {self.batch_size} must divide the {n} {what} of a round; fix it with --set "
-                f"batch_size={math.gcd(n, self.batch_size)} or change prompts_per_round")
-        self.rows_per_round = n
-        self.to_training_rows = to_training_rows
-        self.ppo_epochs = int(epochs)
-        self.minibatches = n // self.batch_size
-        self.updates_per_round = self.ppo_epochs * self.minibatches
-
-    def training_rows(self, rollouts: TensorDict) -> TensorDict:
-        """The rows a round trains on: ``rollouts`` itself, or what :meth:`train_on` declared,
-        without the ``"text"`` columns.
-
-        The losses read tokens; the prompt and response strings stay in the round's rollouts
-        (the callback's ``rollouts``, its checkpoint state, ``process_rollouts``). Kept in the
-        buffer, a ``NonTensorStack`` per column made every write and minibatch read build one
-        Python object per row: measured, the shell's GRPO ran 17-20 % more steps/s without them
-        (docs/benchmarks.md, "Online RL").
-        """
-        rows = rollouts if self.to_training_rows is None else self.to_training_rows(rollouts)
-        return rows.exclude("text")
-
-    def replay_buffer(self, batch_size: int, *, sampler: str = "random", slice_len=None, seed: int = 0,
-                      device=None):
-        """The TorchRL buffer of one round's training rows: ``prompts_per_round * group_size``
-        rollouts, or the ``rows_per_round`` rows :meth:`train_on` declared.
-
-        It starts with a placeholder round (what the shell's stream first draws); the rollout
-        callback (:class:`~offline_plugins.kinds.rollouts.RolloutRefill`) writes real rounds and
-        hands out each step's minibatch."""
-        from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
-
-        n = self.rows_per_round
-        self.buffer = TensorDictReplayBuffer(storage=LazyTensorStorage(n, device=device or "cpu"),
-                                             batch_size=int(batch_size))
-        self.buffer.extend(self.placeholder(device))
-        return self.buffer
-
-    def placeholder(self, device=None) -> TensorDict:
-        """A round of training rows, all padding (never trained on): the rollout layout, passed
-        through :meth:`training_rows` when :meth:`train_on` declared other rows."""
-        return self.training_rows(self._rollout_placeholder(device))
-
-    def _rollout_placeholder(self, device=None) -> TensorDict:
-        n, t = self.collector.rows, self.collector.width
-        zeros = lambda dtype: torch.zeros(n, t, dtype=dtype, device=device)  # noqa: E731
-        done = torch.ones(n, 1, dtype=torch.bool, device=device)
-        td = TensorDict({
-            "tokens": {"full": zeros(torch.long)},
-            "masks": {"all_attention_mask": zeros(torch.bool), "all_assistant_mask": zeros(torch.bool)},
-            "log_probs": {"full": zeros(torch.float32)},
-            "next": {"reward": torch.zeros(n, 1, device=device), "done": done, "terminated": done.clone(),
-                     "ref_log_probs": {"full": zeros(torch.float32)}},
-            "response_length": torch.zeros(n, device=device),
-            "group": torch.zeros(n, dtype=torch.long, device=device),
-            "advantage": torch.zeros(n, t, 1, device=device),
-            "has_signal": torch.zeros(n, dtype=torch.bool, device=device),
-        }, [n], device=device)
-        td.set(("text", "prompt"), NonTensorStack(*([""] * n), batch_size=[n]))
-        td.set(("text", "response"), NonTensorStack(*([""] * n), batch_size=[n]))
-        return td
+    def collector_for(self, plan: Any = None, *, seed: int = 0) -> RolloutCollector:
+        """The collector of one run: these sampling settings, with the prompt source, reference
+        and tokenizer ``plan`` (a :class:`~offline_plugins.algorithms.base.RolloutPlan`) names in
+        place of the data's, checked against its ``min_group_size`` and the model's context."""
+        c = self.collector
+        pick = lambda mine, theirs: mine if theirs is None else theirs  # noqa: E731
+        return RolloutCollector(
+            pick(self.source, getattr(plan, "source", None)), pick(self.tokenizer, getattr(plan, "tokenizer", None)),
+            pick(self.reference, getattr(plan, "reference", None)), group_size=c.group_size,
+            prompts_per_round=c.prompts_per_round, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
+            top_p=c.top_p, seed=seed, max_attempts=c.max_attempts,
+            min_group_size=int(getattr(plan, "min_group_size", 1)))
 
     @torch.no_grad()
-    def held_out_scores(self, model, *, n: Optional[int] = None, batch_size: int = 100) -> dict[str, Optional[float]]:
-        """Greedy responses to the held-out prompts: ``exact_match`` (None without answers) and ``reward``."""
-
-        rows = self.source.held_out[: n or len(self.source.held_out)]
+    def held_out_scores(self, model, *, plan: Any = None, n: Optional[int] = None,
+                        batch_size: int = 100) -> dict[str, Optional[float]]:
+        """Greedy responses to the held-out prompts (``plan``'s source and tokenizer where it names
+        them): ``exact_match`` (None without answers) and ``heldout_reward``."""
+        source = getattr(plan, "source", None) or self.source
+        tokenizer = getattr(plan, "tokenizer", None) or self.tokenizer
+        rows = source.held_out[: n or len(source.held_out)]
         if not rows:
             return {"exact_match": None, "heldout_reward": None}
-        responses = greedy_responses(model, self.tokenizer, [r["prompt"] for r in rows],
+        responses = greedy_responses(model, tokenizer, [r["prompt"] for r in rows],
                                      max_new_tokens=self.collector.max_new_tokens, batch_size=batch_size)
-        rewards = score_responses(self.source, rows, responses)
+        rewards = score_responses(source, rows, responses)
         em = None
-        if self.source.has_answers:
+        if source.has_answers:
             from offline_plugins.envs.tasks import exact_match
 
             em = sum(exact_match(r, row["answer"]) for r, row in zip(responses, rows)) / len(rows)
@@ -251,10 +164,9 @@ class RolloutData:
 
 def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[str] = None, seed: int = 0,
                       group_size: int = 8, prompts_per_round: int = 16, max_new_tokens: int = 6,
-                      temperature: float = 1.0, top_p: float = 1.0, batch_size: int = 32, ppo_epochs: int = 1,
-                      reference_sft_steps: int = 2000, eval_prompts: int = 200, max_attempts: int = 4,
-                      cache_dir: Optional[Path] = None, progress: bool = False,
-                      min_group_size: int = 2) -> RolloutData:
+                      temperature: float = 1.0, top_p: float = 1.0, reference_sft_steps: int = 2000,
+                      eval_prompts: int = 200, max_attempts: int = 4, cache_dir: Optional[Path] = None,
+                      progress: bool = False) -> RolloutData:
     """Load a rollout task (:func:`resolve_rollout_id`) and its reference.
 
     The built-in task with ``model="tiny"`` starts from the cached SFT reference of the
@@ -299,9 +211,9 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
     collector = RolloutCollector(source, tokenizer, reference, group_size=group_size,
                                  prompts_per_round=prompts_per_round, max_new_tokens=max_new_tokens,
                                  temperature=temperature, top_p=top_p, seed=seed, max_attempts=max_attempts,
-                                 min_group_size=min_group_size)
+                                 min_group_size=1)
     return RolloutData(source, reference, tokenizer, collector, dataset_id=resolved, model=str(model),
-                       batch_size=batch_size, ppo_epochs=ppo_epochs, from_scratch=from_scratch)
+                       from_scratch=from_scratch)
 
 
 class CompletionData:
@@ -337,7 +249,9 @@ class CompletionData:
         return buffer
 
     @torch.no_grad()
-    def held_out_scores(self, model, *, batch_size: int = 100) -> dict[str, Optional[float]]:
+    def held_out_scores(self, model, *, plan: Any = None, batch_size: int = 100) -> dict[str, Optional[float]]:
+        """Greedy responses to the held-out rows: ``exact_match`` against their completions (``plan``:
+        ignored, SFT samples no rollouts)."""
 
         rows = self.held_out_rows
         if not rows:

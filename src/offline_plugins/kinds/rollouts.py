@@ -1,32 +1,19 @@
-"""Text rollouts: online RL on a text task (GRPO, DAPO, Dr. GRPO, RLOO, expert iteration).
+"""Text rollouts: online RL on text (GRPO, DAPO, Dr. GRPO, RLOO, PPO-RLHF, online DPO, ...).
 
 The data of a ``text-rollouts`` run is made while it trains. ``load`` gives a
 :class:`~offline_plugins.data.rollouts.RolloutData`: the training and held-out prompts, the
 reward (the task's verifier, exact match against a JSONL file's ``answer``, or ``--reward
-module:function``), the frozen reference and a TorchRL replay buffer. :class:`RolloutRefill`
-(the kind's callback) binds the policy being trained: at the first step of every round it
-samples ``group_size`` responses to each of ``prompts_per_round`` prompts from the policy
-as it is then, writes them into the buffer with the sampling and reference log-probs and
-the loss's advantages, and hands out the round's minibatches for ``ppo_epochs`` passes.
+module:function``), the frozen reference and the sampling settings. The algorithm's ``build``
+says how a round is made (``AlgorithmParts.rollout``, a
+:class:`~offline_plugins.algorithms.base.RolloutPlan`), and the kind's own data module,
+:class:`~offline_plugins.lightning.rollouts.RolloutDataModule`, runs the rounds: it samples
+from the policy being trained, writes the round's training rows into a TorchRL replay buffer,
+hands out its minibatches and keeps the round in checkpoints. The evaluation,
+:class:`~offline_plugins.lightning.rollouts.RolloutEvaluation`, scores greedy responses to
+the held-out prompts and watches for reward hacking.
 
-A round trains on its rollout rows, or on rows made from them: an algorithm that declares
-other training rows (:meth:`~offline_plugins.data.rollouts.RolloutData.train_on`, e.g. one
-preference pair per prompt) gets them from ``data.training_rows(rollouts)`` once per round;
-minibatches and ``updates_per_round`` count those rows (``data.rows_per_round``). The
-checkpoint keeps the rollouts themselves, and the training rows are made from them again
-on resume (a deterministic function of the rollouts).
-
-Why the callback hands out the minibatches: the shell's batch stream draws a step's batch
-before the previous step has trained (Lightning fetches one batch ahead, and with several
-steps per call a whole call's batches at once), so a batch drawn there would come from a
-policy a step or a call old. The callback runs right before the step, so a round is sampled
-by the policy that has taken every update before it. A round ends a call (its length is one
-of the callback's ``step_periods``). Minibatch ``m`` of epoch ``e`` of round ``r`` is a
-slice of a permutation seeded by ``(seed, rank, r, e)``; prompts and sampling are seeded by
-``(seed, rank, r)``, and the round being trained on is saved in checkpoints, so a resumed run
-trains on exactly the rollouts of the uninterrupted one. Under DDP each rank samples its own
-prompts; a resume there re-samples the current round on ranks other than 0 (Lightning keeps
-rank 0's callback state).
+Importing this module imports no torch or Lightning (``offline-plugins list`` reads the
+kinds): the hooks import them when a run needs them.
 """
 
 from __future__ import annotations
@@ -46,180 +33,16 @@ from offline_plugins.plugins.datakind import (
     result_line,
 )
 
-__all__ = ["TextRollouts", "TextCompletions", "RolloutRefill", "RolloutEvaluation"]
+__all__ = ["TextRollouts", "TextCompletions"]
+
+#: the settings the kind reads at load: the prompts, the reference and how responses are sampled
+#: (how a round is trained on is the algorithm's: its RolloutPlan)
+_LOAD_SETTINGS = ("group_size", "prompts_per_round", "max_new_tokens", "temperature", "top_p", "reference_sft_steps",
+                  "eval_prompts", "max_attempts")
 
 
 def _pct(x) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
-def _make_classes():
-    import torch
-    from lightning.pytorch.callbacks import Callback
-
-    from offline_plugins.data.rollouts import rollout_seed
-    from offline_plugins.lightning.callbacks import ScheduledEvaluation
-    from offline_plugins.lightning.data import StepBatches
-
-    class RolloutRefill(Callback):
-        """Samples a round of rollouts from the policy being trained and feeds its minibatches.
-
-        Args:
-            data: the run's :class:`~offline_plugins.data.rollouts.RolloutData`.
-            parts: the algorithm's parts: ``parts.model`` samples, ``parts.loss.process_rollouts``
-                writes the advantages (``parts.loss.dynamic_sampling``: drop groups without signal).
-
-        Keyword Args:
-            seed: the run's seed.
-        """
-
-        def __init__(self, data, parts, *, seed: int) -> None:
-            self.data = data
-            self.loss = parts.loss
-            self.model = parts.model
-            self.seed = int(seed)
-            data.collector.seed = int(seed)
-            self.round = -1
-            self.rank = 0
-            self.rollouts = None
-            self.history: list[dict] = []
-            self._pending = None
-            data.refill = self
-
-        @property
-        def state_key(self) -> str:
-            return "RolloutRefill"
-
-        @property
-        def step_periods(self) -> tuple[int, ...]:
-            return (int(self.data.updates_per_round),)
-
-        def _write(self, td) -> None:
-            buffer = self.data.buffer
-            device = buffer.storage.device if hasattr(buffer.storage, "device") else None
-            make_rows = getattr(self.data, "training_rows", None)
-            rows = td if make_rows is None else make_rows(td)
-            buffer.empty()
-            buffer.extend(rows.to(device) if device is not None and str(device) != "auto" else rows)
-            self.rollouts = td
-
-        def _ensure_round(self, trainer, r: int) -> None:
-            if self._pending is not None:
-                state, self._pending = self._pending, None
-                if state["rank"] == trainer.global_rank and state["round"] == r:
-                    self._write(state["td"])
-                    self.round = r
-            if r == self.round:
-                return
-            step = int(trainer.global_step)
-            td, stats = self.data.collector.collect(
-                self.model, round=r, rank=trainer.global_rank, process=self.loss.process_rollouts,
-                dynamic_sampling=bool(getattr(self.loss, "dynamic_sampling", False)))
-            self._write(td)
-            self.round, self.rank = r, int(trainer.global_rank)
-            self.history.append({"step": step, "round": r, **stats})
-            metrics = {f"rollout/{k}": v for k, v in stats.items()}
-            for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=step)
-            # the step bar counts updates; its title counts the rounds of rollouts and their reward
-            bar = getattr(getattr(trainer, "progress_bar_callback", None), "train_progress_bar", None)
-            if bar is not None and hasattr(bar, "set_description") and not getattr(bar, "disable", True):
-                bar.set_description(f"train (rollouts {len(self.history)}, reward {stats['reward_mean']:.2f})",
-                                    refresh=False)
-
-        def _minibatch(self, step: int, rank: int):
-            data = self.data
-            r, j = divmod(step, data.updates_per_round)
-            epoch, m = divmod(j, data.minibatches)
-            g = torch.Generator().manual_seed(rollout_seed(self.seed, rank, r, epoch, 7))
-            order = torch.randperm(getattr(data, "rows_per_round", data.collector.rows), generator=g)
-            return data.buffer[order[m * data.batch_size:(m + 1) * data.batch_size]]
-
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-            step = int(trainer.global_step)
-            u = self.data.updates_per_round
-            rank = int(trainer.global_rank)
-            if isinstance(batch, StepBatches):
-                for i in range(len(batch.batches)):
-                    self._ensure_round(trainer, (step + i) // u)
-                    batch.batches[i] = self._minibatch(step + i, rank).to(batch.batches[i].device)
-            else:
-                self._ensure_round(trainer, step // u)
-                batch.update(self._minibatch(step, rank).to(batch.device))
-
-        def state_dict(self) -> dict[str, Any]:
-            state: dict[str, Any] = {"round": self.round, "rank": self.rank, "history": list(self.history)}
-            if self.rollouts is not None:
-                td = self.rollouts
-                state["tensors"] = td.exclude("text").cpu().to_dict()
-                state["text"] = {k: [str(x) for x in td.get(("text", k)).tolist()] for k in ("prompt", "response")}
-            return state
-
-        def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-            from tensordict import NonTensorStack, TensorDict
-
-            self.history = list(state_dict.get("history", []))
-            if "tensors" not in state_dict:
-                return
-            n = self.data.collector.rows
-            td = TensorDict(state_dict["tensors"], batch_size=[n])
-            for k, values in state_dict.get("text", {}).items():
-                td.set(("text", k), NonTensorStack(*values, batch_size=[n]))
-            self._pending = {"round": int(state_dict["round"]), "rank": int(state_dict.get("rank", 0)), "td": td}
-
-    class RolloutEvaluation(ScheduledEvaluation):
-        """Greedy responses to the held-out prompts every ``every`` steps and at the end.
-
-        Logs ``eval/exact_match`` (against the rows' answers) and ``eval/heldout_reward``; the
-        record also carries the last round's rollout figures (``reward_mean``,
-        ``kl_to_reference``, ``response_length``, ``groups_without_signal``). ``before`` holds
-        the reference's scores, measured when training starts.
-        """
-
-        def __init__(self, data, *, every: int = 0) -> None:
-            self.data = data
-            self.every = int(every)
-            self.history: list[dict] = []
-            self.before: Optional[dict] = None
-
-        @property
-        def state_key(self) -> str:
-            return "RolloutEvaluation"
-
-        def on_train_start(self, trainer, pl_module) -> None:
-            if self.before is None and trainer.global_rank == 0:
-                self.before = self.data.held_out_scores(self.data.reference)
-
-        def _score(self, trainer, pl_module):
-            scores = self.data.held_out_scores(pl_module.parts.model)
-            refill = getattr(self.data, "refill", None)
-            last = refill.history[-1] if refill is not None and refill.history else {}
-            fields = {**scores, **{k: last.get(k) for k in ("reward_mean", "kl_to_reference", "response_length",
-                                                            "groups_without_signal")}}
-            metrics = {f"eval/{k}": v for k, v in scores.items() if v is not None}
-            return fields, metrics
-
-        def state_dict(self) -> dict[str, Any]:
-            return {"history": list(self.history), "before": self.before}
-
-        def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-            self.history = list(state_dict.get("history", []))
-            self.before = state_dict.get("before")
-
-    return RolloutRefill, RolloutEvaluation
-
-
-_CLASSES = None
-
-
-def __getattr__(name: str):
-    # the callbacks subclass Lightning's: built on first use, so importing the kinds imports no torch
-    global _CLASSES
-    if name in ("RolloutRefill", "RolloutEvaluation"):
-        if _CLASSES is None:
-            _CLASSES = _make_classes()
-        return _CLASSES[0] if name == "RolloutRefill" else _CLASSES[1]
-    raise AttributeError(name)
 
 
 class TextRollouts(DataKind):
@@ -269,12 +92,9 @@ class TextRollouts(DataKind):
              options: DataOptions) -> LoadedData:
         from offline_plugins.data.rollouts import load_rollout_data
 
-        kwargs = {k: config_value(config, k, default) for k, default in ROLLOUT_DEFAULTS.items()}
-        # an algorithm that needs no groups (PPO) declares a smaller minimum than GRPO's G >= 2 (a
-        # ClassVar of its config, not a field a user sets)
+        kwargs = {k: config_value(config, k, ROLLOUT_DEFAULTS[k]) for k in _LOAD_SETTINGS}
         data = load_rollout_data(dataset_id, model=options.model or "tiny", reward=options.reward,
-                                 progress=progress, min_group_size=int(getattr(config, "min_group_size", 2)),
-                                 **kwargs)
+                                 progress=progress, **kwargs)
         return LoadedData(data, {})
 
     def batch_layout(self, config):
@@ -289,25 +109,16 @@ class TextRollouts(DataKind):
         return DataOptions(model=run.get("model", "tiny"), reward=run.get("reward"))
 
     def evaluation(self, data, *, every: int, episodes: int, seed: int):
-        from offline_plugins.kinds.rollouts import RolloutEvaluation
+        from offline_plugins.lightning.rollouts import RolloutEvaluation
 
-        evaluation = RolloutEvaluation(data, every=every)
-        data.evaluation = evaluation  # the reward-hacking monitor reads its records
-        return evaluation
+        # the reward optimised (the rollouts' mean reward) against the held-out gold score: exact
+        # match where the rows carry answers, else the reward on the held-out prompts
+        return RolloutEvaluation(data, every=every, gold="exact_match" if data.source.has_answers else "heldout_reward")
 
-    def callbacks(self, data, parts, *, seed: int) -> list:
-        from offline_plugins.kinds.rollouts import RolloutRefill
-        from offline_plugins.lightning.monitor import RewardHackingMonitor
+    def datamodule(self, data, parts, *, batch_size: int, seed: int):
+        from offline_plugins.lightning.rollouts import RolloutDataModule
 
-        callbacks = [RolloutRefill(data, parts, seed=seed)]
-        evaluation = getattr(data, "evaluation", None)
-        if evaluation is not None:
-            # the reward optimised (the rollouts' mean reward) against the held-out gold score: exact
-            # match where the rows carry answers, else the reward on the held-out prompts
-            gold = "exact_match" if data.source.has_answers else "heldout_reward"
-            data.monitor = RewardHackingMonitor(evaluation, gold=gold, proxy="reward_mean", checkpoint="auto")
-            callbacks.append(data.monitor)
-        return callbacks
+        return RolloutDataModule(data, parts, batch_size=batch_size, seed=seed)
 
     def curve_panels(self) -> list:
         # held-out exact match beside the sampled responses' reward; the KL to the reference
@@ -320,8 +131,7 @@ class TextRollouts(DataKind):
     def summary_fields(self, evaluation, data, *, eval_episodes: int) -> dict[str, Any]:
         last = evaluation.history[-1] if evaluation.history else {}
         before = evaluation.before or {}
-        refill = getattr(data, "refill", None)
-        rounds = refill.history if refill is not None else []
+        rounds = evaluation.rounds.history if evaluation.rounds is not None else []
         mean = lambda key: (sum(r[key] for r in rounds) / len(rounds)) if rounds else None  # noqa: E731
         final = rounds[-1] if rounds else {}
         return {
@@ -336,7 +146,7 @@ class TextRollouts(DataKind):
             "groups_without_signal": mean("groups_without_signal"),
             "rounds": len(rounds),
             "heldout_prompts": len(data.source.held_out),
-            "reward_hacking": data.monitor.report() if getattr(data, "monitor", None) is not None else None,
+            "reward_hacking": evaluation.monitor.report() if evaluation.monitor is not None else None,
             "model_dir": None,
         }
 
@@ -347,7 +157,7 @@ class TextRollouts(DataKind):
         return PreferenceText.export(self, parts, out)
 
     def evaluate(self, module, data, *, episodes: int, seed: int, device: str) -> dict[str, Any]:
-        return data.held_out_scores(module.parts.model)
+        return data.held_out_scores(module.parts.model, plan=module.parts.rollout)
 
     def describe(self, result: dict) -> str:
         after = result.get("exact_match_after", result.get("exact_match"))
@@ -403,8 +213,13 @@ class TextCompletions(TextRollouts):
 
         return BatchLayout(int(config_value(config, "batch_size", 64)))
 
-    def callbacks(self, data, parts, *, seed: int) -> list:
-        return []
+    def evaluation(self, data, *, every: int, episodes: int, seed: int):
+        from offline_plugins.lightning.rollouts import RolloutEvaluation
+
+        return RolloutEvaluation(data, every=every, gold=None)
+
+    def datamodule(self, data, parts, *, batch_size: int, seed: int):
+        return None  # the shell's ReplayDataModule over the rows
 
     def summary_fields(self, evaluation, data, *, eval_episodes: int) -> dict[str, Any]:
         last = evaluation.history[-1] if evaluation.history else {}

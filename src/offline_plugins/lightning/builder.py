@@ -39,12 +39,14 @@ class LightningParts:
         module: the :class:`~offline_plugins.lightning.module.AlgorithmModule` (the algorithm's
             loss, optimiser groups, target updater; ``module.parts`` is its ``AlgorithmParts``).
         datamodule: the :class:`~offline_plugins.lightning.data.ReplayDataModule` streaming batches
-            from the dataset's replay buffer.
+            from the dataset's replay buffer, or the data kind's own (text rollouts:
+            :class:`~offline_plugins.lightning.rollouts.RolloutDataModule`, which samples each round
+            from the policy being trained); fit with ``datamodule=parts.datamodule``.
         callbacks: pass them all to the ``Trainer`` (with any of your own). In order: the
             :class:`~offline_plugins.lightning.callbacks.NonFiniteGuard`, the
             :class:`~offline_plugins.lightning.callbacks.TargetNetworkUpdate` (algorithms with
             target networks), the data kind's evaluation (``evaluation``) and the kind's further
-            callbacks (text rollouts: the round of rollouts sampled from the policy being trained).
+            callbacks.
         evaluation: the evaluation callback (also in ``callbacks``); its ``history`` holds the scores.
         plan: the checked :class:`~offline_plugins.lightning.run.RunPlan` (algorithm spec, config,
             loaded data, data kind).
@@ -160,8 +162,14 @@ def build(
     # who provides the algorithm: saved in checkpoints, so they name what to install to evaluate them
     module.provenance = {"provider": plan.spec.provider, "provider_version": plan.spec.version,
                          "plugin": plan.spec.plugin}
-    datamodule = ReplayDataModule(plan.data, batch_size=plan.batch_size, seed=seed, sampler=plan.sampler,
-                                  slice_len=plan.slice_len)
+    # a kind whose data is made while training streams it itself (text rollouts); the module refuses a fit
+    # without it, as it refuses one without a required callback
+    datamodule = plan.kind.datamodule(plan.data, parts, batch_size=plan.batch_size, seed=seed)
+    if datamodule is None:
+        datamodule = ReplayDataModule(plan.data, batch_size=plan.batch_size, seed=seed, sampler=plan.sampler,
+                                      slice_len=plan.slice_len)
+    else:
+        module.required_datamodule = type(datamodule)
     evaluation = plan.kind.evaluation(plan.data, every=eval_every, episodes=eval_episodes, seed=seed)
     # the guard reads its ring buffer on every evaluation step, so a bad term stops the run before it is scored
     guard = NonFiniteGuard(check_every=math.gcd(eval_every, 100) if eval_every else 100)

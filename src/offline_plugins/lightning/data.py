@@ -38,7 +38,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import IterableDataset
 
-__all__ = ["step_seed", "StepBatches", "ReplayBufferStream", "ReplayDataModule", "schedule_periods",
+__all__ = ["step_seed", "StepBatches", "StepStream", "ReplayBufferStream", "ReplayDataModule", "schedule_periods",
            "SAMPLE_STREAM", "LOSS_STREAM"]
 
 SAMPLE_STREAM = 1
@@ -97,48 +97,29 @@ class StepBatches:
         return StepBatches(self.start, [b.to(device, non_blocking=non_blocking) for b in self.batches])
 
 
-class ReplayBufferStream(IterableDataset):
-    """Endless batches from a TorchRL replay buffer, batch ``t`` seeded by ``(seed, rank, t)``.
-
-    Args:
-        buffer: a TorchRL ``ReplayBuffer`` with its batch size set.
+class StepStream(IterableDataset):
+    """Endless step items, item ``t`` made by ``draw(t)``: one per step, or a :class:`StepBatches`
+    of a call's steps.
 
     Keyword Args:
-        seed: the run's seed.
-        rank: this process's global rank.
         start_step: first step to draw, or a callable returning it when iteration
             starts (the trainer's ``global_step``, so a resumed run picks up there).
         stop_step: stop before this step (None: never).
-        steps_per_call: 1 yields one batch per step; ``K > 1`` yields a :class:`StepBatches`
+        steps_per_call: 1 yields one item per step; ``K > 1`` yields a :class:`StepBatches`
             of up to ``K`` steps, ending at the next multiple of ``K``.
         periods: with ``K > 1``, a :class:`StepBatches` also ends at every multiple of these.
     """
 
-    def __init__(
-        self,
-        buffer,
-        *,
-        seed: int,
-        rank: int = 0,
-        start_step: Union[int, Callable[[], int]] = 0,
-        stop_step: Optional[int] = None,
-        steps_per_call: int = 1,
-        periods: Sequence[int] = (),
-    ) -> None:
+    def __init__(self, *, start_step: Union[int, Callable[[], int]] = 0, stop_step: Optional[int] = None,
+                 steps_per_call: int = 1, periods: Sequence[int] = ()) -> None:
         super().__init__()
-        self.buffer = buffer
-        self.seed = int(seed)
-        self.rank = int(rank)
         self.start_step = start_step
         self.stop_step = stop_step
         self.steps_per_call = int(steps_per_call)
         self.periods = tuple(int(p) for p in periods if p and int(p) > 0)
-        self.generator = torch.Generator(device=_buffer_device(buffer))
-        buffer.set_rng(self.generator)
 
     def _draw(self, step: int):
-        self.generator.manual_seed(step_seed(self.seed, self.rank, step, SAMPLE_STREAM))
-        return self.buffer.sample()
+        raise NotImplementedError
 
     def _call_end(self, step: int) -> int:
         """Where the call starting at ``step`` ends: the first multiple of ``K`` or of a period after it."""
@@ -146,6 +127,16 @@ class ReplayBufferStream(IterableDataset):
         for p in self.periods:
             end = min(end, (step // p + 1) * p)
         return end if self.stop_step is None else min(end, self.stop_step)
+
+    def configure(self, trainer, extra_periods: Sequence[int] = ()) -> None:
+        """Take the trained module's ``steps_per_call``; with several, calls end where the trainer's
+        callbacks act (:func:`schedule_periods`), at ``extra_periods`` and at ``max_steps``."""
+        module = getattr(trainer, "lightning_module", None) if trainer is not None else None
+        k = int(getattr(module, "steps_per_call", 1) or 1)
+        self.steps_per_call = k
+        if k > 1:
+            self.periods = tuple(sorted({*schedule_periods(trainer), *(int(p) for p in extra_periods if p)}))
+            self.stop_step = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
 
     def __iter__(self) -> Iterator[Any]:
         step = self.start_step() if callable(self.start_step) else int(self.start_step)
@@ -158,6 +149,31 @@ class ReplayBufferStream(IterableDataset):
             end = self._call_end(step)
             yield StepBatches(step, [self._draw(t) for t in range(step, end)])
             step = end
+
+
+class ReplayBufferStream(StepStream):
+    """Endless batches from a TorchRL replay buffer, batch ``t`` seeded by ``(seed, rank, t)``.
+
+    Args:
+        buffer: a TorchRL ``ReplayBuffer`` with its batch size set.
+
+    Keyword Args:
+        seed: the run's seed.
+        rank: this process's global rank.
+        start_step, stop_step, steps_per_call, periods: as :class:`StepStream`.
+    """
+
+    def __init__(self, buffer, *, seed: int, rank: int = 0, **steps: Any) -> None:
+        super().__init__(**steps)
+        self.buffer = buffer
+        self.seed = int(seed)
+        self.rank = int(rank)
+        self.generator = torch.Generator(device=_buffer_device(buffer))
+        buffer.set_rng(self.generator)
+
+    def _draw(self, step: int):
+        self.generator.manual_seed(step_seed(self.seed, self.rank, step, SAMPLE_STREAM))
+        return self.buffer.sample()
 
 
 def schedule_periods(trainer) -> tuple[int, ...]:
@@ -237,13 +253,7 @@ class ReplayDataModule(LightningDataModule):
         # the stream itself, not a DataLoader: a DataLoader would draw its base seed
         # from the global RNG on every iter() and add a collate per step
         assert self.stream is not None, "setup() must run before train_dataloader()"
-        trainer = self.trainer
-        k = int(getattr(getattr(trainer, "lightning_module", None), "steps_per_call", 1) or 1) if trainer else 1
-        self.stream.steps_per_call = k
-        if k > 1:
-            # the module's steps_per_call; calls end where callbacks act and at max_steps
-            self.stream.periods = schedule_periods(trainer)
-            self.stream.stop_step = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
+        self.stream.configure(self.trainer)
         return self.stream
 
     def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):

@@ -264,6 +264,8 @@ class AlgorithmModule(LightningModule):
         # what setup() checks the Trainer has: without them the run would train something else
         # (targets that never move, a buffer never filled) without saying so
         self.required_callbacks: tuple[type, ...] = (TargetNetworkUpdate,) if parts.target_updater is not None else ()
+        #: the data module the run must be fitted with (a data kind's own, e.g. the rounds of rollouts), or None
+        self.required_datamodule: Optional[type] = None
 
     # -- training -----------------------------------------------------------------
     def configure_optimizers(self):
@@ -299,13 +301,20 @@ class AlgorithmModule(LightningModule):
 
     def _check_callbacks(self) -> None:
         """Refuse a Trainer without a callback this algorithm needs, naming it and the fix."""
+        from offline_plugins.errors import UserError
+
+        name = self.hparams.get("algorithm") or type(self.loss_module).__name__
+        wanted = self.required_datamodule
+        if wanted is not None and not isinstance(getattr(self.trainer, "datamodule", None), wanted):
+            line = (wanted.__doc__ or "").strip().split("\n", 1)[0].rstrip(".").replace("``", "")
+            raise UserError(
+                f"the Trainer fits {name} without its data module {wanted.__name__} ({line[:1].lower()}{line[1:]}); "
+                "fit it with trainer.fit(parts.module, datamodule=parts.datamodule), parts = "
+                "offline_plugins.lightning.build(...)")
         have = list(getattr(self.trainer, "callbacks", None) or ())
         missing = [cls for cls in self.required_callbacks if not any(isinstance(cb, cls) for cb in have)]
         if not missing:
             return
-        from offline_plugins.errors import UserError
-
-        name = self.hparams.get("algorithm") or type(self.loss_module).__name__
         # each callback says what it does in its docstring's first line
         def what(cls) -> str:
             line = (cls.__doc__ or "").strip().split("\n", 1)[0].rstrip(".").replace("``", "")

@@ -11,10 +11,11 @@ the one object per data kind that an algorithm's ``AlgorithmSpec.data`` names:
 ``check_options``             refuse run options that do not apply (``--model``...)
 ``load``                      the loaded dataset (it makes the TorchRL replay buffer)
 ``batch_layout``              batch size, sampler (``random``/``slice``), window length
+``datamodule``                the kind's own ``LightningDataModule`` (default: the shell's)
 ``run_settings``              what a checkpoint must remember to rebuild the data
 ``reload_options``            the options to reload the data from those settings
 ``evaluation``                the Lightning callback that scores the run
-``callbacks``                 further callbacks the data needs (a refilled buffer binds the policy)
+``callbacks``                 further callbacks the data needs
 ``summary_fields``            what ``summary.json`` adds (the last evaluation's figures)
 ``curve_panels``              the panels of ``learning_curve.png`` (:class:`CurvePanel`)
 ``export``                    the trained policy in a form other tools load
@@ -239,9 +240,16 @@ class DataKind(abc.ABC):
         ``eval_s``), as :class:`~offline_plugins.lightning.callbacks.PolicyEvaluation` does.
         """
 
+    def datamodule(self, data, parts, *, batch_size: int, seed: int):
+        """The kind's own ``LightningDataModule`` streaming the run's batches, or None (default):
+        the shell's :class:`~offline_plugins.lightning.data.ReplayDataModule` over
+        ``data.replay_buffer(...)``. A kind whose data is made while training (text rollouts:
+        :class:`~offline_plugins.lightning.rollouts.RolloutDataModule`) owns its stream here; the
+        module then refuses a ``fit`` without it."""
+        return None
+
     def callbacks(self, data, parts, *, seed: int) -> list:
-        """Further Lightning callbacks the run needs for this data (default none): e.g. a kind
-        whose buffer is refilled from the policy being trained binds the policy here."""
+        """Further Lightning callbacks the run needs for this data (default none)."""
         return []
 
     def summary_fields(self, evaluation, data, *, eval_episodes: int) -> dict[str, Any]:

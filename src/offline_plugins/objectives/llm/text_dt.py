@@ -200,7 +200,7 @@ class TextDTLoss(RolloutLoss):
             raise ValueError(
                 f"TextDTLoss: rollout row {i} holds {int(count[i])} return tokens in its prompt, expected exactly 1 "
                 f"(one of ids {self.return_token_ids.tolist()}); sample with the conditioned prompt source of "
-                "offline_plugins.algorithms.text_dt (build_text_dt wraps data.source)")
+                "offline_plugins.algorithms.text_dt (build_text_dt conditions the prompts)")
         td.set(k.tokens, torch.where(prompt, relabelled, tokens))
         td.set("return_bucket", buckets)
         at_target = buckets == self.target_index

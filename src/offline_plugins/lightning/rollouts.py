@@ -1,0 +1,286 @@
+"""The round of rollouts of an online run, in one place: :class:`RolloutDataModule`.
+
+A ``text-rollouts`` run trains on responses the policy samples while it trains. The
+data module owns that stream: each round it samples ``group_size`` responses to each of
+``prompts_per_round`` prompts from the policy as it is then (the run's collector,
+:meth:`~offline_plugins.data.rollouts.RolloutData.collector_for`), has the loss write the
+advantages (``RolloutPlan.process``), turns the rollouts into the round's training rows
+(``RolloutPlan.training_rows``, or the rollouts themselves), writes them into a TorchRL
+replay buffer and hands out ``epochs`` passes of minibatches; its checkpoint state is the
+round being trained on.
+
+Why the batches are made right before their step: Lightning fetches one batch ahead, and
+with several steps per call a call's batches at once, so a batch made when it is fetched
+would come from a policy a step or a call old. The stream therefore yields step numbers
+(``StepBatches`` of them with several steps per call), and ``on_before_batch_transfer``,
+which Lightning calls right before the step, turns them into minibatches, sampling a new
+round first where one starts. A round ends a call (its length is one of the stream's periods).
+
+Minibatch ``m`` of epoch ``e`` of round ``r`` is a slice of a permutation seeded by
+``(seed, rank, r, e)``; prompts and sampling are seeded by ``(seed, rank, r)``, and the
+round being trained on is saved in checkpoints, so a resumed run trains on exactly the
+rollouts of the uninterrupted one. Under DDP each rank samples its own prompts; a resume
+there re-samples the current round on ranks other than 0 (Lightning saves rank 0's state).
+
+:class:`RolloutEvaluation` scores greedy responses to the held-out prompts and watches
+for reward hacking (:class:`~offline_plugins.lightning.monitor.RewardHackingMonitor`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+from lightning.pytorch import LightningDataModule
+from tensordict import NonTensorStack, TensorDict
+
+from offline_plugins.data.prompts import RolloutError, rollout_seed
+from offline_plugins.errors import UserError
+from offline_plugins.lightning.callbacks import ScheduledEvaluation
+from offline_plugins.lightning.data import StepBatches, StepStream
+from offline_plugins.lightning.monitor import RewardHackingMonitor
+
+__all__ = ["RolloutDataModule", "RolloutEvaluation"]
+
+
+class _Steps(StepStream):
+    """The step numbers themselves: the data module makes each step's minibatch right before it."""
+
+    def _draw(self, step: int) -> int:
+        return step
+
+
+class RolloutDataModule(LightningDataModule):
+    """Rounds of rollouts from the policy being trained, and their minibatches.
+
+    Args:
+        data: the run's :class:`~offline_plugins.data.rollouts.RolloutData` (not changed).
+        parts: the algorithm's parts: ``parts.model`` samples, ``parts.rollout`` (a
+            :class:`~offline_plugins.algorithms.base.RolloutPlan`) says how a round is made.
+
+    Keyword Args:
+        batch_size: training rows per gradient step; must divide the rows of a round.
+        seed: the run's seed.
+
+    Raises:
+        UserError: the algorithm has no rollout plan, or ``batch_size`` does not divide a round.
+    """
+
+    def __init__(self, data: Any, parts: Any, *, batch_size: int, seed: int = 0) -> None:
+        super().__init__()
+        plan = getattr(parts, "rollout", None)
+        if plan is None:
+            raise UserError(f"{type(parts.loss).__name__} has no rollout plan (AlgorithmParts.rollout); the "
+                            "text-rollouts kind trains online algorithms only")
+        self.data = data
+        self.plan = plan
+        self.model = parts.model
+        self.seed = int(seed)
+        self.batch_size = int(batch_size)
+        self.collector = data.collector_for(plan, seed=self.seed)
+        self.rows_per_round = self.collector.rows if plan.rows_per_round is None else int(plan.rows_per_round)
+        n, what = self.rows_per_round, (plan.rows_what if plan.training_rows is not None else
+                                        f"rollouts (prompts_per_round {self.collector.prompts_per_round} x "
+                                        f"group_size {self.collector.group_size})")
+        if self.batch_size < 1 or n % self.batch_size:
+            raise RolloutError(f"batch_size {self.batch_size} must divide the {n} {what} of a round; fix it with "
+                               f"--set batch_size={math.gcd(n, max(self.batch_size, 1))} or change prompts_per_round")
+        self.minibatches = n // self.batch_size
+        self.updates_per_round = int(plan.epochs) * self.minibatches
+        self.buffer = None
+        self.stream: Optional[_Steps] = None
+        self.round = -1
+        self.rank = 0
+        self.rollouts: Optional[TensorDict] = None
+        self.history: list[dict] = []
+        self._pending: Optional[dict] = None
+
+    # -- what evaluation reads -------------------------------------------------------------------
+    @property
+    def source(self):
+        """The prompt source the rounds sample from (the plan's, else the data's)."""
+        return self.collector.source
+
+    @property
+    def reference(self):
+        return self.collector.reference
+
+    # -- Lightning's data hooks ------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+
+        if self.buffer is not None:
+            return
+        trainer = self.trainer
+        device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+        self.buffer = TensorDictReplayBuffer(storage=LazyTensorStorage(self.rows_per_round, device=device),
+                                             batch_size=self.batch_size)
+        self.stream = _Steps(start_step=lambda: int(self.trainer.global_step) if self.trainer is not None else 0)
+
+    def train_dataloader(self) -> _Steps:
+        assert self.stream is not None, "setup() must run before train_dataloader()"
+        self.stream.configure(self.trainer, extra_periods=(self.updates_per_round,))
+        return self.stream
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        rank = int(self.trainer.global_rank) if self.trainer is not None else 0
+        if isinstance(batch, StepBatches):
+            steps = batch.batches
+            self._ensure_round(steps[0] // self.updates_per_round)  # a call never spans two rounds
+            return StepBatches(batch.start, [self._minibatch(int(s), rank) for s in steps])
+        self._ensure_round(int(batch) // self.updates_per_round)
+        return self._minibatch(int(batch), rank)
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        # the buffer lives on the trainer's device already
+        return batch if getattr(batch, "device", None) == device else batch.to(device, non_blocking=True)
+
+    # -- the round -------------------------------------------------------------------------------
+    def _write(self, rollouts: TensorDict) -> None:
+        # the losses read tokens: the strings stay in the round's rollouts (checkpoint state,
+        # process_rollouts); kept in the buffer, a NonTensorStack per column made every write and
+        # minibatch build one Python object per row (the shell's GRPO ran 17-20 % more steps/s
+        # without them, docs/benchmarks.md)
+        rows = rollouts if self.plan.training_rows is None else self.plan.training_rows(rollouts)
+        rows = rows.exclude("text")
+        self.buffer.empty()
+        self.buffer.extend(rows.to(self.buffer.storage.device))
+        self.rollouts = rollouts
+
+    def _ensure_round(self, r: int) -> None:
+        trainer = self.trainer
+        rank = int(trainer.global_rank) if trainer is not None else 0
+        if self._pending is not None:
+            state, self._pending = self._pending, None
+            if state["rank"] == rank and state["round"] == r:
+                self._write(state["td"])
+                self.round, self.rank = r, rank
+        if r == self.round:
+            return
+        step = int(trainer.global_step) if trainer is not None else 0
+        td, stats = self.collector.collect(self.model, round=r, rank=rank, process=self.plan.process,
+                                           dynamic_sampling=bool(self.plan.dynamic_sampling))
+        self._write(td)
+        self.round, self.rank = r, rank
+        self.history.append({"step": step, "round": r, **stats})
+        if trainer is None:
+            return
+        metrics = {f"rollout/{k}": v for k, v in stats.items()}
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+        # the step bar counts updates; its title counts the rounds of rollouts and their reward
+        bar = getattr(getattr(trainer, "progress_bar_callback", None), "train_progress_bar", None)
+        if bar is not None and hasattr(bar, "set_description") and not getattr(bar, "disable", True):
+            bar.set_description(f"train (rollouts {len(self.history)}, reward {stats['reward_mean']:.2f})",
+                                refresh=False)
+
+    def _minibatch(self, step: int, rank: int) -> TensorDict:
+        r, j = divmod(step, self.updates_per_round)
+        epoch, m = divmod(j, self.minibatches)
+        g = torch.Generator().manual_seed(rollout_seed(self.seed, rank, r, epoch, 7))
+        order = torch.randperm(self.rows_per_round, generator=g)
+        return self.buffer[order[m * self.batch_size:(m + 1) * self.batch_size]]
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"seed": self.seed, "round": self.round, "rank": self.rank,
+                                 "history": list(self.history)}
+        if self.rollouts is not None:
+            td = self.rollouts
+            state["tensors"] = td.exclude("text").cpu().to_dict()
+            state["text"] = {k: [str(x) for x in td.get(("text", k)).tolist()] for k in ("prompt", "response")}
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if int(state_dict.get("seed", self.seed)) != self.seed:
+            raise UserError(f"the checkpoint was trained with seed {state_dict['seed']}, this run uses seed "
+                            f"{self.seed}; resume with the same --seed")
+        self.history = list(state_dict.get("history", []))
+        if "tensors" not in state_dict:
+            return
+        n = self.collector.rows
+        td = TensorDict(state_dict["tensors"], batch_size=[n])
+        for k, values in state_dict.get("text", {}).items():
+            td.set(("text", k), NonTensorStack(*values, batch_size=[n]))
+        self._pending = {"round": int(state_dict["round"]), "rank": int(state_dict.get("rank", 0)), "td": td}
+
+
+class RolloutEvaluation(ScheduledEvaluation):
+    """Greedy responses to the held-out prompts every ``every`` steps and at the end.
+
+    Logs ``eval/exact_match`` (against the rows' answers) and ``eval/heldout_reward``; the
+    record also carries the last round's rollout figures (``reward_mean``,
+    ``kl_to_reference``, ``response_length``, ``groups_without_signal``), read from the run's
+    :class:`RolloutDataModule` (``rounds``). ``before`` holds the reference's scores, measured
+    when training starts. ``monitor`` (a
+    :class:`~offline_plugins.lightning.monitor.RewardHackingMonitor`) reads the records after
+    each evaluation: the proxy is the rollouts' mean reward, the gold score ``gold``.
+
+    Args:
+        data: the run's :class:`~offline_plugins.data.rollouts.RolloutData`.
+
+    Keyword Args:
+        every: evaluate every this many gradient steps (0: only at the end).
+        gold: the record's gold score the monitor watches: ``"exact_match"`` where the held-out
+            rows carry answers, else ``"heldout_reward"``; None: no monitor (SFT, which samples
+            no rollouts).
+    """
+
+    def __init__(self, data: Any, *, every: int = 0, gold: Optional[str] = "exact_match") -> None:
+        self.data = data
+        self.every = int(every)
+        self.history: list[dict] = []
+        self.before: Optional[dict] = None
+        self.rounds: Optional[RolloutDataModule] = None
+        self.monitor = (RewardHackingMonitor(self, gold=gold, proxy="reward_mean", checkpoint="auto")
+                        if gold is not None else None)
+
+    @property
+    def state_key(self) -> str:
+        return "RolloutEvaluation"
+
+    def _plan(self, pl_module):
+        return getattr(getattr(pl_module, "parts", None), "rollout", None)
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        datamodule = getattr(trainer, "datamodule", None)
+        self.rounds = datamodule if isinstance(datamodule, RolloutDataModule) else None
+        if self.monitor is not None:
+            self.monitor.on_fit_start(trainer, pl_module)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if self.before is None and trainer.global_rank == 0:
+            plan = self._plan(pl_module)
+            reference = self.rounds.reference if self.rounds is not None else self.data.reference
+            self.before = self.data.held_out_scores(reference, plan=plan)
+
+    def _score(self, trainer, pl_module):
+        scores = self.data.held_out_scores(pl_module.parts.model, plan=self._plan(pl_module))
+        last = self.rounds.history[-1] if self.rounds is not None and self.rounds.history else {}
+        fields = {**scores, **{k: last.get(k) for k in ("reward_mean", "kl_to_reference", "response_length",
+                                                        "groups_without_signal")}}
+        metrics = {f"eval/{k}": v for k, v in scores.items() if v is not None}
+        return fields, metrics
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if self.monitor is not None:
+            self.monitor.on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        super().on_train_end(trainer, pl_module)
+        if self.monitor is not None:
+            self.monitor.on_train_end(trainer, pl_module)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {"history": list(self.history), "before": self.before}
+        if self.monitor is not None:
+            state["monitor"] = self.monitor.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = list(state_dict.get("history", []))
+        self.before = state_dict.get("before")
+        if self.monitor is not None:
+            self.monitor.load_state_dict(state_dict.get("monitor", {}))
