@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ALGOS = ("grpo", "dapo", "dr-grpo", "rloo", "expert-iteration")
+ALGOS = ("grpo", "dapo", "dr-grpo", "rloo", "cispo", "gspo", "expert-iteration")
 
 
 def run(args) -> None:

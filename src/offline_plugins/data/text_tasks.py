@@ -3,7 +3,8 @@
 The offline preference pipeline on a built-in task, with no network:
 
 1. :func:`sft_rows` gives (prompt, completion) rows with the exact answers;
-   :func:`supervised_finetune` trains a model on them: that model is the reference.
+   :func:`supervised_finetune` trains a model on them with the ``sft`` algorithm: that model is
+   the reference.
 2. :func:`sample_responses` samples answers from a model; :func:`preference_rows`
    pairs a correct answer (chosen) with an incorrect one (rejected) per prompt, and
    :func:`unpaired_rows` labels each sample by exact match (KTO's data).
@@ -147,36 +148,52 @@ def supervised_finetune(
     seed: int = 0,
     progress: bool = False,
 ) -> list[float]:
-    """Train ``model`` in place by token-mean NLL on the completions; returns the loss curve.
+    """Train ``model`` in place with the ``sft`` algorithm on the completions; returns the loss curve.
 
-    The SFT step of RLHF (seeds, 5.6.3): its result is the reference model.
+    The SFT step of RLHF (seeds, 5.6.3): its result is the reference model. The rows become a
+    :class:`~offline_plugins.data.rollouts.CompletionData`, :func:`~offline_plugins.algorithms.online.build_sft`
+    makes the parts (``TextSFTLoss``, Adam at ``lr``, gradients clipped at norm 1) and the training
+    shell (:class:`~offline_plugins.lightning.module.AlgorithmModule` under a Lightning ``Trainer``,
+    batches from the rows' replay buffer seeded by ``seed``) takes ``steps`` steps; the trained
+    weights are then copied into ``model``.
     """
+    import tempfile
+    import warnings
+
+    import lightning
+
+    from offline_plugins.algorithms.online import SFTConfig, build_sft
     from offline_plugins.data.preference import tokenize_completions
-    from offline_plugins.modules.causal_lm import CausalLMLogProbs
-    from offline_plugins.objectives import TextSFTLoss
+    from offline_plugins.data.rollouts import CompletionData
+    from offline_plugins.lightning.data import ReplayDataModule
+    from offline_plugins.lightning.guards import quiet_lightning
+    from offline_plugins.lightning.module import AlgorithmModule
 
     td, _ = tokenize_completions(rows, tokenizer, max_length=max_length)
-    nll = TextSFTLoss(CausalLMLogProbs(model))  # the sft algorithm's loss
-    device = next(model.parameters()).device
-    td = td.to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    g = torch.Generator().manual_seed(seed)
-    losses = []
-    model.train()
-    steps_iter = range(steps)
-    if progress:
-        from tqdm.auto import tqdm
+    data = CompletionData(td, [], model, tokenizer, dataset_id="rows", model="given", max_new_tokens=max_length,
+                          from_scratch=False)
+    config = SFTConfig(lr=float(lr), batch_size=int(batch_size), max_length=int(max_length))
+    parts = build_sft(config, data)
+    module = AlgorithmModule(parts, algorithm="sft", dataset="rows", seed=seed, steps_per_call=8)
+    losses: list[torch.Tensor] = []
 
-        steps_iter = tqdm(steps_iter, desc="SFT reference", unit="step", leave=False)
-    for _ in steps_iter:
-        idx = torch.randint(0, td.batch_size[0], (batch_size,), generator=g).to(device)
-        loss = nll(td[idx])["loss_nll"]
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.detach())
+    class _Curve(lightning.Callback):
+        def on_gradient_step(self, trainer, pl_module, terms) -> None:
+            losses.append(terms[0].detach())
+
+    device = next(model.parameters()).device
+    with tempfile.TemporaryDirectory() as root, warnings.catch_warnings(), quiet_lightning():
+        # a fit of a few hundred steps: no checkpoints, no logger; Lightning's notes on that are noise here
+        warnings.filterwarnings("ignore", module="lightning")
+        trainer = lightning.Trainer(max_steps=int(steps), logger=False, enable_checkpointing=False,
+                                    enable_model_summary=False, enable_progress_bar=bool(progress),
+                                    accelerator="gpu" if device.type == "cuda" else "cpu", devices=1,
+                                    default_root_dir=root, callbacks=[_Curve()])
+        trainer.fit(module, datamodule=ReplayDataModule(data, batch_size=int(batch_size), seed=seed))
+    with torch.no_grad():
+        model.load_state_dict(parts.model.state_dict())
     model.eval()
-    return [float(x) for x in torch.stack(losses).cpu()]
+    return [float(x) for x in torch.stack(losses).cpu()] if losses else []
 
 
 def task_preference_data(
