@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 from offline_plugins.errors import UserError
 
 __all__ = ["RolloutError", "rollout_seed", "PromptSource", "task_prompt_source", "jsonl_prompt_source",
-           "load_reward_function", "score_responses", "greedy_responses"]
+           "load_reward_function", "score_responses", "greedy_responses", "read_jsonl_rows"]
 
 
 class RolloutError(UserError, ValueError):
@@ -163,15 +163,13 @@ def score_responses(source: PromptSource, rows: Sequence[dict], responses: Seque
     return out
 
 
-def jsonl_prompt_source(path: str, *, reward: Optional[str] = None, test_fraction: float = 0.1,
-                        min_test_rows: int = 100) -> PromptSource:
-    """Rows of a JSONL file: ``prompt`` and ``answer`` (exact-match reward), or ``prompt`` (and any
-    other columns) with ``reward``, a ``module:function`` reward function."""
-    from offline_plugins.data.preference_sources import held_out_prompts
-
+def read_jsonl_rows(path: str, *, what: str, shape: str, check: Callable[[dict], Optional[str]]) -> list[dict]:
+    """The rows of a JSONL file, each a JSON object that ``check`` accepts (it returns None, or what is
+    wrong); a :class:`RolloutError` naming the file, the line and the expected ``shape`` otherwise, or
+    when the file is missing or holds no rows."""
     p = Path(path)
     if not p.is_file():
-        raise RolloutError(f"prompt file {path!r} does not exist; give a .jsonl file of prompt/answer rows")
+        raise RolloutError(f"file {str(path)!r} does not exist; give a .jsonl file of {what}")
     rows = []
     for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
@@ -179,19 +177,33 @@ def jsonl_prompt_source(path: str, *, reward: Optional[str] = None, test_fractio
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise RolloutError(f"{path}: line {n} is not JSON ({exc.msg}); each line must be an object "
-                               '{"prompt": ..., "answer": ...}') from None
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
-            raise RolloutError(f"{path}: line {n} has no non-empty string 'prompt'; each line must be an object "
-                               '{"prompt": ..., "answer": ...}')
-        if reward is None and "answer" not in row:
-            raise RolloutError(f"{path}: line {n} has no 'answer'; give prompt/answer rows for the exact-match "
-                               "reward, or a reward function with --reward module:function")
-        if "answer" in row:
-            row["answer"] = str(row["answer"])
+            raise RolloutError(f"{path}: line {n} is not JSON ({exc.msg}); each line must be an object {shape}") from None
+        wrong = "is not an object" if not isinstance(row, dict) else check(row)
+        if wrong:
+            raise RolloutError(f"{path}: line {n} {wrong}; each line must be an object {shape}")
         rows.append(row)
     if not rows:
-        raise RolloutError(f"{path} holds no rows; it needs prompt/answer rows")
+        raise RolloutError(f"{path} holds no rows; it needs {what}")
+    return rows
+
+
+def jsonl_prompt_source(path: str, *, reward: Optional[str] = None, test_fraction: float = 0.1,
+                        min_test_rows: int = 100) -> PromptSource:
+    """Rows of a JSONL file: ``prompt`` and ``answer`` (exact-match reward), or ``prompt`` (and any
+    other columns) with ``reward``, a ``module:function`` reward function."""
+    from offline_plugins.data.preference_sources import held_out_prompts
+
+    def check(row: dict) -> Optional[str]:
+        if not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
+            return "has no non-empty string 'prompt'"
+        if reward is None and "answer" not in row:
+            return ("has no 'answer'; give prompt/answer rows for the exact-match reward, or a reward function "
+                    "with --reward module:function")
+        if "answer" in row:
+            row["answer"] = str(row["answer"])
+        return None
+
+    rows = read_jsonl_rows(path, what="prompt/answer rows", shape='{"prompt": ..., "answer": ...}', check=check)
     held = held_out_prompts([r["prompt"] for r in rows], fraction=test_fraction, min_rows=min_test_rows)
     train = [r for r in rows if r["prompt"] not in held]
     test = [r for r in rows if r["prompt"] in held]

@@ -9,7 +9,6 @@ SFT (:func:`load_completion_data`).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Optional
 
@@ -23,6 +22,7 @@ from offline_plugins.data.prompts import (
     greedy_responses,
     jsonl_prompt_source,
     load_reward_function,
+    read_jsonl_rows,
     rollout_seed,
     score_responses,
     task_prompt_source,
@@ -72,6 +72,20 @@ def resolve_rollout_id(dataset: str) -> Optional[str]:
     if dataset.endswith(".jsonl"):
         return dataset
     return None
+
+
+def _task_of(dataset_id: str, files: str) -> tuple[str, Any]:
+    """``(canonical id, the built-in task or None for a file)``; a :class:`RolloutError` naming what
+    ids are accepted (the built-in tasks and ``files``) otherwise."""
+    resolved = resolve_rollout_id(dataset_id)
+    if resolved is None:
+        raise RolloutError(f"{dataset_id!r} is not a text task; use {', '.join(BUILTIN_ROLLOUT_TASKS)} "
+                           f"(short: arithmetic) or {files}")
+    if resolved not in BUILTIN_ROLLOUT_TASKS:
+        return resolved, None
+    from offline_plugins.envs.tasks import ArithmeticTask
+
+    return resolved, ArithmeticTask(**BUILTIN_ROLLOUT_TASKS[resolved][1])
 
 
 def sft_reference(task: Any, *, model: Any = "tiny", seed: int = 0, steps: int = 2000, batch_size: int = 64,
@@ -177,14 +191,8 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
     from offline_plugins.data.preference_sources import cache_root
     from offline_plugins.modules.tiny_lm import load_causal_lm
 
-    resolved = resolve_rollout_id(dataset_id)
-    if resolved is None:
-        raise RolloutError(f"{dataset_id!r} is not a rollout task; use {', '.join(BUILTIN_ROLLOUT_TASKS)} "
-                           "(short: arithmetic) or a .jsonl file of prompt/answer rows")
-    if resolved in BUILTIN_ROLLOUT_TASKS:
-        from offline_plugins.envs.tasks import ArithmeticTask
-
-        task = ArithmeticTask(**BUILTIN_ROLLOUT_TASKS[resolved][1])
+    resolved, task = _task_of(dataset_id, "a .jsonl file of prompt/answer rows")
+    if task is not None:
         source = task_prompt_source(task, n_held_out=eval_prompts)
         if reward is not None:
             fn = load_reward_function(reward)
@@ -272,36 +280,20 @@ def load_completion_data(dataset_id: str, *, model: str = "tiny", seed: int = 0,
     from offline_plugins.data.preference_sources import held_out_prompts
     from offline_plugins.modules.tiny_lm import load_causal_lm
 
-    resolved = resolve_rollout_id(dataset_id)
-    if resolved is None:
-        raise RolloutError(f"{dataset_id!r} is no supervised dataset; use arithmetic or a .jsonl file of "
-                           "prompt/completion rows")
-    if resolved in BUILTIN_ROLLOUT_TASKS:
+    resolved, task = _task_of(dataset_id, "a .jsonl file of prompt/completion rows")
+    if task is not None:
         from offline_plugins.data.text_tasks import sft_rows
-        from offline_plugins.envs.tasks import ArithmeticTask
 
-        task = ArithmeticTask(**BUILTIN_ROLLOUT_TASKS[resolved][1])
         rows = sft_rows(task, train_rows, seed=seed)
         held = sft_rows(task, eval_prompts, split="test", seed=1)
     else:
-        path = Path(resolved)
-        if not path.is_file():
-            raise RolloutError(f"file {resolved!r} does not exist; give a .jsonl file of prompt/completion rows")
-        all_rows = []
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise RolloutError(f"{resolved}: line {n} is not JSON ({exc.msg})") from None
-            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not isinstance(
-                    row.get("completion"), str):
-                raise RolloutError(f"{resolved}: line {n} needs string fields 'prompt' and 'completion' (sft "
-                                   "trains on prompt/completion rows)")
-            all_rows.append({"prompt": row["prompt"], "completion": row["completion"]})
-        if not all_rows:
-            raise RolloutError(f"{resolved} holds no rows; it needs prompt/completion rows")
+        def check(row: dict) -> Optional[str]:
+            if not isinstance(row.get("prompt"), str) or not isinstance(row.get("completion"), str):
+                return "needs string fields 'prompt' and 'completion' (sft trains on prompt/completion rows)"
+            return None
+
+        all_rows = [{"prompt": r["prompt"], "completion": r["completion"]} for r in read_jsonl_rows(
+            resolved, what="prompt/completion rows", shape='{"prompt": ..., "completion": ...}', check=check)]
         out = held_out_prompts([r["prompt"] for r in all_rows])
         rows = [r for r in all_rows if r["prompt"] not in out]
         held = [r for r in all_rows if r["prompt"] in out][:eval_prompts]
