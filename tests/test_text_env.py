@@ -1,4 +1,5 @@
-"""TextEnv: prompts as states, responses as actions; Gymnasium id; one GRPO step with TorchRL's loss."""
+"""TextEnv (and the collector's RolloutEnv) as the rollout collector steps it: prompts as a function of (seed, rank, round, attempt),
+response tokens as actions, the source's reward; text actions; Gymnasium id; TorchRL's GRPO loss and KL transform."""
 
 from __future__ import annotations
 
@@ -7,12 +8,17 @@ import torch
 from tensordict import TensorDict
 
 from offline_plugins.data.preference import tokenize_completions
+from offline_plugins.data.prompts import PromptSource, RolloutError, rollout_seed, task_prompt_source
+from offline_plugins.data.collector import RolloutEnv
+from offline_plugins.data.rollouts import RolloutCollector
 from offline_plugins.envs.tasks import ArithmeticTask
 from offline_plugins.envs.text import TextEnv, TextEnvError
 from offline_plugins.errors import UserError
 from offline_plugins.modules.causal_lm import CausalLMLogProbs, CausalLMReward
+from offline_plugins.modules.generation import generate
 from offline_plugins.modules.tiny_lm import load_causal_lm, tiny_causal_lm
 from offline_plugins.objectives.llm.functional import group_relative_advantage
+from offline_plugins.tokens import prompt_token_ids
 
 torch.set_num_threads(1)
 
@@ -22,50 +28,127 @@ def lm():
     return load_causal_lm("tiny", seed=0)
 
 
-def test_reset_gives_grouped_prompts_and_step_scores_exact_match(lm):
+def _ids(tok, text):
+    return tok.convert_tokens_to_ids(list(text))
+
+
+def test_reset_prompts_are_a_function_of_seed_rank_round_and_attempt(lm):
+    _, tok = lm
+    source = task_prompt_source(ArithmeticTask(), n_held_out=0)
+    env = RolloutEnv(tok, source, batch_size=6, group_size=2, seed=3, max_attempts=4)
+    prompts = lambda **k: list(env.reset(**k)["text", "prompt"])  # noqa: E731
+    first = prompts(round=5, rank=1, attempt=2)
+    env.reset(round=0)
+    env.reset(round=9, rank=3)  # what came before does not matter: a resumed run gets the same prompts
+    again = RolloutEnv(tok, source, batch_size=6, group_size=2, seed=3, max_attempts=4)
+    assert prompts(round=5, rank=1, attempt=2) == first == list(again.reset(round=5, rank=1, attempt=2)["text", "prompt"])
+    assert first == [r["prompt"] for r in source.sample(3, rollout_seed(3, 1, 5, 2)) for _ in range(2)]
+    for other in (dict(round=6, rank=1, attempt=2), dict(round=5, rank=0, attempt=2), dict(round=5, rank=1, attempt=3)):
+        assert prompts(**other) != first, other
+    # each prompt group_size times in a row; prompt ids unique within the run and rank
+    td = env.reset(round=5, rank=1, attempt=2)
+    assert td["group"].tolist() == [v for i in range(3) for v in [(5 * 4 + 2) * 3 + i] * 2]
+    # prompt tokens left-padded for generation
+    assert (td["tokens", "prompt"][:, -1] == tok.convert_tokens_to_ids("=")).all()
+    # a reset naming no round counts rounds itself
+    plain = RolloutEnv(tok, source, batch_size=6, group_size=2, seed=3)
+    assert [list(plain.reset()["text", "prompt"]) for _ in range(2)] == [prompts(round=r) for r in range(2)]
+
+
+def test_step_scores_the_token_actions_with_the_verifier(lm):
     _, tok = lm
     task = ArithmeticTask()
     env = TextEnv(tok, task=task, batch_size=4, group_size=2, seed=1, max_length=24)
-    td = env.reset()
+    td = env.reset(round=0)
     prompts = list(td["text", "prompt"])
-    assert prompts[0] == prompts[1] and prompts[2] == prompts[3]
-    assert td["group"].tolist()[0] == td["group"].tolist()[1] != td["group"].tolist()[2]
-    # prompt tokens are left-padded for generation
-    assert td["tokens", "prompt"].shape[0] == 4 and (td["tokens", "prompt"][:, -1] == tok.convert_tokens_to_ids("=")).all()
     answers = [task.answer(p) for p in prompts]
-    td["text", "response"] = [answers[0], "0", answers[2] + "<eos>", " " + answers[3]]
+    texts = [answers[0], "0", answers[2] + "7", answers[3]]
+    width = max(len(t) for t in texts) + 2
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    rows = [_ids(tok, t) + [eos] for t in texts]
+    rows[3] = rows[3] + _ids(tok, "12")  # after eos: not part of the response
+    td["tokens", "response"] = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
     out = env.step(td)
-    assert out["next", "reward"].squeeze(-1).tolist() == [1.0, 0.0, 1.0, 1.0]
+    reward = out["next", "reward"].squeeze(-1)
+    assert reward.tolist() == task.rewards(prompts, texts) == [1.0, 0.0, 0.0, 1.0]
     assert out["next", "done"].all() and out["next", "terminated"].all()
-    # the episode is tokenised like SFT data: prompt + response + eos, response masked
-    rows = [{"prompt": p, "completion": r} for p, r in zip(prompts, [answers[0], "0", answers[2], " " + answers[3]])]
-    ref, _ = tokenize_completions(rows, tok, max_length=24)
-    width = ref["tokens", "full"].shape[-1]
-    assert torch.equal(out["tokens", "full"][:, :width], ref["tokens", "full"])
-    assert torch.equal(out["masks", "all_assistant_mask"][:, :width], ref["masks", "all_assistant_mask"])
-    # a second reset serves new prompts
-    assert list(env.reset()["text", "prompt"]) != prompts
+    assert list(out["text", "response"]) == texts
+    assert out["response_length"].tolist() == [len(t) + 1.0 for t in texts]
+    # the episode: prompt, then the response (its eos included) right after it, right-padded
+    full, resp = out["tokens", "full"], out["masks", "all_assistant_mask"]
+    for i, p in enumerate(prompts):
+        n = len(prompt_token_ids(tok, p))
+        assert full[i, :n].tolist() == prompt_token_ids(tok, p)
+        assert full[i][resp[i]].tolist() == _ids(tok, texts[i]) + [eos]
+        assert out["masks", "all_attention_mask"][i].sum() == n + len(texts[i]) + 1
 
 
-def test_token_actions_are_cut_at_eos(lm):
-    _, tok = lm
+def test_the_rows_hold_exactly_the_generated_tokens(lm):
+    """No decode / re-tokenise round trip: the action's tokens are the episode's, even where text
+    would not give them back (a pad token inside a response decodes to nothing)."""
+    model, tok = lm
     env = TextEnv(tok, prompts=["1+1="], reward_fn=lambda p, r: [float(x == "2") for x in r], batch_size=2)
-    td = env.reset()
+    env.reset()
     two, eos, pad = tok.convert_tokens_to_ids("2"), tok.eos_token_id, tok.pad_token_id
-    td["tokens", "response"] = torch.tensor([[two, eos, two, pad], [two, two, eos, pad]])
-    assert env.step(td)["next", "reward"].squeeze(-1).tolist() == [1.0, 0.0]
+    td = env.reset()
+    td["tokens", "response"] = torch.tensor([[two, pad, eos], [two, eos, two]])
+    out = env.step(td)
+    assert out["next", "reward"].squeeze(-1).tolist() == [1.0, 1.0]  # "2" both times, as text
+    resp = out["masks", "all_assistant_mask"]
+    assert out["tokens", "full"][0][resp[0]].tolist() == [two, pad, eos]
+    assert out["tokens", "full"][1][resp[1]].tolist() == [two, eos]
+
+    # the collector's rows: exactly generate's samples for (seed, rank, round), with their log-probs
+    source = task_prompt_source(ArithmeticTask(), n_held_out=0)
+    collector = RolloutCollector(source, tok, None, group_size=3, prompts_per_round=2, max_new_tokens=5, seed=4)
+    td, _ = collector.collect(model, round=2, rank=1)
+    seed = rollout_seed(4, 1, 2, 0)
+    rows = source.sample(2, seed)
+    assert list(td["text", "prompt"]) == [r["prompt"] for r in rows for _ in range(3)]
+    gen = generate(model, [prompt_token_ids(tok, r["prompt"]) for r in rows], pad_id=collector.pad_id,
+                   eos_id=tok.eos_token_id, max_new_tokens=5, num_samples=3, seed=seed, log_probs=True)
+    mask = td["masks", "all_assistant_mask"]
+    for i in range(6):
+        n = int(gen.lengths[i])
+        assert td["tokens", "full"][i][mask[i]].tolist() == gen.tokens[i, :n].tolist()
+        assert torch.equal(td["log_probs", "full"][i][mask[i]], gen.log_probs[i, :n])
+    assert list(td["text", "response"]) == gen.texts(tok)
+    assert td["next", "reward"].squeeze(-1).tolist() == source.reward_fn(list(td["text", "prompt"]),
+                                                                        gen.texts(tok))
 
 
-def test_reward_model_gives_the_reward(lm):
+def test_a_bad_reward_function_is_named(lm):
+    model, tok = lm
+    source = PromptSource("prompts.jsonl", held_out=[], reward_fn=lambda p, r, **k: 1 / 0, reward_name="mymod:score",
+                          train=[{"prompt": "1+1="}], longest_prompts=["1+1="])
+    env = RolloutEnv(tok, source, batch_size=2)
+    td = env.reset()
+    td["tokens", "response"] = torch.tensor([[tok.eos_token_id]] * 2)
+    with pytest.raises(RolloutError, match=r"reward function mymod:score raised ZeroDivisionError"):
+        env.step(td)
+    collector = RolloutCollector(source, tok, None, group_size=2, prompts_per_round=2, max_new_tokens=2)
+    with pytest.raises(RolloutError, match="mymod:score"):
+        collector.collect(model, round=0)
+    source.reward_fn = lambda p, r, **k: [1.0]  # the collector reads the source it holds now
+    with pytest.raises(RolloutError, match="mymod:score returned 1 rewards for 4 responses"):
+        collector.collect(model, round=0)
+
+
+def test_text_actions_and_a_reward_model(lm):
     _, tok = lm
     rm = CausalLMReward(tiny_causal_lm(tok, seed=2))
     env = TextEnv(tok, prompts=["1+1="], reward_model=rm, batch_size=2)
     td = env.reset()
-    td["text", "response"] = ["2", "3"]
-    reward = env.step(td)["next", "reward"]
+    td["text", "response"] = ["2", "3<eos>"]
+    out = env.step(td)
+    # text is tokenised as SFT data is: prompt + response + eos, response masked
+    ref, _ = tokenize_completions([{"prompt": "1+1=", "completion": c} for c in ("2", "3")], tok, max_length=64)
+    width = ref["tokens", "full"].shape[-1]
+    assert torch.equal(out["tokens", "full"][:, :width], ref["tokens", "full"])
+    assert torch.equal(out["masks", "all_assistant_mask"][:, :width], ref["masks", "all_assistant_mask"])
     with torch.no_grad():
-        want = rm(td.select(("tokens", "full"), ("masks", "all_attention_mask")).clone())["reward"]
-    torch.testing.assert_close(reward.squeeze(-1), want)
+        want = rm(out.select(("tokens", "full"), ("masks", "all_attention_mask")).clone())["reward"]
+    torch.testing.assert_close(out["next", "reward"].squeeze(-1), want)
 
 
 def test_bad_setup_and_actions_raise_user_errors(lm):
@@ -75,8 +158,12 @@ def test_bad_setup_and_actions_raise_user_errors(lm):
     with pytest.raises(TextEnvError, match="multiple of group_size"):
         TextEnv(tok, task=ArithmeticTask(), batch_size=3, group_size=2)
     env = TextEnv(tok, task=ArithmeticTask(), batch_size=2)
-    with pytest.raises(TextEnvError, match=r"\('text', 'response'\)"):
+    with pytest.raises(TextEnvError, match=r"\('tokens', 'response'\)"):
         env.step(env.reset())
+    long = PromptSource("long.jsonl", held_out=[], reward_fn=lambda p, r, **k: [0.0] * len(r), reward_name="f",
+                        train=[{"prompt": "9" * 40}], longest_prompts=["1+1="])
+    with pytest.raises(UserError, match="long.jsonl: prompt '9999.* is 41 tokens; the rollout budget is 10"):
+        RolloutEnv(tok, long, batch_size=2, max_length=16, max_new_tokens=6).reset()
 
 
 def test_gymnasium_id():

@@ -1,22 +1,33 @@
 """The rollout collector: a round of sampled responses, scored, written as TED text rows.
 
-A :class:`RolloutCollector` samples ``G`` responses per prompt from the current policy
-(one batched ``generate`` with the KV cache, temperature / top-p, ``max_new_tokens``,
-stopping at eos), scores them, computes the sampling policy's and the reference's
-per-token log-probs and writes the rows into a TorchRL ``TensorDictReplayBuffer`` in the
-TED text layout (DESIGN.md; see :mod:`offline_plugins.objectives.llm.online`). A loss's
-``process_rollouts`` then writes the advantages, so the buffer can serve several epochs.
+A :class:`RolloutCollector` runs each round through the text environment
+(:class:`RolloutEnv`, the :class:`~offline_plugins.envs.text.TextEnv` of a
+:class:`~offline_plugins.data.prompts.PromptSource`; a TorchRL ``EnvBase``: prompt = state,
+response = action, the reference = the behaviour policy the KL is measured against):
+``reset(round=, rank=, attempt=)`` gives the round's prompts, drawn with
+``rollout_seed(seed, rank, round, attempt)``; the policy samples ``G`` responses per prompt
+in one batched ``generate`` (KV cache, temperature / top-p, ``max_new_tokens``, stopping at
+eos) and hands their tokens over as the action; ``step`` places those exact tokens after
+their prompts and scores them with the source's reward
+(:func:`~offline_plugins.data.prompts.score_responses`). The collector adds the reference's
+per-token log-probs and returns the rows in the TED text layout (DESIGN.md; see
+:mod:`offline_plugins.objectives.llm.online`). A loss's ``process_rollouts`` then writes the
+advantages, so the buffer can serve several epochs.
 
-Why not TorchRL's ``LLMCollector`` + ``TransformersWrapper``: ``LLMCollector`` steps an
-environment with a policy, one response per environment row; ours are one-step episodes
-whose prompts must be a function of ``(seed, rank, round)`` so that a resumed run samples
-exactly the prompts and responses of an uninterrupted one, and ``TextEnv`` keeps its
-position as a counter of resets and re-tokenises decoded text (a BPE round trip need not
-give back the generated tokens, which the PPO ratio needs). The sampling log-probs are
-recorded inside ``generate`` from the model's raw logits (:mod:`offline_plugins.modules.generation`, before the
-temperature / top-p warpers), the distribution ``CausalLMLogProbs`` scores for the losses,
-so a round costs one ``generate`` and one reference forward, not a second policy forward.
-TorchRL's ``TransformersWrapper`` still scores these rows (tests/test_online_losses.py).
+Why not TorchRL's ``LLMCollector`` (with ``ChatEnv`` / ``DatasetChatEnv`` and
+``TransformersWrapper``): its environments draw prompts from a ``DataLoader`` iterator
+(``DataLoadingPrimer``), so which prompts a round gets depends on how many came before, while
+a resumed run must sample exactly the prompts and responses of an uninterrupted one, as a
+function of ``(seed, rank, round, attempt)``; its loop yields a fixed number of dialog turns,
+while dynamic sampling decides after the advantages whether to sample another attempt in the
+same round; and its rollouts are the wrapper's, where ours are one ``generate`` per round with
+``G`` samples per prompt under a forked, seeded RNG whose sampled tokens are kept as they are
+(a decode / re-tokenise round trip need not give them back, and the PPO ratio needs them).
+So we keep our loop and step our own env, behind the same layout. The sampling log-probs
+are recorded inside ``generate`` from the model's raw logits (:mod:`offline_plugins.modules.generation`,
+before the temperature / top-p warpers), the distribution ``CausalLMLogProbs`` scores for the
+losses, so a round costs one ``generate`` and one reference forward, not a second policy
+forward. TorchRL's ``TransformersWrapper`` still scores these rows (tests/test_online_losses.py).
 """
 
 from __future__ import annotations
@@ -24,12 +35,53 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 import torch
-from tensordict import NonTensorStack, TensorDict
+from tensordict import TensorDict
 
 from offline_plugins.data.prompts import PromptSource, RolloutError, _prompt_ids, rollout_seed, score_responses
+from offline_plugins.envs.text import TextEnv
 from offline_plugins.modules.generation import model_context
 
-__all__ = ["RolloutCollector"]
+__all__ = ["RolloutCollector", "RolloutEnv"]
+
+#: what a round writes: the TED text layout the losses read (the env's other keys stay behind)
+_ROW_KEYS = (("tokens", "full"), ("masks", "all_attention_mask"), ("masks", "all_assistant_mask"),
+             ("log_probs", "full"), ("next", "reward"), ("next", "done"), ("next", "terminated"),
+             ("text", "prompt"), ("text", "response"), "response_length", "group")
+
+
+class RolloutEnv(TextEnv):
+    """The :class:`~offline_plugins.envs.text.TextEnv` of a :class:`PromptSource`, as the collector steps it.
+
+    ``reset(round=r, rank=k, attempt=a)`` draws the source's rows with
+    ``rollout_seed(seed, k, r, a)``; ``step`` scores the decoded responses with
+    :func:`score_responses` (the source's reward function, its columns, its checks and its
+    name in every error). ``source`` is a plain attribute.
+
+    Args:
+        tokenizer: the policy's tokenizer.
+        source: the :class:`PromptSource`.
+
+    Keyword Args:
+        as :class:`~offline_plugins.envs.text.TextEnv`'s (``batch_size``, ``group_size``,
+        ``max_length``, ``max_new_tokens``, ``max_attempts``, ``seed``, ``device``, ...).
+    """
+
+    def __init__(self, tokenizer: Any, source: PromptSource, **kwargs: Any) -> None:
+        self.source = source
+        super().__init__(tokenizer, **kwargs)
+
+    @property
+    def source_name(self) -> str:
+        return self.source.name
+
+    def episode_seed(self, rank: int, round: int, attempt: int) -> int:
+        return rollout_seed(self.seed, rank, round, attempt)
+
+    def sample_rows(self, n: int, seed: int) -> list[dict]:
+        return self.source.sample(n, seed)
+
+    def score(self, rows: list[dict], responses: list[str]) -> list[float]:
+        return score_responses(self.source, rows, responses)
 
 
 class RolloutCollector:
@@ -97,66 +149,49 @@ class RolloutCollector:
     def rows(self) -> int:
         return self.prompts_per_round * self.group_size
 
-    # -- sampling ------------------------------------------------------------------
-    def _check_prompt(self, ids: list[int], prompt: str) -> None:
-        if len(ids) + self.max_new_tokens > self.width:
-            raise RolloutError(
-                f"{self.source.name}: prompt {prompt!r:.80} is {len(ids)} tokens; the rollout budget is "
-                f"{self.width - self.max_new_tokens} prompt tokens + max_new_tokens={self.max_new_tokens} "
-                f"(model context {self.context}); shorten the prompt")
+    # -- one round: reset, act, step -----------------------------------------------
+    def _env(self, device: torch.device) -> Any:
+        """The :class:`RolloutEnv` the rounds step, on ``device``; its source is ours."""
+        env = getattr(self, "_text_env", None)
+        key = (device, self.tokenizer, self.rows, self.group_size, self.width, self.max_new_tokens, self.seed,
+               self.max_attempts)
+        if env is None or self._text_env_key != key:
+            env = RolloutEnv(self.tokenizer, self.source, batch_size=self.rows, group_size=self.group_size,
+                          max_length=self.width, max_new_tokens=self.max_new_tokens, max_attempts=self.max_attempts,
+                          seed=self.seed, device=device)
+            self._text_env, self._text_env_key = env, key
+        env.source = self.source  # a plain attribute here: whoever set it last is read
+        return env
 
     @torch.no_grad()
-    def _sample(self, model: torch.nn.Module, rows: list[dict], seed: int) -> TensorDict:
-        from offline_plugins.modules.causal_lm import CausalLMLogProbs
+    def _act(self, model: torch.nn.Module, env: Any, td: TensorDict, seed: int) -> TensorDict:
+        """The policy: ``G`` samples of each of the episode's prompts in one ``generate``, their tokens
+        the action ``("tokens", "response")``, their sampling log-probs ``("log_probs", "response")``."""
         from offline_plugins.modules.generation import generate
 
-        g = self.group_size
-        prompt_ids = [_prompt_ids(self.tokenizer, r["prompt"]) for r in rows]
-        for ids, r in zip(prompt_ids, rows):
-            self._check_prompt(ids, r["prompt"])
-        out = generate(model, prompt_ids, pad_id=self.pad_id, eos_id=self.tokenizer.eos_token_id,
-                       max_new_tokens=self.max_new_tokens, num_samples=g, temperature=self.temperature,
-                       top_p=self.top_p, seed=seed, log_probs=True)
-        gen, gen_lp, resp_len = out.tokens, out.log_probs, out.lengths
-        device, n = gen.device, gen.shape[0]
-        full = torch.full((n, self.width), self.pad_id, dtype=torch.long, device=device)
-        resp_mask = torch.zeros(n, self.width, dtype=torch.bool, device=device)
-        lengths_p = torch.tensor([len(prompt_ids[i // g]) for i in range(n)], device=device)
-        pos = torch.arange(self.width, device=device)
-        for i, ids in enumerate(prompt_ids):  # prompts are short lists: one copy per group
-            full[i * g:(i + 1) * g, : len(ids)] = torch.tensor(ids, device=device)
-        # place the responses right after their prompts (vectorised scatter)
-        valid = out.response_mask
-        target = lengths_p.unsqueeze(1) + torch.arange(gen.shape[1], device=device).unsqueeze(0)
-        rows_idx = torch.arange(n, device=device).unsqueeze(1).expand_as(target)
-        full[rows_idx[valid], target[valid]] = gen[valid]
-        resp_mask[rows_idx[valid], target[valid]] = True
-        lp_policy = torch.zeros(n, self.width, dtype=torch.float32, device=device)
-        lp_policy[rows_idx[valid], target[valid]] = gen_lp[valid]
-        attn = pos.unsqueeze(0) < (lengths_p + resp_len).unsqueeze(1)
-        texts = out.texts(self.tokenizer, self.pad_id)
-        expanded = [rows[i // g] for i in range(n)]
-        rewards = score_responses(self.source, expanded, texts)
-        lp_ref = CausalLMLogProbs(self.reference).log_probs(full, attn) if self.reference is not None else None
-        done = torch.ones(n, 1, dtype=torch.bool, device=device)
-        td = TensorDict(
-            {
-                "tokens": {"full": full},
-                "masks": {"all_attention_mask": attn, "all_assistant_mask": resp_mask},
-                "log_probs": {"full": lp_policy},
-                "next": {"reward": torch.tensor(rewards, dtype=torch.float32, device=device).reshape(n, 1),
-                         "done": done, "terminated": done.clone()},
-                "response_length": resp_len.to(torch.float32),
-            },
-            [n],
-            device=device,
-        )
-        if lp_ref is not None:
-            td.set(("next", "ref_log_probs", "full"), lp_ref)
-        # from_list: NonTensorStack(*items) on a device TensorDict moves every item (a tenth of a round)
-        td.set(("text", "prompt"), NonTensorStack.from_list([r["prompt"] for r in expanded]))
-        td.set(("text", "response"), NonTensorStack.from_list(texts))
+        out = generate(model, env.prompt_ids, pad_id=self.pad_id, eos_id=self.tokenizer.eos_token_id,
+                       max_new_tokens=self.max_new_tokens, num_samples=self.group_size,
+                       temperature=self.temperature, top_p=self.top_p, seed=seed, log_probs=True)
+        td.set(("tokens", "response"), out.tokens)
+        td.set(("log_probs", "response"), out.log_probs)
         return td
+
+    @torch.no_grad()
+    def _round(self, model: torch.nn.Module, *, round: int, rank: int, attempt: int) -> TensorDict:
+        """One batch of episodes: the env's prompts for ``(seed, rank, round, attempt)``, sampled, stepped, and
+        the reference's log-probs; the rows in the TED text layout."""
+        from offline_plugins.modules.causal_lm import CausalLMLogProbs
+
+        device = next(model.parameters()).device
+        env = self._env(device)
+        td = env.reset(round=round, rank=rank, attempt=attempt)
+        td = env.step(self._act(model, env, td, rollout_seed(self.seed, rank, round, attempt)))
+        row = td.select(*_ROW_KEYS)
+        if self.reference is not None:
+            row.set(("next", "ref_log_probs", "full"),
+                    CausalLMLogProbs(self.reference).log_probs(row.get(("tokens", "full")),
+                                                               row.get(("masks", "all_attention_mask"))))
+        return row
 
     def collect(self, model: torch.nn.Module, *, round: int, rank: int = 0,
                 process: Optional[Callable[[TensorDict], TensorDict]] = None,
@@ -176,13 +211,9 @@ class RolloutCollector:
         first_stats = None
         sampled = 0
         for attempt in range(self.max_attempts if dynamic_sampling else 1):
-            seed = rollout_seed(self.seed, rank, round, attempt)
-            rows = self.source.sample(p, seed)
-            td = self._sample(model, rows, seed)
+            # "group" (the env's): prompt ids unique within the run and rank: round, attempt, position
+            td = self._round(model, round=round, rank=rank, attempt=attempt)
             sampled += p
-            # prompt ids unique within the run and rank: round, attempt, position
-            td.set("group", (torch.arange(p, device=td.device).repeat_interleave(g)
-                             + (round * self.max_attempts + attempt) * p))
             if process is not None:
                 td = process(td)
             signal = td.get("has_signal", None)

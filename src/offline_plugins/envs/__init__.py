@@ -1,7 +1,9 @@
 """Text environments (prompt = state, response = action) and built-in verifiable tasks.
 
-Importing this package imports neither torch nor gymnasium; :class:`TextEnv` lives in
-:mod:`offline_plugins.envs.text`, the tasks in :mod:`offline_plugins.envs.tasks`.
+Importing this package imports neither torch nor gymnasium; :class:`TextEnv` (the TorchRL
+environment the rollout collector steps every round) lives in :mod:`offline_plugins.envs.text`,
+the tasks in :mod:`offline_plugins.envs.tasks`, their Gymnasium view in
+:mod:`offline_plugins.envs.gym_text`.
 """
 
 from __future__ import annotations
