@@ -86,7 +86,9 @@ def _fixed_eval(out: Path) -> dict:
     from offline_plugins.modules.tiny_lm import load_causal_lm
 
     torch.set_num_threads(1)
-    data = load_rollout_data("arithmetic", model="tiny")
+    from offline_plugins.lightning.sft import supervised_finetune
+
+    data = load_rollout_data("arithmetic", model="tiny", finetune=supervised_finetune)
     model, _ = load_causal_lm(out / "model")
     result = {"exact_match_before": data.held_out_scores(data.reference)["exact_match"],
               "exact_match_after": data.held_out_scores(model)["exact_match"],

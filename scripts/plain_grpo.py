@@ -36,7 +36,9 @@ def main() -> None:
     from offline_plugins.tokens import prompt_token_ids
 
     task = ArithmeticTask(digits=2, ops="+")
-    ref, tok = sft_reference(task, cache_dir=cache_root() / "preference")
+    from offline_plugins.lightning.sft import supervised_finetune
+
+    ref, tok = sft_reference(task, cache_dir=cache_root() / "preference", finetune=supervised_finetune)
     ref.eval()
     policy = copy.deepcopy(ref)
     opt = torch.optim.Adam(policy.parameters(), lr=args.lr)

@@ -11,9 +11,9 @@ from offline_plugins.data.text_tasks import (
     exact_match_accuracy,
     preference_rows,
     sft_rows,
-    supervised_finetune,
     unpaired_rows,
 )
+from offline_plugins.lightning.sft import supervised_finetune
 from offline_plugins.envs.tasks import ArithmeticTask, TaskError
 from offline_plugins.errors import UserError
 from offline_plugins.modules.causal_lm import CausalLMLogProbs, CausalLMReward
@@ -168,7 +168,8 @@ def test_task_preference_data_end_to_end_with_cached_reference(tmp_path):
     from offline_plugins.data.text_tasks import task_preference_data
 
     task = ArithmeticTask(digits=1)
-    kw = dict(sft_rows_count=50, sft_steps=5, sft_batch_size=8, n_train=6, n_test=4, num_samples=2, cache_dir=tmp_path)
+    kw = dict(sft_rows_count=50, sft_steps=5, sft_batch_size=8, n_train=6, n_test=4, num_samples=2, cache_dir=tmp_path,
+              finetune=supervised_finetune)
     data = task_preference_data(task, **kw)
     assert data.kind == "preference-pairs" and data.train.batch_size == (6, 2) and data.test.batch_size == (4, 2)
     assert ("ref_log_probs", "response") in data.test.keys(True)

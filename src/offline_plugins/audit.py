@@ -255,6 +255,7 @@ def _read_rows(dataset: Union[str, Sequence[Mapping]], *, base_model: str, progr
         load_preference_source,
         resolve_preference_id,
     )
+    from offline_plugins.lightning.sft import supervised_finetune
 
     notes: dict = {}
     if not isinstance(dataset, (str, os.PathLike)):
@@ -270,7 +271,8 @@ def _read_rows(dataset: Union[str, Sequence[Mapping]], *, base_model: str, progr
         raise _unknown_dataset(str(dataset))
     if resolved in BUILTIN_PREFERENCE_DATASETS:
         data = loaded if loaded is not None else load_preference_source(
-            resolved, kind="preference-pairs", algorithm="data audit", model=base_model, progress=progress)
+            resolved, kind="preference-pairs", algorithm="data audit", model=base_model, progress=progress,
+            finetune=supervised_finetune)
         rows = _decode_pairs(data.train, data.tokenizer)
         if data.test_pairs is not None:
             rows += _decode_pairs(data.test_pairs, data.tokenizer)

@@ -278,6 +278,7 @@ def load_preference_source(
     test_fraction: float = 0.1,
     min_test_rows: int = 100,
     progress: bool = True,
+    finetune: Optional[Any] = None,
 ):
     """Load a preference dataset id for an algorithm reading ``kind`` data.
 
@@ -296,6 +297,8 @@ def load_preference_source(
             ``max(min_test_rows, test_fraction * rows)`` (at most half), whole prompts
             chosen by a hash of their text (:func:`held_out_prompts`).
         progress: show a progress bar while the SFT reference trains.
+        finetune: the built-in datasets: how their SFT reference is trained when it is not cached
+            (:func:`offline_plugins.lightning.sft.supervised_finetune`, the ``sft`` algorithm).
 
     Returns:
         A :class:`~offline_plugins.data.preference.PreferenceData`.
@@ -319,7 +322,7 @@ def load_preference_source(
         _, task_settings, data_settings = BUILTIN_PREFERENCE_DATASETS[resolved]
         task = ArithmeticTask(**task_settings)
         data = task_preference_data(task, model=str(model), kind=kind, seed=seed, cache_dir=cache, progress=progress,
-                                    **data_settings)
+                                    finetune=finetune, **data_settings)
         data.dataset_id = resolved
         return data
 

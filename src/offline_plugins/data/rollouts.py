@@ -27,6 +27,7 @@ from offline_plugins.data.prompts import (
     score_responses,
     task_prompt_source,
 )
+from offline_plugins.data.text_tasks import sft_reference
 from offline_plugins.modules.generation import generate_left_padded, model_context
 
 __all__ = [
@@ -86,28 +87,6 @@ def _task_of(dataset_id: str, files: str) -> tuple[str, Any]:
     from offline_plugins.envs.tasks import ArithmeticTask
 
     return resolved, ArithmeticTask(**BUILTIN_ROLLOUT_TASKS[resolved][1])
-
-
-def sft_reference(task: Any, *, model: Any = "tiny", seed: int = 0, steps: int = 2000, batch_size: int = 64,
-                  lr: float = 3e-3, rows: int = 8000, max_length: int = 24, cache_dir: Optional[Path] = None,
-                  progress: bool = False):
-    """``(model, tokenizer)``: ``model`` after SFT on the task's exact answers, cached as
-    :func:`~offline_plugins.data.text_tasks.task_preference_data` caches it (same folder name), so
-    the online and the preference results start from one reference."""
-    from offline_plugins.data.text_tasks import sft_rows, supervised_finetune
-    from offline_plugins.modules.tiny_lm import load_causal_lm, model_cache_tag
-
-    tag = f"sft-{task.name}-{model_cache_tag(model)}-s{seed}-n{steps}-b{batch_size}"
-    ref_dir = Path(cache_dir) / tag if cache_dir is not None else None
-    if ref_dir is not None and (ref_dir / "config.json").is_file():
-        return load_causal_lm(ref_dir, seed=seed)
-    reference, tokenizer = load_causal_lm(model, seed=seed)
-    supervised_finetune(reference, tokenizer, sft_rows(task, rows, seed=seed), steps=steps, batch_size=batch_size,
-                        lr=lr, max_length=max_length, seed=seed, progress=progress)
-    if ref_dir is not None:
-        reference.save_pretrained(ref_dir)
-        tokenizer.save_pretrained(ref_dir)
-    return reference, tokenizer
 
 
 class RolloutData:
@@ -180,11 +159,13 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
                       group_size: int = 8, prompts_per_round: int = 16, max_new_tokens: int = 6,
                       temperature: float = 1.0, top_p: float = 1.0, reference_sft_steps: int = 2000,
                       eval_prompts: int = 200, max_attempts: int = 4, cache_dir: Optional[Path] = None,
-                      progress: bool = False) -> RolloutData:
+                      progress: bool = False, finetune: Optional[Any] = None) -> RolloutData:
     """Load a rollout task (:func:`resolve_rollout_id`) and its reference.
 
     The built-in task with ``model="tiny"`` starts from the cached SFT reference of the
-    preference results (:func:`sft_reference`, ``reference_sft_steps`` steps); any other
+    preference results (:func:`~offline_plugins.data.text_tasks.sft_reference`,
+    ``reference_sft_steps`` steps of the ``sft`` algorithm, ``finetune``, when it is not
+    cached yet); any other
     ``model`` (a ``save_pretrained`` folder such as an ``sft`` run's ``OUT/model``, or a hub
     id) is the reference itself. A JSONL file's reference is ``model`` as given.
     """
@@ -200,7 +181,7 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
         if str(model) == "tiny":
             reference, tokenizer = sft_reference(task, model="tiny", seed=0, steps=reference_sft_steps,
                                                  cache_dir=Path(cache_dir) if cache_dir else cache_root() / "preference",
-                                                 progress=progress)
+                                                 progress=progress, finetune=finetune)
         else:
             reference, tokenizer = load_causal_lm(model, seed=seed)
         from_scratch = False

@@ -3,8 +3,9 @@
 The offline preference pipeline on a built-in task, with no network:
 
 1. :func:`sft_rows` gives (prompt, completion) rows with the exact answers;
-   :func:`supervised_finetune` trains a model on them with the ``sft`` algorithm: that model is
-   the reference.
+   the ``sft`` algorithm trains a model on them
+   (:func:`offline_plugins.lightning.sft.supervised_finetune`, passed in as ``finetune``): that
+   model is the reference.
 2. :func:`sample_responses` samples answers from a model; :func:`preference_rows`
    pairs a correct answer (chosen) with an incorrect one (rejected) per prompt, and
    :func:`unpaired_rows` labels each sample by exact match (KTO's data).
@@ -30,8 +31,8 @@ __all__ = [
     "preference_rows",
     "unpaired_rows",
     "exact_match_accuracy",
-    "supervised_finetune",
     "task_preference_data",
+    "sft_reference",
 ]
 
 
@@ -136,64 +137,39 @@ def exact_match_accuracy(
     return sum(exact_match(o[0], p.answer) for p, o in zip(problems, outs)) / max(n, 1)
 
 
-def supervised_finetune(
-    model: torch.nn.Module,
-    tokenizer: Any,
-    rows: Sequence[dict],
-    *,
-    steps: int = 200,
-    batch_size: int = 32,
-    lr: float = 3e-3,
-    max_length: int = 32,
-    seed: int = 0,
-    progress: bool = False,
-) -> list[float]:
-    """Train ``model`` in place with the ``sft`` algorithm on the completions; returns the loss curve.
+def require_finetune(finetune: Any, what: str) -> None:
+    """Refuse a missing ``finetune`` (the SFT step the data layer cannot import), naming the fix."""
+    if finetune is None:
+        from offline_plugins.errors import UserError
 
-    The SFT step of RLHF (seeds, 5.6.3): its result is the reference model. The rows become a
-    :class:`~offline_plugins.data.rollouts.CompletionData`, :func:`~offline_plugins.algorithms.online.build_sft`
-    makes the parts (``TextSFTLoss``, Adam at ``lr``, gradients clipped at norm 1) and the training
-    shell (:class:`~offline_plugins.lightning.module.AlgorithmModule` under a Lightning ``Trainer``,
-    batches from the rows' replay buffer seeded by ``seed``) takes ``steps`` steps; the trained
-    weights are then copied into ``model``.
-    """
-    import tempfile
-    import warnings
+        raise UserError(f"{what} is not cached and no finetune was given to train it; pass "
+                        "finetune=offline_plugins.lightning.sft.supervised_finetune (the sft algorithm), as the "
+                        "data kinds do")
 
-    import lightning
 
-    from offline_plugins.algorithms.online import SFTConfig, build_sft
-    from offline_plugins.data.preference import tokenize_completions
-    from offline_plugins.data.rollouts import CompletionData
-    from offline_plugins.lightning.data import ReplayDataModule
-    from offline_plugins.lightning.guards import quiet_lightning
-    from offline_plugins.lightning.module import AlgorithmModule
+def sft_reference(task: Any, *, model: Any = "tiny", seed: int = 0, steps: int = 2000, batch_size: int = 64,
+                  lr: float = 3e-3, rows: int = 8000, max_length: int = 24, cache_dir: Optional[Any] = None,
+                  progress: bool = False, finetune: Optional[Any] = None):
+    """``(model, tokenizer)``: ``model`` after ``steps`` steps of SFT on ``rows`` of the task's exact
+    answers (``finetune``: :func:`offline_plugins.lightning.sft.supervised_finetune`), saved under
+    ``cache_dir`` (``save_pretrained``) and loaded from there next time: the one reference the
+    online and the preference results start from."""
+    from pathlib import Path
 
-    td, _ = tokenize_completions(rows, tokenizer, max_length=max_length)
-    data = CompletionData(td, [], model, tokenizer, dataset_id="rows", model="given", max_new_tokens=max_length,
-                          from_scratch=False)
-    config = SFTConfig(lr=float(lr), batch_size=int(batch_size), max_length=int(max_length))
-    parts = build_sft(config, data)
-    module = AlgorithmModule(parts, algorithm="sft", dataset="rows", seed=seed, steps_per_call=8)
-    losses: list[torch.Tensor] = []
+    from offline_plugins.modules.tiny_lm import load_causal_lm, model_cache_tag
 
-    class _Curve(lightning.Callback):
-        def on_gradient_step(self, trainer, pl_module, terms) -> None:
-            losses.append(terms[0].detach())
-
-    device = next(model.parameters()).device
-    with tempfile.TemporaryDirectory() as root, warnings.catch_warnings(), quiet_lightning():
-        # a fit of a few hundred steps: no checkpoints, no logger; Lightning's notes on that are noise here
-        warnings.filterwarnings("ignore", module="lightning")
-        trainer = lightning.Trainer(max_steps=int(steps), logger=False, enable_checkpointing=False,
-                                    enable_model_summary=False, enable_progress_bar=bool(progress),
-                                    accelerator="gpu" if device.type == "cuda" else "cpu", devices=1,
-                                    default_root_dir=root, callbacks=[_Curve()])
-        trainer.fit(module, datamodule=ReplayDataModule(data, batch_size=int(batch_size), seed=seed))
-    with torch.no_grad():
-        model.load_state_dict(parts.model.state_dict())
-    model.eval()
-    return [float(x) for x in torch.stack(losses).cpu()] if losses else []
+    tag = f"sft-{task.name}-{model_cache_tag(model)}-s{seed}-n{steps}-b{batch_size}"
+    ref_dir = Path(cache_dir) / tag if cache_dir is not None else None
+    if ref_dir is not None and (ref_dir / "config.json").is_file():
+        return load_causal_lm(ref_dir, seed=seed)
+    reference, tokenizer = load_causal_lm(model, seed=seed)
+    require_finetune(finetune, f"the SFT reference of {task.name}")
+    finetune(reference, tokenizer, sft_rows(task, rows, seed=seed), steps=steps, batch_size=batch_size, lr=lr,
+             max_length=max_length, seed=seed, progress=progress)
+    if ref_dir is not None:
+        reference.save_pretrained(ref_dir)
+        tokenizer.save_pretrained(ref_dir)
+    return reference, tokenizer
 
 
 def task_preference_data(
@@ -212,11 +188,15 @@ def task_preference_data(
     seed: int = 0,
     cache_dir: Optional[Any] = None,
     progress: bool = False,
+    finetune: Optional[Any] = None,
 ):
     """The whole offline preference set-up on a verifiable task, network-free.
 
     SFT on the task's exact answers makes the reference (``model="tiny"`` starts from
-    the built-in tiny LM; a path or hub id starts from that model); preference pairs
+    the built-in tiny LM; a path or hub id starts from that model) with ``finetune`` (the
+    ``sft`` algorithm in the training shell,
+    :func:`offline_plugins.lightning.sft.supervised_finetune`; the data layer does not import
+    the shell, so its caller passes it); preference pairs
     (or, with ``kind="unpaired-feedback"``, their halves labelled by exact match) are
     sampled from the reference on train prompts, and held-out pairs on test prompts;
     reference log-probs are computed once. With ``cache_dir`` the SFT reference is
@@ -233,22 +213,12 @@ def task_preference_data(
         tokenize_pairs,
         tokenize_unpaired,
     )
-    from offline_plugins.modules.tiny_lm import load_causal_lm, model_cache_tag
 
     if kind not in ("preference-pairs", "unpaired-feedback"):
         raise ValueError(f"kind must be 'preference-pairs' or 'unpaired-feedback', got {kind!r}")
-    tag = f"sft-{task.name}-{model_cache_tag(model)}-s{seed}-n{sft_steps}-b{sft_batch_size}"
-    ref_dir = Path(cache_dir) / tag if cache_dir is not None else None
-    if ref_dir is not None and (ref_dir / "config.json").is_file():
-        reference, tokenizer = load_causal_lm(ref_dir, seed=seed)
-    else:
-        reference, tokenizer = load_causal_lm(model, seed=seed)
-        supervised_finetune(reference, tokenizer, sft_rows(task, sft_rows_count, seed=seed), steps=sft_steps,
-                            batch_size=sft_batch_size, lr=sft_lr, max_length=max_length, seed=seed,
-                            progress=progress)
-        if ref_dir is not None:
-            reference.save_pretrained(ref_dir)
-            tokenizer.save_pretrained(ref_dir)
+    reference, tokenizer = sft_reference(task, model=model, seed=seed, steps=sft_steps, batch_size=sft_batch_size,
+                                         lr=sft_lr, rows=sft_rows_count, max_length=max_length, cache_dir=cache_dir,
+                                         progress=progress, finetune=finetune)
     reference.eval()
     for p in reference.parameters():
         p.requires_grad_(False)

@@ -58,9 +58,10 @@ class PreferenceText(DataKind):
     def load(self, dataset_id: str, *, spec, config, registry, device: str, progress: bool,
              options: DataOptions) -> LoadedData:
         from offline_plugins.data.preference_sources import load_preference_source
+        from offline_plugins.lightning.sft import supervised_finetune
 
         data = load_preference_source(dataset_id, kind=self.name, algorithm=spec.name, model=options.model or "tiny",
-                                      progress=progress)
+                                      progress=progress, finetune=supervised_finetune)
         return LoadedData(data, {})
 
     def run_settings(self, data, options: DataOptions) -> dict[str, Any]:

@@ -91,10 +91,11 @@ class TextRollouts(DataKind):
     def load(self, dataset_id: str, *, spec, config, registry, device: str, progress: bool,
              options: DataOptions) -> LoadedData:
         from offline_plugins.data.rollouts import load_rollout_data
+        from offline_plugins.lightning.sft import supervised_finetune
 
         kwargs = {k: config_value(config, k, ROLLOUT_DEFAULTS[k]) for k in _LOAD_SETTINGS}
         data = load_rollout_data(dataset_id, model=options.model or "tiny", reward=options.reward,
-                                 progress=progress, **kwargs)
+                                 progress=progress, finetune=supervised_finetune, **kwargs)
         return LoadedData(data, {})
 
     def batch_layout(self, config):
