@@ -135,7 +135,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     ks = list(dict.fromkeys(args.ks or [1, DEFAULT_STEPS_PER_CALL]))
 
-    from offline_plugins.lightning.run import _build_parts, plan_run
+    from offline_plugins.lightning.plan import build_parts, plan_run
 
     rows = []
     for name in args.algorithms:
@@ -146,10 +146,10 @@ def main() -> None:
             kw = dict(steps=args.steps, warmup=args.warmup, batch_size=plan.batch_size, seed=trial)
 
             def run_plain(kw=kw, trial=trial):
-                plain.append(_plain_loop(_build_parts(plan, trial), plan.data, **kw))
+                plain.append(_plain_loop(build_parts(plan, trial), plan.data, **kw))
 
             def run_shell(k, kw=kw, trial=trial):
-                shell[k].append(_lightning(_build_parts(plan, trial), plan.data, log_every=args.log_every,
+                shell[k].append(_lightning(build_parts(plan, trial), plan.data, log_every=args.log_every,
                                            progress=args.progress, steps_per_call=k, **kw))
 
             sides = [run_plain, *(lambda k=k: run_shell(k) for k in ks)]

@@ -197,10 +197,10 @@ def bench_shell(folder: str, collector, steps: int, batch_size: int, beta: float
                 precision: str = "fp32") -> dict:
     """``offline-plugins train grpo`` through the Lightning shell, on the same saved model and settings:
     steps/s of the fit with the final evaluation's time taken out."""
-    from offline_plugins.lightning.run import train
+    from offline_plugins.lightning.run import train_algorithm
 
     with tempfile.TemporaryDirectory() as out:
-        summary = train("grpo", "arithmetic", model=folder, steps=steps, seed=0, out_dir=out, progress=False,
+        summary = train_algorithm("grpo", "arithmetic", model=folder, steps=steps, seed=0, out_dir=out, progress=False,
                         threads=threads, eval_every=0, accelerator="gpu" if DEVICE.type == "cuda" else "cpu",
                         precision="bf16-mixed" if precision == "bf16" else "32-true",
                         overrides={"group_size": collector.group_size, "prompts_per_round": collector.prompts_per_round,

@@ -26,7 +26,7 @@ def digit_share(prompts, responses, **_):
 
 def ppo_rlhf_steps_per_s(steps: int = 24, *, threads: int = 1, settings: dict | None = None) -> dict:
     """``{"steps_per_s", "responses_per_s", "settings"}`` of ppo-rlhf through the training shell."""
-    from offline_plugins.lightning.run import train
+    from offline_plugins.lightning.run import train_algorithm
 
     settings = settings or {"group_size": 2, "prompts_per_round": 16, "batch_size": 8, "ppo_epochs": 2,
                             "max_new_tokens": 4, "eval_prompts": 10}
@@ -38,7 +38,7 @@ def ppo_rlhf_steps_per_s(steps: int = 24, *, threads: int = 1, settings: dict | 
         walls = []
         for n in (steps, steps, 2 * steps):  # the first run pays the imports and model building: dropped
             t = time.perf_counter()
-            train("ppo-rlhf", str(prompts), steps=n, seed=0, out_dir=Path(tmp) / f"run{len(walls)}", progress=False,
+            train_algorithm("ppo-rlhf", str(prompts), steps=n, seed=0, out_dir=Path(tmp) / f"run{len(walls)}", progress=False,
                   threads=threads, reward=f"{__name__}:digit_share", eval_every=0, overrides=dict(settings))
             walls.append(time.perf_counter() - t)
     walls = walls[1:]

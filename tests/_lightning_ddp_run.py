@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _lightning_fixtures import TINY_SPEC, FakeOfflineData  # noqa: E402
 
-from offline_plugins.lightning.run import train  # noqa: E402
+from offline_plugins.lightning.run import train_algorithm  # noqa: E402
 
 
 class RecordRank(Callback):
@@ -37,5 +37,5 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     out = Path(sys.argv[1])
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 10
-    train(TINY_SPEC, FakeOfflineData(), steps=steps, seed=0, eval_every=0, eval_episodes=1, devices=2,
+    train_algorithm(TINY_SPEC, FakeOfflineData(), steps=steps, seed=0, eval_every=0, eval_episodes=1, devices=2,
           accelerator="cpu", out_dir=out, progress=False, callbacks=[RecordRank(out)])

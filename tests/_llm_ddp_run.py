@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch import Callback
 
-from offline_plugins.lightning.run import train
+from offline_plugins.lightning.run import train_algorithm
 
 
 def length_reward(prompts, responses, **row):
@@ -34,5 +34,5 @@ if __name__ == "__main__":
     algorithm, data, out, steps = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
     overrides = ["batch_size=8"] if algorithm == "dpo" else ["group_size=4", "prompts_per_round=4", "batch_size=8"]
     reward = None if algorithm == "dpo" else "_llm_ddp_run:length_reward"
-    train(algorithm, data, model="tiny", reward=reward, steps=steps, seed=0, eval_every=0, devices=2,
+    train_algorithm(algorithm, data, model="tiny", reward=reward, steps=steps, seed=0, eval_every=0, devices=2,
           accelerator="cpu", out_dir=out, progress=False, overrides=overrides, callbacks=[SaveRank(out)])

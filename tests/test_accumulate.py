@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _lightning_fixtures import FakeOfflineData  # noqa: E402
 
 from offline_plugins.cli import main  # noqa: E402
-from offline_plugins.lightning.run import load_checkpoint, train  # noqa: E402
+from offline_plugins.lightning.run import load_checkpoint, train_algorithm  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -34,8 +34,8 @@ def test_iql_with_four_micro_batches_trains_as_the_whole_batch(tmp_path):
     # IQL's terms are batch means with no sampling inside the loss: four weighted micro-batch
     # backwards sum to the whole batch's gradient (up to float rounding)
     kw = dict(overrides=["hidden=[16,16]", "batch_size=32"], steps=6, **QUIET)
-    whole = train("iql", FakeOfflineData(), out_dir=tmp_path / "whole", **kw)
-    split = train("iql", FakeOfflineData(), out_dir=tmp_path / "split", accumulate=4, **kw)
+    whole = train_algorithm("iql", FakeOfflineData(), out_dir=tmp_path / "whole", **kw)
+    split = train_algorithm("iql", FakeOfflineData(), out_dir=tmp_path / "split", accumulate=4, **kw)
     _close(_params(whole), _params(split), 1e-5)
     assert split["config"]["batch_size"] == 32
     assert load_checkpoint(split["checkpoint"])["offline_plugins"]["run"]["accumulate"] == 4
@@ -53,16 +53,16 @@ def test_dpo_counts_pairs_per_step_whatever_the_micro_batches(tmp_path, monkeypa
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     data = load_preference_source(str(path), kind="preference-pairs", progress=False)
     kw = dict(steps=3, overrides={"batch_size": 8}, **QUIET)
-    whole = train("dpo", data, out_dir=tmp_path / "whole", **kw)
-    split = train("dpo", data, out_dir=tmp_path / "split", accumulate=2, **kw)
+    whole = train_algorithm("dpo", data, out_dir=tmp_path / "whole", **kw)
+    split = train_algorithm("dpo", data, out_dir=tmp_path / "split", accumulate=2, **kw)
     _close(_params(whole), _params(split), 1e-5)
 
 
 def test_bad_accumulation_is_refused_by_name(tmp_path, capsys):
     with pytest.raises(Exception, match="accumulate must be a whole number >= 1"):
-        train("iql", FakeOfflineData(), out_dir=tmp_path / "a", accumulate=0, steps=1, **QUIET)
+        train_algorithm("iql", FakeOfflineData(), out_dir=tmp_path / "a", accumulate=0, steps=1, **QUIET)
     with pytest.raises(Exception, match="a batch has only 4 elements"):
-        train("iql", FakeOfflineData(), out_dir=tmp_path / "b", accumulate=8, steps=1,
+        train_algorithm("iql", FakeOfflineData(), out_dir=tmp_path / "b", accumulate=8, steps=1,
               overrides=["hidden=[16,16]", "batch_size=4"], **QUIET)
     with pytest.raises(SystemExit) as exit_:  # argparse's own usage error
         main(["train", "iql", "--dataset", "pendulum/medium-replay-v0", "--accumulate", "0", "--out",

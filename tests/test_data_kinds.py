@@ -84,7 +84,7 @@ def test_another_kinds_dataset_is_refused_naming_both_kinds(toy_registry, tmp_pa
 def test_an_algorithm_whose_kind_no_plugin_provides_is_refused_by_name(tmp_path):
     from dataclasses import make_dataclass
 
-    from offline_plugins.lightning.run import plan_run
+    from offline_plugins.lightning.plan import plan_run
 
     registry = load_registry()
     spec = AlgorithmSpec(name="grpo-ish", summary="", family="online-llm", data="video-frames", loss="a:b",

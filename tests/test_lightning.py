@@ -11,7 +11,7 @@ import torch
 
 from _lightning_fixtures import TINY_SPEC, FakeOfflineData
 from offline_plugins.lightning.callbacks import NonFiniteLossError
-from offline_plugins.lightning.run import evaluate_checkpoint, load_checkpoint, train
+from offline_plugins.lightning.run import evaluate_checkpoint, load_checkpoint, train_algorithm
 
 torch.set_num_threads(1)
 
@@ -25,7 +25,7 @@ def _column(path, key):
 
 def _run(tmp_path, name, **kw):
     kw = {**QUIET, "seed": 0, "eval_every": 0, **kw}
-    return train(kw.pop("algorithm", TINY_SPEC), kw.pop("data", None) or FakeOfflineData(), out_dir=tmp_path / name, **kw)
+    return train_algorithm(kw.pop("algorithm", TINY_SPEC), kw.pop("data", None) or FakeOfflineData(), out_dir=tmp_path / name, **kw)
 
 
 def test_training_reduces_the_loss_and_writes_the_run(tmp_path):
@@ -150,9 +150,9 @@ def _sgd_critic_spec():
 def test_a_group_that_overrides_make_optimizer_gets_its_optimizer_and_resumes_exactly(tmp_path):
     spec = _sgd_critic_spec()
     kw = dict(seed=1, eval_every=0)
-    train(spec, FakeOfflineData(), out_dir=tmp_path / "cut", steps=10, **QUIET, **kw)
-    resumed = train(spec, FakeOfflineData(), out_dir=tmp_path / "cut", steps=20, resume=True, **QUIET, **kw)
-    straight = train(spec, FakeOfflineData(), out_dir=tmp_path / "straight", steps=20, **QUIET, **kw)
+    train_algorithm(spec, FakeOfflineData(), out_dir=tmp_path / "cut", steps=10, **QUIET, **kw)
+    resumed = train_algorithm(spec, FakeOfflineData(), out_dir=tmp_path / "cut", steps=20, resume=True, **QUIET, **kw)
+    straight = train_algorithm(spec, FakeOfflineData(), out_dir=tmp_path / "straight", steps=20, **QUIET, **kw)
     a, b = load_checkpoint(resumed["checkpoint"]), load_checkpoint(straight["checkpoint"])
     # one Lightning step per gradient step, though two optimisers stepped
     assert a["global_step"] == b["global_step"] == 20
@@ -207,7 +207,7 @@ def test_td3bc_skips_the_actor_on_critic_only_steps_without_changing_the_run(tmp
 
 @pytest.mark.slow
 def test_compiled_loss_trains_as_the_eager_one(tmp_path):
-    # train(compile=True): the loss terms run through torch.compile (both TD3+BC step kinds);
+    # train_algorithm(compile=True): the loss terms run through torch.compile (both TD3+BC step kinds);
     # the run follows the eager one: same loss values step by step, up to floating-point
     # reordering (parameters are not compared: Adam's first steps turn a rounding-level
     # difference in a near-zero gradient into a full step)

@@ -257,8 +257,9 @@ def test_train_builds_its_run_with_build(tmp_path, monkeypatch):
         return seen[-1]
 
     monkeypatch.setattr(builder, "build", spy)
-    summary = opl.train(TINY_SPEC, FakeOfflineData(), steps=2, eval_every=0, eval_episodes=1,
-                        out_dir=tmp_path / "run", progress=False)
+    summary = opl.train(opl.plan_run(TINY_SPEC, FakeOfflineData()),
+                        opl.RunSettings(steps=2, eval_every=0, eval_episodes=1, out_dir=tmp_path / "run",
+                                        progress=False))
     assert summary["steps"] == 2 and len(seen) == 1
     assert seen[0].module.hparams["run"]["steps"] == 2  # train's own settings saved beside build's
     assert summary["eval_history"] == seen[0].evaluation.history

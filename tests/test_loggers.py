@@ -1,4 +1,4 @@
-"""``train(logger=...)`` / ``--logger``: Lightning's TensorBoard, MLflow and W&B loggers beside the
+"""``train_algorithm(logger=...)`` / ``--logger``: Lightning's TensorBoard, MLflow and W&B loggers beside the
 CSV one (which always writes metrics.csv and the learning curve), read back from what they
 wrote; a logger whose package is missing is one line naming the extra to install."""
 
@@ -14,7 +14,7 @@ from _cli_checks import fails_cleanly
 from _lightning_fixtures import TINY_SPEC, FakeOfflineData
 
 from offline_plugins.errors import UserError
-from offline_plugins.lightning import train
+from offline_plugins.lightning import train_algorithm
 
 torch.set_num_threads(1)
 
@@ -23,7 +23,7 @@ _TERMS = ("train/loss_qvalue", "train/loss_actor")
 
 def _run(tmp_path, logger, name="run"):
     out = tmp_path / name
-    summary = train(TINY_SPEC, FakeOfflineData(), steps=4, eval_every=2, eval_episodes=1, log_every=1,
+    summary = train_algorithm(TINY_SPEC, FakeOfflineData(), steps=4, eval_every=2, eval_episodes=1, log_every=1,
                     out_dir=out, progress=False, logger=logger)
     return out, summary
 
@@ -134,12 +134,12 @@ def test_a_missing_logger_package_is_one_line_naming_the_extra(tmp_path, no_tens
 
 def test_the_cli_refuses_a_missing_logger_package_before_loading_data(capsys, tmp_path, monkeypatch,
                                                                        no_tensorboard):
-    import offline_plugins.lightning.run as run
+    import offline_plugins.lightning.plan as plan
 
     def no_loading(*args, **kwargs):  # the refusal comes before any dataset is loaded or made
         raise AssertionError("plan_run was called")
 
-    monkeypatch.setattr(run, "plan_run", no_loading)
+    monkeypatch.setattr(plan, "plan_run", no_loading)
     fails_cleanly(capsys, tmp_path, "iql", "--dataset", "pendulum/medium-replay-v0", "--logger", "tensorboard",
                   match="pip install 'offline-plugins[tensorboard]'")
 

@@ -23,7 +23,7 @@ def _pairs(tmp_path, n=200):
 
 def test_dpo_with_lora_trains_adapters_only_against_the_base_with_adapters_off(tmp_path, monkeypatch):
     from offline_plugins.data.preference_sources import load_preference_source
-    from offline_plugins.lightning.run import train
+    from offline_plugins.lightning.run import train_algorithm
     from offline_plugins.modules.causal_lm import AdaptersOff
 
     monkeypatch.setenv("OFFLINE_PLUGINS_CACHE", str(tmp_path / "cache"))
@@ -32,7 +32,7 @@ def test_dpo_with_lora_trains_adapters_only_against_the_base_with_adapters_off(t
     ids = data.test_pairs["tokens", "full"][:4, 0]
     with torch.no_grad():
         before = data.reference(input_ids=ids).logits
-    summary = train("dpo", data, steps=20, out_dir=tmp_path / "run", progress=False, eval_every=0,
+    summary = train_algorithm("dpo", data, steps=20, out_dir=tmp_path / "run", progress=False, eval_every=0,
                     overrides={"batch_size": 8, "lora_r": 4, "lr": 1e-2})
     # one set of weights: the reference is the policy's base, seen with the adapters off
     assert isinstance(data.reference, AdaptersOff)
@@ -81,7 +81,7 @@ def test_grpo_with_lora_samples_and_scores_against_the_base_with_adapters_off(tm
     reference log-probs come from the policy's base with adapters off (no second copy), and the
     export merges the adapters into OUT/model."""
     from offline_plugins.data.rollouts import load_rollout_data
-    from offline_plugins.lightning.run import train
+    from offline_plugins.lightning.run import train_algorithm
 
     rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10, 40) for b in range(10, 17)]
     path = tmp_path / "sums.jsonl"
@@ -89,7 +89,7 @@ def test_grpo_with_lora_samples_and_scores_against_the_base_with_adapters_off(tm
     settings = {"group_size": 4, "prompts_per_round": 4, "batch_size": 8, "max_new_tokens": 3, "eval_prompts": 8}
     data = load_rollout_data(str(path), model="tiny", **{k: v for k, v in settings.items() if k != "batch_size"})
     base = {k: v.clone() for k, v in data.reference.state_dict().items()}
-    summary = train("grpo", data, steps=6, out_dir=tmp_path / "run", progress=False, eval_every=0, threads=1,
+    summary = train_algorithm("grpo", data, steps=6, out_dir=tmp_path / "run", progress=False, eval_every=0, threads=1,
                     overrides={**settings, "lora_r": 4, "lr": 1e-2})
     # peft puts the adapters into the reference's own modules (the weights are held once): the run scored its
     # rollouts against them switched off (RolloutPlan.reference, an AdaptersOff), and the loaded model object

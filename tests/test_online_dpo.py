@@ -11,7 +11,7 @@ import torch
 from tensordict import TensorDict
 
 from offline_plugins.errors import UserError
-from offline_plugins.lightning.run import train
+from offline_plugins.lightning.run import train_algorithm
 
 torch.set_num_threads(1)
 
@@ -157,14 +157,14 @@ def test_bad_inner_losses_are_named(prompt_file, tmp_path):
     kwargs = dict(steps=2, progress=False, threads=1, reward="test_online_dpo:digit_share")
     with pytest.raises(UserError, match="unknown inner loss 'dop'; choose one of dpo, robust-dpo, rpo, ipo, orpo, "
                                         "simpo"):
-        train("online-dpo", str(prompt_file), out_dir=tmp_path / "a", overrides={**_SMALL, "inner": "dop"}, **kwargs)
+        train_algorithm("online-dpo", str(prompt_file), out_dir=tmp_path / "a", overrides={**_SMALL, "inner": "dop"}, **kwargs)
     with pytest.raises(UserError, match="inner=kto is not supported"):
-        train("online-dpo", str(prompt_file), out_dir=tmp_path / "b", overrides={**_SMALL, "inner": "kto"}, **kwargs)
+        train_algorithm("online-dpo", str(prompt_file), out_dir=tmp_path / "b", overrides={**_SMALL, "inner": "kto"}, **kwargs)
     with pytest.raises(UserError, match="beta is not a hyperparameter of inner=ipo"):
-        train("iterative-dpo", str(prompt_file), out_dir=tmp_path / "c",
+        train_algorithm("iterative-dpo", str(prompt_file), out_dir=tmp_path / "c",
               overrides={**_SMALL, "inner": "ipo", "beta": 0.2}, **kwargs)
     with pytest.raises(UserError, match="batch_size 4 must divide the 6 preference-pair slots"):
-        train("online-dpo", str(prompt_file), out_dir=tmp_path / "d", overrides={**_SMALL, "batch_size": 4}, **kwargs)
+        train_algorithm("online-dpo", str(prompt_file), out_dir=tmp_path / "d", overrides={**_SMALL, "batch_size": 4}, **kwargs)
 
 
 @pytest.mark.slow
@@ -197,9 +197,9 @@ def test_resume_equals_an_uninterrupted_run(prompt_file, tmp_path):
     kwargs = dict(seed=1, progress=False, threads=1, reward="test_online_dpo:digit_share", eval_every=0,
                   overrides={**_SMALL, "epochs_per_round": 2, "update_reference": True})
     # 6 pair slots, batch 3, 2 epochs: 4 steps per round; step 6 is mid-round
-    train("iterative-dpo", str(prompt_file), steps=10, out_dir=tmp_path / "full", **kwargs)
-    train("iterative-dpo", str(prompt_file), steps=6, out_dir=tmp_path / "part", **kwargs)
-    resumed = train("iterative-dpo", str(prompt_file), steps=10, out_dir=tmp_path / "part", resume=True, **kwargs)
+    train_algorithm("iterative-dpo", str(prompt_file), steps=10, out_dir=tmp_path / "full", **kwargs)
+    train_algorithm("iterative-dpo", str(prompt_file), steps=6, out_dir=tmp_path / "part", **kwargs)
+    resumed = train_algorithm("iterative-dpo", str(prompt_file), steps=10, out_dir=tmp_path / "part", resume=True, **kwargs)
     assert resumed["steps"] == 10 and resumed["rounds"] == 3
     full = load_file(str(tmp_path / "full" / "model" / "model.safetensors"))
     part = load_file(str(tmp_path / "part" / "model" / "model.safetensors"))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from offline_plugins.errors import UserError
-from offline_plugins.lightning.run import train
+from offline_plugins.lightning.run import train_algorithm
 
 torch.set_num_threads(1)
 
@@ -44,7 +44,7 @@ def _weights(out):
 
 @pytest.mark.slow
 def test_grpo_raises_the_reward_of_a_user_task_and_exports_the_policy(prompt_file, tmp_path):
-    summary = train("grpo", str(prompt_file), steps=36, seed=0, out_dir=tmp_path / "run", progress=False,
+    summary = train_algorithm("grpo", str(prompt_file), steps=36, seed=0, out_dir=tmp_path / "run", progress=False,
                     threads=1, reward="test_online_train:digit_share", eval_every=0,
                     overrides={**_SMALL, "lr": 3e-3})
     assert summary["data_kind"] == "text-rollouts" and summary["rounds"] == 12
@@ -68,7 +68,7 @@ def test_grpo_raises_the_reward_of_a_user_task_and_exports_the_policy(prompt_fil
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["cispo", "gspo"])
 def test_cispo_and_gspo_raise_the_reward_of_a_user_task(algorithm, prompt_file, tmp_path):
-    summary = train(algorithm, str(prompt_file), steps=36, seed=0, out_dir=tmp_path / "run", progress=False,
+    summary = train_algorithm(algorithm, str(prompt_file), steps=36, seed=0, out_dir=tmp_path / "run", progress=False,
                     threads=1, reward="test_online_train:digit_share", eval_every=0,
                     overrides={**_SMALL, "lr": 3e-3})
     # spread (seeds 0-2, 36 steps, the GRPO test's settings above): rollout reward
@@ -83,9 +83,9 @@ def test_resume_equals_an_uninterrupted_run(prompt_file, tmp_path):
     kwargs = dict(seed=1, progress=False, threads=1, reward="test_online_train:digit_share", eval_every=0,
                   overrides={**_SMALL, "lr": 3e-3, "ppo_epochs": 2})
     # 6 prompts x 4 = 24 rollouts, batch 8, 2 epochs: 6 steps per round; step 4 is mid-round
-    train("dapo", str(prompt_file), steps=10, out_dir=tmp_path / "full", **kwargs)
-    train("dapo", str(prompt_file), steps=4, out_dir=tmp_path / "part", **kwargs)
-    resumed = train("dapo", str(prompt_file), steps=10, out_dir=tmp_path / "part", resume=True, **kwargs)
+    train_algorithm("dapo", str(prompt_file), steps=10, out_dir=tmp_path / "full", **kwargs)
+    train_algorithm("dapo", str(prompt_file), steps=4, out_dir=tmp_path / "part", **kwargs)
+    resumed = train_algorithm("dapo", str(prompt_file), steps=10, out_dir=tmp_path / "part", resume=True, **kwargs)
     assert resumed["steps"] == 10 and resumed["rounds"] == 2
     full, part = _weights(tmp_path / "full"), _weights(tmp_path / "part")
     assert all(torch.equal(full[k], part[k]) for k in full)
@@ -93,15 +93,15 @@ def test_resume_equals_an_uninterrupted_run(prompt_file, tmp_path):
 
 def test_errors_are_one_line_user_errors(prompt_file, tmp_path):
     with pytest.raises(UserError, match="group_size must be a whole number >= 2"):
-        train("grpo", str(prompt_file), steps=2, out_dir=tmp_path / "g1", progress=False,
+        train_algorithm("grpo", str(prompt_file), steps=2, out_dir=tmp_path / "g1", progress=False,
               reward="test_online_train:digit_share", overrides={**_SMALL, "group_size": 1})
     with pytest.raises(UserError, match="batch_size 7 must divide the 24 rollouts"):
-        train("grpo", str(prompt_file), steps=2, out_dir=tmp_path / "b", progress=False,
+        train_algorithm("grpo", str(prompt_file), steps=2, out_dir=tmp_path / "b", progress=False,
               reward="test_online_train:digit_share", overrides={**_SMALL, "batch_size": 7})
     with pytest.raises(UserError, match="has no 'answer'"):
-        train("grpo", str(prompt_file), steps=2, out_dir=tmp_path / "a", progress=False, overrides=_SMALL)
+        train_algorithm("grpo", str(prompt_file), steps=2, out_dir=tmp_path / "a", progress=False, overrides=_SMALL)
     with pytest.raises(UserError, match="must be finite"):
-        train("rloo", str(prompt_file), steps=2, out_dir=tmp_path / "n", progress=False, threads=1,
+        train_algorithm("rloo", str(prompt_file), steps=2, out_dir=tmp_path / "n", progress=False, threads=1,
               reward="test_online_train:broken_reward", overrides=_SMALL)
     assert not (tmp_path / "g1").exists()  # refused before anything was written
 
@@ -128,19 +128,19 @@ def test_sft_makes_a_reference_that_the_online_algorithms_start_from(tmp_path):
     sft_file, rl_file = tmp_path / "sft.jsonl", tmp_path / "rl.jsonl"
     sft_file.write_text("".join(json.dumps({"prompt": r["prompt"], "completion": r["completion"]}) + "\n" for r in rows))
     rl_file.write_text("".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"]}) + "\n" for r in rows))
-    sft = train("sft", str(sft_file), steps=60, seed=0, out_dir=tmp_path / "sft", progress=False, threads=1,
+    sft = train_algorithm("sft", str(sft_file), steps=60, seed=0, out_dir=tmp_path / "sft", progress=False, threads=1,
                 log_every=10, eval_every=0, overrides={"batch_size": 32})
     assert sft["data_kind"] == "text-completions" and sft["exact_match_before"] == 0.0
     with open(tmp_path / "sft" / "metrics.csv") as fh:
         nll = [float(r["train/loss_nll"]) for r in csv.DictReader(fh) if r.get("train/loss_nll")]
     assert nll[-1] < 0.5 * nll[0]
     # the next run starts from the sft run's save_pretrained folder: its reference scores what sft reached
-    ei = train("expert-iteration", str(rl_file), steps=6, seed=0, out_dir=tmp_path / "ei", progress=False,
+    ei = train_algorithm("expert-iteration", str(rl_file), steps=6, seed=0, out_dir=tmp_path / "ei", progress=False,
                threads=1, eval_every=0, model=str(tmp_path / "sft" / "model"), overrides=_SMALL)
     assert ei["exact_match_before"] is not None and ei["rounds"] == 2
     assert (tmp_path / "ei" / "model" / "config.json").is_file()
     with pytest.raises(UserError, match="--reward applies to algorithms trained on their own rollouts"):
-        train("sft", str(sft_file), steps=2, out_dir=tmp_path / "x", progress=False,
+        train_algorithm("sft", str(sft_file), steps=2, out_dir=tmp_path / "x", progress=False,
               reward="test_online_train:digit_share")
 
 

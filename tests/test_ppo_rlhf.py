@@ -112,10 +112,10 @@ def test_loss_terms_and_controller_state_in_the_state_dict():
 
 
 def test_ppo_rlhf_trains_through_the_shell_and_exports_the_policy(tmp_path):
-    from offline_plugins.lightning.run import train
+    from offline_plugins.lightning.run import train_algorithm
 
     prompts = _letter_prompts(tmp_path, 220, seed=0)
-    summary = train("ppo-rlhf", str(prompts), steps=8, seed=0, out_dir=tmp_path / "run", progress=False, threads=1,
+    summary = train_algorithm("ppo-rlhf", str(prompts), steps=8, seed=0, out_dir=tmp_path / "run", progress=False, threads=1,
                     reward="test_online_train:digit_share", eval_every=0,
                     overrides={"group_size": 2, "prompts_per_round": 4, "batch_size": 4, "ppo_epochs": 2,
                                "max_new_tokens": 4, "eval_prompts": 10, "lr": 1e-3})
@@ -170,12 +170,12 @@ def test_reward_model_errors_name_the_input_and_the_fix(tmp_path):
 
 
 def test_ppo_rlhf_with_a_reward_model_folder(tmp_path):
-    from offline_plugins.lightning.run import train
+    from offline_plugins.lightning.run import train_algorithm
 
     out, _, _ = _reward_dir(tmp_path)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join('{"prompt": "%d+1="}\n' % i for i in range(120)))
-    summary = train("ppo-rlhf", str(prompts), steps=8, seed=0, out_dir=tmp_path / "run", progress=False, threads=1,
+    summary = train_algorithm("ppo-rlhf", str(prompts), steps=8, seed=0, out_dir=tmp_path / "run", progress=False, threads=1,
                     reward=str(out), eval_every=0,
                     overrides={"group_size": 2, "prompts_per_round": 2, "batch_size": 2, "ppo_epochs": 2,
                                "max_new_tokens": 3, "eval_prompts": 5})
@@ -234,10 +234,10 @@ def test_group_size_one_is_allowed_when_the_algorithm_declares_it(tmp_path):
 
 
 def test_seeded_ppo_rlhf_raises_the_reward_of_a_user_task(tmp_path):
-    from offline_plugins.lightning.run import train
+    from offline_plugins.lightning.run import train_algorithm
 
     prompts = _letter_prompts(tmp_path, 220, seed=0)
-    s = train("ppo-rlhf", str(prompts), steps=48, seed=0, out_dir=tmp_path / "run", progress=False, threads=1,
+    s = train_algorithm("ppo-rlhf", str(prompts), steps=48, seed=0, out_dir=tmp_path / "run", progress=False, threads=1,
               reward="test_online_train:digit_share", eval_every=0,
               overrides={"group_size": 2, "prompts_per_round": 12, "batch_size": 8, "ppo_epochs": 2,
                          "max_new_tokens": 4, "eval_prompts": 20, "lr": 3e-3})
@@ -286,16 +286,16 @@ def test_ppo_rlhf_resume_equals_an_uninterrupted_run(tmp_path):
 
     from safetensors.torch import load_file
 
-    from offline_plugins.lightning.run import load_checkpoint, train
+    from offline_plugins.lightning.run import load_checkpoint, train_algorithm
 
     prompts = _letter_prompts(tmp_path, 120, seed=1)
     kwargs = dict(seed=1, progress=False, threads=1, reward="test_online_train:digit_share", eval_every=0,
                   overrides={"group_size": 1, "prompts_per_round": 8, "batch_size": 4, "ppo_epochs": 2,
                              "max_new_tokens": 3, "eval_prompts": 10, "lr": 3e-3, "kl_target": 0.5})
     # 8 rollouts, batch 4, 2 epochs: 4 steps per round; step 6 is mid-round
-    train("ppo-rlhf", str(prompts), steps=10, out_dir=tmp_path / "full", **kwargs)
-    train("ppo-rlhf", str(prompts), steps=6, out_dir=tmp_path / "part", **kwargs)
-    resumed = train("ppo-rlhf", str(prompts), steps=10, out_dir=tmp_path / "part", resume=True, **kwargs)
+    train_algorithm("ppo-rlhf", str(prompts), steps=10, out_dir=tmp_path / "full", **kwargs)
+    train_algorithm("ppo-rlhf", str(prompts), steps=6, out_dir=tmp_path / "part", **kwargs)
+    resumed = train_algorithm("ppo-rlhf", str(prompts), steps=10, out_dir=tmp_path / "part", resume=True, **kwargs)
     assert resumed["steps"] == 10
     full = load_file(str(tmp_path / "full" / "model" / "model.safetensors"))
     part = load_file(str(tmp_path / "part" / "model" / "model.safetensors"))

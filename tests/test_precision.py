@@ -12,7 +12,7 @@ torch.set_num_threads(1)
 def test_bf16_mixed_training_keeps_the_cached_reference_log_probs_in_fp32(tmp_path, monkeypatch):
     """The seeds: bf16 reference log-probs drown the DPO signal; they are computed once, in fp32, at load."""
     from offline_plugins.data.preference_sources import load_preference_source
-    from offline_plugins.lightning.run import train
+    from offline_plugins.lightning.run import train_algorithm
 
     monkeypatch.setenv("OFFLINE_PLUGINS_CACHE", str(tmp_path / "cache"))
     rows = [{"prompt": f"q{i}=", "chosen": "good", "rejected": "bad"} for i in range(200)]
@@ -20,7 +20,7 @@ def test_bf16_mixed_training_keeps_the_cached_reference_log_probs_in_fp32(tmp_pa
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     data = load_preference_source(str(path), kind="preference-pairs", progress=False)
     before = data.train["ref_log_probs"].clone()
-    summary = train("dpo", data, steps=4, precision="bf16-mixed", out_dir=tmp_path / "run", progress=False,
+    summary = train_algorithm("dpo", data, steps=4, precision="bf16-mixed", out_dir=tmp_path / "run", progress=False,
                     eval_every=0, overrides={"batch_size": 4})
     assert summary["precision"] == "bf16-mixed" and summary["peak_memory_mb"]["host_max_rss"] > 0
     after = data.train["ref_log_probs"]
@@ -53,7 +53,7 @@ def test_summary_reports_the_tokens_trained_and_their_rate(tmp_path, monkeypatch
     """``tokens_trained`` is every real token of every pair the steps read: here each step reads
     4 pairs whose prompt + response lengths are known, so the count is exact."""
     from offline_plugins.data.preference_sources import load_preference_source
-    from offline_plugins.lightning.run import train
+    from offline_plugins.lightning.run import train_algorithm
 
     monkeypatch.setenv("OFFLINE_PLUGINS_CACHE", str(tmp_path / "cache"))
     rows = [{"prompt": f"q{i:03d}=", "chosen": "good", "rejected": "bad"} for i in range(200)]
@@ -62,7 +62,7 @@ def test_summary_reports_the_tokens_trained_and_their_rate(tmp_path, monkeypatch
     data = load_preference_source(str(path), kind="preference-pairs", progress=False)
     per_pair = int(data.train[0]["masks", "all_attention_mask"].sum())
     assert (data.train["masks", "all_attention_mask"].sum((-1, -2)) == per_pair).all()
-    summary = train("dpo", data, steps=6, out_dir=tmp_path / "run", progress=False, eval_every=0,
+    summary = train_algorithm("dpo", data, steps=6, out_dir=tmp_path / "run", progress=False, eval_every=0,
                     overrides={"batch_size": 4})
     assert summary["tokens_trained"] == 6 * 4 * per_pair
     assert summary["tokens_per_s"] > 0 and summary["tokens_per_s_all_ranks"] == summary["tokens_per_s"]
@@ -77,8 +77,8 @@ def test_offline_rl_batches_report_no_tokens(tmp_path):
     sys.path.insert(0, str(Path(__file__).parent))
     from _lightning_fixtures import FakeOfflineData
 
-    from offline_plugins.lightning.run import train
+    from offline_plugins.lightning.run import train_algorithm
 
-    summary = train("iql", FakeOfflineData(), steps=3, out_dir=tmp_path / "run", progress=False, eval_episodes=1,
+    summary = train_algorithm("iql", FakeOfflineData(), steps=3, out_dir=tmp_path / "run", progress=False, eval_episodes=1,
                     eval_every=0, overrides=["hidden=[16,16]", "batch_size=32"])
     assert "tokens_trained" not in summary and "tokens_per_s" not in summary

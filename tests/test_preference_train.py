@@ -33,8 +33,10 @@ def small_task_data(tmp_path_factory):
     from offline_plugins.data.text_tasks import task_preference_data
     from offline_plugins.envs.tasks import ArithmeticTask
 
+    from offline_plugins.lightning.sft import supervised_finetune
+
     kw = dict(sft_rows_count=200, sft_steps=30, sft_batch_size=16, n_train=48, n_test=24, num_samples=2,
-              cache_dir=tmp_path_factory.mktemp("pref-cache"))
+              cache_dir=tmp_path_factory.mktemp("pref-cache"), finetune=supervised_finetune)
     task = ArithmeticTask(digits=1)
     return {kind: task_preference_data(task, kind=kind, **kw) for kind in ("preference-pairs", "unpaired-feedback")}
 
@@ -78,10 +80,10 @@ def test_dpo_on_a_jsonl_file_learns_the_preference_and_writes_the_run(capsys, tm
 
 @pytest.mark.parametrize("algorithm", ["dpo", "kto", "orpo", "reward-model"])
 def test_task_runs_report_exact_match_before_and_after(small_task_data, tmp_path, algorithm):
-    from offline_plugins.lightning.run import train
+    from offline_plugins.lightning.run import train_algorithm
 
     kind = "unpaired-feedback" if algorithm == "kto" else "preference-pairs"
-    summary = train(algorithm, small_task_data[kind], steps=6, eval_every=3, out_dir=tmp_path / "run",
+    summary = train_algorithm(algorithm, small_task_data[kind], steps=6, eval_every=3, out_dir=tmp_path / "run",
                     progress=False, overrides={"batch_size": 4})
     acc = summary["preference_accuracy"]
     assert acc is not None and 0.0 <= acc <= 1.0

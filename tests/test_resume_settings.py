@@ -14,7 +14,7 @@ from lightning.pytorch import Callback
 from _lightning_fixtures import TINY_SPEC, FakeOfflineData
 from offline_plugins.cli import main
 from offline_plugins.lightning.guards import RunInterrupted
-from offline_plugins.lightning.run import load_checkpoint, train
+from offline_plugins.lightning.run import load_checkpoint, train_algorithm
 
 torch.set_num_threads(1)
 
@@ -32,15 +32,15 @@ class _InterruptAt(Callback):
 
 def _interrupted(out, **kw):
     with pytest.raises(RunInterrupted):
-        train(TINY_SPEC, FakeOfflineData(), out_dir=out, callbacks=[_InterruptAt(8)], progress=False, **kw)
+        train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=out, callbacks=[_InterruptAt(8)], progress=False, **kw)
     assert load_checkpoint(out / "checkpoints" / "last.ckpt")["global_step"] == 8
 
 
 def test_a_bare_resume_takes_the_runs_steps_seed_schedule_and_config(tmp_path):
     run = dict(steps=24, seed=3, eval_every=6, eval_episodes=1, log_every=4, overrides=["hidden=8"])
     _interrupted(tmp_path / "cut", **run)
-    resumed = train(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "cut", resume=True, progress=False)
-    straight = train(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "straight", progress=False, **run)
+    resumed = train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "cut", resume=True, progress=False)
+    straight = train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "straight", progress=False, **run)
 
     assert resumed["steps"] == 24 and resumed["seed"] == 3 and resumed["config"]["hidden"] == 8
     assert [h["step"] for h in resumed["eval_history"]] == [h["step"] for h in straight["eval_history"]]
@@ -55,7 +55,7 @@ def test_a_bare_resume_takes_the_runs_steps_seed_schedule_and_config(tmp_path):
 
 def test_options_given_again_override_the_checkpoints_and_are_recorded(tmp_path):
     _interrupted(tmp_path / "cut", steps=24, seed=3, eval_every=6, eval_episodes=1)
-    resumed = train(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "cut", resume=True, progress=False,
+    resumed = train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "cut", resume=True, progress=False,
                     steps=30, overrides=["tau=0.1"])
     assert resumed["steps"] == 30 and resumed["seed"] == 3
     record = resumed["resume"]
@@ -68,7 +68,7 @@ def test_the_cli_resume_without_flags_finishes_the_interrupted_run(tmp_path, min
     monkeypatch.setenv("OFFLINE_PLUGINS_OFFLINE", "1")
     out = tmp_path / "run"
     with pytest.raises(RunInterrupted):
-        train("iql", DATASET, out_dir=out, steps=20, seed=1, eval_every=10, eval_episodes=1, threads=1,
+        train_algorithm("iql", DATASET, out_dir=out, steps=20, seed=1, eval_every=10, eval_episodes=1, threads=1,
               overrides=["hidden=[16,16]", "batch_size=32"], callbacks=[_InterruptAt(8)], progress=False)
     code = main(["train", "iql", "--dataset", DATASET, "--out", str(out), "--resume", "--no-progress",
                  "--threads", "1", "--json"])
@@ -83,6 +83,6 @@ def test_the_cli_resume_without_flags_finishes_the_interrupted_run(tmp_path, min
 def test_a_bare_resume_keeps_logging_where_the_run_logged(tmp_path):
     pytest.importorskip("tensorboard")
     _interrupted(tmp_path / "cut", steps=12, eval_every=0, eval_episodes=1, logger="tensorboard")
-    resumed = train(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "cut", resume=True, progress=False)
+    resumed = train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "cut", resume=True, progress=False)
     assert resumed["resume"]["kept"]["logger"] == ["tensorboard"]
     assert set(resumed["loggers"]) == {"csv", "tensorboard"}

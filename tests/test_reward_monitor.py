@@ -15,7 +15,7 @@ from _lightning_fixtures import TINY_SPEC, FakeOfflineData  # noqa: E402
 from offline_plugins.eval.overoptimization import fit_gao  # noqa: E402
 from offline_plugins.lightning.callbacks import ScheduledEvaluation  # noqa: E402
 from offline_plugins.lightning.monitor import RewardHackingMonitor, RewardHackingWarning  # noqa: E402
-from offline_plugins.lightning.run import load_checkpoint, train  # noqa: E402
+from offline_plugins.lightning.run import load_checkpoint, train_algorithm  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -42,7 +42,7 @@ def test_the_monitor_finds_the_peak_keeps_its_checkpoint_and_warns(tmp_path):
     evaluation = Overoptimised()
     monitor = RewardHackingMonitor(evaluation, checkpoint=tmp_path / "best_gold.ckpt")
     with pytest.warns(RewardHackingWarning, match="gold score fell .* while the proxy reward rose"):
-        train(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "run", steps=60, eval_every=0, progress=False,
+        train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "run", steps=60, eval_every=0, progress=False,
               eval_episodes=1, callbacks=[evaluation, monitor])
     report = monitor.report()
     # the best gold score was at step 20 (d = 1, KL 1), and its checkpoint is that step's

@@ -25,7 +25,7 @@ from lightning.pytorch import Callback
 from _lightning_fixtures import TINY_SPEC, FakeOfflineData
 from offline_plugins.cli import main
 from offline_plugins.lightning.guards import RunError, RunFolderLock, RunInterrupted
-from offline_plugins.lightning.run import load_checkpoint, train
+from offline_plugins.lightning.run import load_checkpoint, train_algorithm
 
 torch.set_num_threads(1)
 
@@ -131,7 +131,7 @@ def test_eval_of_a_checkpoint_carrying_code_runs_nothing(capsys, tmp_path):
 
 
 def test_eval_of_an_uninstalled_plugin_names_the_package(capsys, tmp_path):
-    summary = train(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "r", steps=2, **QUIET)
+    summary = train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "r", steps=2, **QUIET)
     ckpt = torch.load(summary["checkpoint"], weights_only=True)
     assert ckpt["offline_plugins"]["provider"] == TINY_SPEC.provider
     ckpt["offline_plugins"].update(algorithm="awacx", provider="awacx-plugin", provider_version="1.2")
@@ -144,14 +144,14 @@ def test_eval_of_an_uninstalled_plugin_names_the_package(capsys, tmp_path):
 
 def test_resume_with_another_algorithm_or_config_says_what_differs(tmp_path):
     out = tmp_path / "r"
-    train(TINY_SPEC, FakeOfflineData(), out_dir=out, steps=3, overrides=["hidden=8"], **QUIET)
+    train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=out, steps=3, overrides=["hidden=8"], **QUIET)
     with pytest.raises(RunError, match=r"does not fit this run's networks .*config differs in hidden \(checkpoint 8, now 16\)"):
-        train(TINY_SPEC, FakeOfflineData(), out_dir=out, steps=6, overrides=["hidden=16"], resume=True, **QUIET)
+        train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=out, steps=6, overrides=["hidden=16"], resume=True, **QUIET)
     ckpt = torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)
     ckpt["offline_plugins"]["algorithm"] = "iql"
     torch.save(ckpt, tmp_path / "other.ckpt")
     with pytest.raises(RunError, match=r"is a run of 'iql' .*not of 'tiny-td3bc'"):
-        train(TINY_SPEC, FakeOfflineData(), out_dir=out, steps=6, overrides=["hidden=8"],
+        train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=out, steps=6, overrides=["hidden=8"],
               resume=tmp_path / "other.ckpt", **QUIET)
     # the refused resumes changed nothing: the run still resumes as it should
     assert load_checkpoint(out / "checkpoints" / "last.ckpt")["global_step"] == 3
@@ -175,14 +175,14 @@ def test_an_interrupted_run_saves_its_step_and_resumes_exactly(tmp_path, signum)
     # whatever the handlers were before the run (SIG_IGN under nohup or in a background job)
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     with pytest.raises(RunInterrupted, match=r"interrupted by SIG(INT|TERM) at step 12 of 30.*--resume") as err:
-        train(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "cut", steps=30, callbacks=[_SignalAt(12, signum)], **kw)
+        train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "cut", steps=30, callbacks=[_SignalAt(12, signum)], **kw)
     assert err.value.exit_code == 130
     partial = json.loads((tmp_path / "cut" / "summary.json").read_text())
     assert partial["interrupted"] is True and partial["steps"] == 12 and partial["steps_requested"] == 30
     assert load_checkpoint(tmp_path / "cut" / "checkpoints" / "last.ckpt")["global_step"] == 12
     assert {s: signal.getsignal(s) for s in before} == before  # our handlers are gone again
-    resumed = train(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "cut", steps=30, resume=True, **kw)
-    straight = train(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "straight", steps=30, **kw)
+    resumed = train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "cut", steps=30, resume=True, **kw)
+    straight = train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "straight", steps=30, **kw)
     a, b = load_checkpoint(resumed["checkpoint"]), load_checkpoint(straight["checkpoint"])
     assert a["global_step"] == b["global_step"] == 30
     for k in b["state_dict"]:
@@ -235,12 +235,12 @@ def test_a_second_run_into_a_folder_in_use_is_refused_before_writing(tmp_path):
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(RunError, match=rf"output folder '{out}' is in use by another run \(pid {holder.pid}\)"):
-            train(TINY_SPEC, FakeOfflineData(), out_dir=out, steps=2, **QUIET)
+            train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=out, steps=2, **QUIET)
         assert sorted(p.name for p in out.iterdir()) == [RunFolderLock.NAME]  # the other run's folder untouched
     finally:
         holder.communicate("done\n", timeout=30)
     # the lock died with its holder: the folder is free again
-    assert train(TINY_SPEC, FakeOfflineData(), out_dir=out, steps=2, **QUIET)["steps"] == 2
+    assert train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=out, steps=2, **QUIET)["steps"] == 2
 
 
 def test_read_only_out_is_refused_before_the_data_is_loaded(capsys, tmp_path, store):
@@ -310,7 +310,7 @@ def test_unknown_disabled_plugin_names_are_warned_about(capsys, monkeypatch):
 
 
 def test_the_main_job_prints_no_lightning_banner(capsys, tmp_path):
-    train(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "r", steps=2, **QUIET)
+    train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "r", steps=2, **QUIET)
     captured = capsys.readouterr()
     text = captured.out + captured.err
     assert "GPU available" not in text and "litlogger" not in text and "Initialized LazyTensorStorage" not in text
@@ -358,9 +358,9 @@ def test_two_runs_started_into_one_folder_at_once_one_is_refused(tmp_path):
         torch.set_num_threads(1)
         from _lightning_fixtures import TINY_SPEC, FakeOfflineData
         from offline_plugins.errors import UserError
-        from offline_plugins.lightning.run import train
+        from offline_plugins.lightning.run import train_algorithm
         try:
-            s = train(TINY_SPEC, FakeOfflineData(), out_dir={str(out)!r}, steps=40, progress=False,
+            s = train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir={str(out)!r}, steps=40, progress=False,
                       eval_every=0, eval_episodes=1, seed=int(sys.argv[1]))
             print("trained", s["seed"])
         except UserError as exc:
@@ -382,12 +382,12 @@ def test_two_runs_started_into_one_folder_at_once_one_is_refused(tmp_path):
 
 def test_overwrite_replaces_only_the_earlier_runs_files(tmp_path):
     out = tmp_path / "run"
-    train(TINY_SPEC, FakeOfflineData(), out_dir=out, steps=2, **QUIET)
+    train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=out, steps=2, **QUIET)
     (out / "notes.txt").write_text("mine")
     with pytest.raises(RunError, match="--overwrite to replace it"):
-        train(TINY_SPEC, FakeOfflineData(), out_dir=out, steps=3, **QUIET)
+        train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=out, steps=3, **QUIET)
     assert json.loads((out / "summary.json").read_text())["steps"] == 2  # the refused run changed nothing
-    summary = train(TINY_SPEC, FakeOfflineData(), out_dir=out, steps=3, overwrite=True, **QUIET)
+    summary = train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=out, steps=3, overwrite=True, **QUIET)
     assert summary["steps"] == 3 and json.loads((out / "summary.json").read_text())["steps"] == 3
     assert (out / "notes.txt").read_text() == "mine"  # what the run did not write is left alone
 
@@ -409,7 +409,7 @@ def test_train_as_a_library_call_gives_back_threads_environment_and_rngs(tmp_pat
         torch.manual_seed(123)
         random.seed(5)
         np.random.seed(6)
-        train(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "r", steps=3, threads=1, **QUIET)
+        train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "r", steps=3, threads=1, **QUIET)
         assert torch.get_num_threads() == 2
         assert not {"OMP_NUM_THREADS", "OFFLINE_PLUGINS_RUN_DIR", "PL_GLOBAL_SEED"} & set(os.environ)
         assert (torch.rand(1), random.random(), np.random.rand()) == expected

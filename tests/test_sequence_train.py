@@ -24,9 +24,9 @@ def pendulum_like_data():
 
 
 def test_dt_trains_evaluates_and_reloads_through_the_shell(pendulum_like_data, tmp_path):
-    from offline_plugins.lightning.run import evaluate_checkpoint, train
+    from offline_plugins.lightning.run import evaluate_checkpoint, train_algorithm
 
-    summary = train(
+    summary = train_algorithm(
         "dt",
         pendulum_like_data,
         steps=2,
@@ -57,9 +57,9 @@ def test_dt_trains_evaluates_and_reloads_through_the_shell(pendulum_like_data, t
     ],
 )
 def test_planners_train_and_report_their_planning_cost(pendulum_like_data, tmp_path, algo, overrides):
-    from offline_plugins.lightning.run import train
+    from offline_plugins.lightning.run import train_algorithm
 
-    summary = train(algo, pendulum_like_data, steps=2, eval_episodes=2, eval_every=0, out_dir=tmp_path / "run",
+    summary = train_algorithm(algo, pendulum_like_data, steps=2, eval_episodes=2, eval_every=0, out_dir=tmp_path / "run",
                     progress=False, log_every=1, overrides=overrides)
     # 2 episodes of 15 steps; the planning cost per action and the evaluation's wall time are in the summary
     assert summary["eval_history"][-1]["length_mean"] == 15

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _lightning_fixtures import TINY_SPEC, FakeOfflineData  # noqa: E402
 
-from offline_plugins.lightning.run import load_checkpoint, train  # noqa: E402
+from offline_plugins.lightning.run import load_checkpoint, train_algorithm  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -65,7 +65,7 @@ def _run(tmp_path, name, k, *, algorithm="td3-bc", steps=11, record=None, **kw):
     if algorithm in SMALL:
         kw.setdefault("overrides", SMALL[algorithm])
     callbacks = [record] if record is not None else []
-    return train(spec, FakeOfflineData(), out_dir=tmp_path / name, steps=steps, steps_per_call=k,
+    return train_algorithm(spec, FakeOfflineData(), out_dir=tmp_path / name, steps=steps, steps_per_call=k,
                  callbacks=callbacks, **kw)
 
 
@@ -178,7 +178,7 @@ def test_the_non_finite_guard_names_the_same_step_with_several_steps_per_call(tm
     from offline_plugins.lightning.callbacks import NonFiniteLossError
 
     with pytest.raises(NonFiniteLossError, match=r"step 1: loss_qvalue = nan"):
-        train(TINY_SPEC, FakeOfflineData(nan_reward=True), out_dir=tmp_path / "nan", steps=20, steps_per_call=4,
+        train_algorithm(TINY_SPEC, FakeOfflineData(nan_reward=True), out_dir=tmp_path / "nan", steps=20, steps_per_call=4,
               eval_every=0, **QUIET)
 
 
@@ -223,7 +223,7 @@ def test_the_api_refuses_a_bad_steps_per_call(tmp_path, value):
     from offline_plugins.lightning.module import AlgorithmModule
 
     with pytest.raises(UserError, match="steps_per_call"):
-        train(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "r", steps=2, steps_per_call=value, **QUIET)
+        train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "r", steps=2, steps_per_call=value, **QUIET)
     assert not (tmp_path / "r").exists()
     parts = TINY_SPEC.load_build()(TINY_SPEC.default_config(), FakeOfflineData())
     with pytest.raises(UserError, match="steps_per_call"):
@@ -241,7 +241,7 @@ class _SaveRankState(Callback):
 
 
 def _ddp_run(out: Path, k: int) -> None:
-    train(_spec("td3-bc"), FakeOfflineData(), steps=10, seed=0, eval_every=0, eval_episodes=1, devices=2,
+    train_algorithm(_spec("td3-bc"), FakeOfflineData(), steps=10, seed=0, eval_every=0, eval_episodes=1, devices=2,
           accelerator="cpu", out_dir=out, progress=False, steps_per_call=k, overrides=SMALL["td3-bc"],
           callbacks=[_SaveRankState(out)])
 

@@ -1,7 +1,10 @@
 """The ``train`` and ``eval`` sub-commands; cheap to import (torch and Lightning load inside them).
 
-``train`` checks the algorithm, the dataset, their compatibility and the config
-before it creates the output folder, so a bad input writes nothing.
+``train`` builds the run's :class:`~offline_plugins.lightning.run.RunSettings` (which check the
+run options, the devices and the output folder) and its plan
+(:func:`~offline_plugins.lightning.plan.plan_run`: the algorithm, the dataset, their
+compatibility and the config), then calls ``train(plan, settings)``; each check is made
+there, once, before the output folder is created, so a bad input writes nothing.
 """
 
 from __future__ import annotations
@@ -146,58 +149,40 @@ def add_parsers(subparsers) -> None:
 
 
 def cmd_train(args) -> int:
-    """``offline-plugins train``: check everything, then train and print the final evaluation."""
-    from offline_plugins.lightning.guards import check_devices, check_out_dir, check_precision, check_strategy
-    from offline_plugins.lightning.run import ResumedRun, plan_run, train
+    """``offline-plugins train``: the run's settings (checked as they are made), the plan (the algorithm,
+    dataset and config, checked and loaded), then the run; prints the final evaluation."""
+    from offline_plugins.lightning.plan import plan_run
+    from offline_plugins.lightning.run import RunSettings, train
 
-    # what the machine and the file system can refuse, before a dataset is loaded or made
-    check_devices(args.devices, args.accelerator, args.num_nodes)
-    if args.precision is not None:
-        check_precision(args.precision, args.accelerator)
-    check_strategy(args.strategy, args.accelerator)
-    from offline_plugins.lightning.loggers import logger_names
-
-    logger_names(args.logger)  # a logger whose package is missing, before a dataset is loaded
-    steps_per_call = _steps_per_call(args.steps_per_call)
-    if args.out is not None:
-        check_out_dir(args.out)
-    registry = _registry(args)
-    data_args = dict(config=args.config, overrides=args.overrides, model=args.model, reward=args.reward,
-                     drop_nonfinite=args.drop_nonfinite, drop_empty=args.drop_empty)
-    if args.overwrite and args.resume is not None:
-        resumed = None  # train() refuses the pair with its own message
-    else:
-        resumed = ResumedRun.find(args.resume, args.out)
-    if resumed is not None:  # a bare --resume continues with the run's own config and data options
-        data_args = resumed.plan_kwargs(**data_args)
-    plan = plan_run(args.algorithm, args.dataset, registry=registry, progress=not args.no_progress, **data_args)
-    summary = train(
-        plan.spec,
-        plan.data,
-        plan=plan,
+    # what the machine and the file system can refuse is refused here, before a dataset is loaded or made
+    settings = RunSettings(
         steps=args.steps,
         seed=args.seed,
         eval_every=args.eval_every,
         eval_episodes=args.eval_episodes,
+        checkpoint_every=args.checkpoint_every,
+        log_every=args.log_every,
+        precision=args.precision,
+        accumulate=args.accumulate,
+        steps_per_call=_steps_per_call(args.steps_per_call),
+        logger=args.logger,
+        out_dir=args.out,
+        resume=args.resume,
+        overwrite=args.overwrite,
         devices=args.devices,
         accelerator=args.accelerator,
         num_nodes=args.num_nodes,
-        precision=args.precision,
         strategy=args.strategy,
-        accumulate=args.accumulate,
-        out_dir=args.out,
-        resume=resumed if resumed is not None else args.resume,  # the checkpoint read once
-        overwrite=args.overwrite,
-        checkpoint_every=args.checkpoint_every,
-        log_every=args.log_every,
         progress=not args.no_progress,
         threads=args.threads,
         compile=args.compile,
-        steps_per_call=steps_per_call,
-        registry=registry,
         verbose=args.verbose,
-        logger=args.logger,
     )
+    # a bare --resume continues with the run's own config and data options (the checkpoint is read once)
+    plan = plan_run(args.algorithm, args.dataset, config=args.config, overrides=args.overrides, model=args.model,
+                    reward=args.reward, drop_nonfinite=args.drop_nonfinite, drop_empty=args.drop_empty,
+                    registry=_registry(args), progress=settings.progress, resumed=settings.resumed_run())
+    summary = train(plan, settings)
     if not summary:  # a DDP rank other than 0
         return 0
     if args.json:
@@ -211,7 +196,7 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     """``offline-plugins eval``: roll out a checkpoint's policy."""
     from offline_plugins.lightning.guards import quiet_lightning
-    from offline_plugins.lightning.run import evaluate_checkpoint
+    from offline_plugins.lightning.checkpoints import evaluate_checkpoint
 
     registry = _registry(args)
     with quiet_lightning():

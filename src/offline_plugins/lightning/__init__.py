@@ -1,8 +1,9 @@
 """The training shell: one thin LightningModule, a replay-buffer data module, callbacks.
 
-``train(...)`` runs the whole pipeline; ``build(...)`` hands over the module, the data
-module and the callbacks an algorithm needs, for a ``lightning.Trainer`` of the user's own
-(docs/lightning.md). Everything is imported on first use, so importing this package (as
+``train_algorithm("iql", "pendulum/medium-replay-v0", steps=...)`` runs the whole pipeline
+(``train(plan_run(...), RunSettings(...))``: a checked plan, then the run); ``build(...)`` hands
+over the module, the data module and the callbacks an algorithm needs, for a
+``lightning.Trainer`` of the user's own (docs/lightning.md). Everything is imported on first use, so importing this package (as
 the CLI does) loads neither torch nor Lightning.
 """
 
@@ -14,7 +15,11 @@ __all__ = [
     "build",
     "LightningParts",
     "train",
+    "train_algorithm",
+    "RunSettings",
     "plan_run",
+    "RunPlan",
+    "ResumedRun",
     "evaluate_checkpoint",
     "load_checkpoint",
     "AlgorithmModule",
@@ -30,9 +35,13 @@ _LAZY = {
     "build": "offline_plugins.lightning.builder",
     "LightningParts": "offline_plugins.lightning.builder",
     "train": "offline_plugins.lightning.run",
-    "plan_run": "offline_plugins.lightning.run",
-    "evaluate_checkpoint": "offline_plugins.lightning.run",
-    "load_checkpoint": "offline_plugins.lightning.run",
+    "train_algorithm": "offline_plugins.lightning.run",
+    "RunSettings": "offline_plugins.lightning.run",
+    "plan_run": "offline_plugins.lightning.plan",
+    "RunPlan": "offline_plugins.lightning.plan",
+    "ResumedRun": "offline_plugins.lightning.checkpoints",
+    "evaluate_checkpoint": "offline_plugins.lightning.checkpoints",
+    "load_checkpoint": "offline_plugins.lightning.checkpoints",
     "AlgorithmModule": "offline_plugins.lightning.module",
     "ReplayDataModule": "offline_plugins.lightning.data",
     # the earlier names, kept as aliases (not in __all__)

@@ -1,0 +1,269 @@
+"""A run's checkpoints: reading them, resuming from them, rebuilding and evaluating their policy.
+
+:func:`load_checkpoint` reads a checkpoint written by
+:func:`~offline_plugins.lightning.run.train` (``weights_only=True`` only, its metadata
+checked); :class:`ResumedRun` is what a checkpoint says about the run it belongs to, which
+a bare ``--resume`` continues; :func:`load_trained_run` and :func:`evaluate_checkpoint`
+rebuild a run's trained policy (``offline-plugins eval``). The metrics of a resumed run
+are merged across the cut here too (:func:`merge_metrics`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from offline_plugins.lightning.guards import RunError, algorithm_of_checkpoint, check_checkpoint, read_checkpoint
+from offline_plugins.lightning.plan import RunPlan, _as_overrides, build_parts, plan_run
+
+__all__ = [
+    "ResumedRun",
+    "TrainedRun",
+    "load_checkpoint",
+    "load_trained_run",
+    "evaluate_checkpoint",
+    "resume_path",
+    "resume_summary",
+    "merge_metrics",
+]
+
+
+def load_checkpoint(path: Union[str, os.PathLike], *, for_resume: bool = False) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`~offline_plugins.lightning.run.train` (a Lightning
+    checkpoint with our extras).
+
+    Opened with ``torch.load(weights_only=True)``: a file carrying pickled code is refused
+    (:class:`RunError`) and nothing in it runs. Its metadata is checked before use.
+    """
+    ckpt = read_checkpoint(path)
+    check_checkpoint(ckpt, path, for_resume=for_resume)
+    return ckpt
+
+
+def resume_path(resume, out: Path) -> Optional[Path]:
+    """The checkpoint ``resume`` names (``True``: ``out/checkpoints/last.ckpt``; a path), or None
+    when not resuming; a ``RunError`` when it does not exist."""
+    if resume in (None, False, ""):
+        return None
+    path = out / "checkpoints" / "last.ckpt" if resume is True else Path(resume)
+    if not path.is_file():
+        raise RunError(f"cannot resume: checkpoint {str(path)!r} does not exist; train without --resume first")
+    return path
+
+
+@dataclasses.dataclass
+class ResumedRun:
+    """What a checkpoint says about the run it belongs to: what a bare ``--resume`` continues.
+
+    ``options`` are the run options (:data:`~offline_plugins.lightning.run.RUN_DEFAULTS`' names,
+    fields of :class:`~offline_plugins.lightning.run.RunSettings`) the run was started with;
+    ``config`` its whole algorithm config; ``model``, ``reward``, ``drop_nonfinite`` and
+    ``drop_empty`` how its data was loaded. Checkpoints written before a setting was recorded
+    lack it, and the new run's default applies. ``checkpoint`` is the loaded (and checked)
+    checkpoint itself, which the resumed fit starts from: it is read once.
+    """
+
+    path: Path
+    options: dict[str, Any]
+    config: dict[str, Any]
+    data_options: dict[str, Any]
+    checkpoint: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+
+    @classmethod
+    def read(cls, path: Union[str, os.PathLike]) -> "ResumedRun":
+        from offline_plugins.lightning.run import RUN_DEFAULTS
+
+        ckpt = read_checkpoint(path)
+        info = check_checkpoint(ckpt, path, for_resume=True)
+        run = info.get("run") or {}
+        options = {k: run[k] for k in RUN_DEFAULTS if k in run}
+        if info.get("seed") is not None:
+            options["seed"] = int(info["seed"])
+        kwargs = run.get("data_kwargs") or {}
+        data_options = {k: run[k] for k in ("model", "reward") if run.get(k) is not None}
+        data_options.update({k: True for k, flag in (("drop_nonfinite", "drop_nonfinite"),
+                                                      ("drop_empty", "drop_empty_episodes")) if kwargs.get(flag)})
+        return cls(Path(path), options, dict(info.get("config") or {}), data_options, ckpt)
+
+    @classmethod
+    def find(cls, resume, out_dir) -> Optional["ResumedRun"]:
+        """The run ``resume`` (``True``: ``out_dir``'s ``last.ckpt``; a path) points at, or None when
+        not resuming or when the folder is not known yet (no ``out_dir``: the default folder is
+        chosen after the dataset is resolved). A ``ResumedRun`` is returned as it is."""
+        if isinstance(resume, cls):
+            return resume
+        if resume in (None, False, ""):
+            return None
+        if resume is True and out_dir is None:
+            return None
+        return cls.read(resume_path(resume, Path(out_dir) if out_dir is not None else Path(".")))
+
+    def plan_kwargs(self, *, config=None, overrides=None, **given) -> dict[str, Any]:
+        """``plan_run``'s config and data arguments: the run's own, then what the caller gave on top
+        (a config file or mapping, ``--set`` overrides, a model, a reward function, the drop flags)."""
+        merged = dict(self.config)
+        if config is not None:
+            merged.update(_as_overrides(config, None))
+        out = {"config": merged, "overrides": overrides}
+        for key, value in given.items():
+            out[key] = value if value not in (None, False) else self.data_options.get(key, value)
+        return out
+
+
+def resume_summary(record: Optional[dict], ckpt: dict, plan: RunPlan) -> dict:
+    """Which run options and config fields a resumed run kept from its checkpoint, and which the
+    caller overrode (``{"checkpoint": old, "now": new}``)."""
+    from offline_plugins.config import config_to_dict
+
+    record = dict(record or {"from": None, "kept": {}, "overridden": {}})
+    record["overridden"] = dict(record["overridden"])
+    saved, now = ckpt["offline_plugins"].get("config") or {}, config_to_dict(plan.config)
+    for key in sorted(set(saved) | set(now)):
+        if saved.get(key) != now.get(key):
+            record["overridden"][f"config.{key}"] = {"checkpoint": saved.get(key), "now": now.get(key)}
+    return record
+
+
+def merge_metrics(earlier: Path, current: Path, *, before_step: int) -> None:
+    """Prepend the rows of ``earlier`` logged before ``before_step`` to ``current``."""
+    import csv
+
+    def read(path: Path) -> tuple[list[str], list[dict]]:
+        if not path.is_file():
+            return [], []
+        with path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            return list(reader.fieldnames or []), list(reader)
+
+    old_keys, old_rows = read(earlier)
+    new_keys, new_rows = read(current)
+    # evaluation rows carry the 0-based index of the last step, training rows (logged after the
+    # optimiser step) the 1-based count; rows after the checkpoint's step were redone
+    def kept(row: dict) -> bool:
+        if not row.get("step"):
+            return False
+        trained = any(k.startswith("train/") and row.get(k) not in ("", None) for k in row)
+        return int(float(row["step"])) < before_step + (1 if trained else 0)
+
+    old_rows = [r for r in old_rows if kept(r)]
+    keys = sorted(set(old_keys) | set(new_keys))
+    with current.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(old_rows + new_rows)
+    earlier.unlink()
+
+
+@dataclasses.dataclass
+class TrainedRun:
+    """A run rebuilt from its checkpoint: the trained module, its plan (data, config, kind), the checkpoint.
+
+    Attributes:
+        module: the :class:`~offline_plugins.lightning.module.AlgorithmModule` with the
+            checkpoint's weights, on ``device``.
+        plan: the :class:`~offline_plugins.lightning.plan.RunPlan` the run's own config and dataset give.
+        checkpoint: the checkpoint as read (``weights_only=True``).
+        path: where it was read from.
+    """
+
+    module: Any
+    plan: RunPlan
+    checkpoint: dict
+    path: Path
+
+    @property
+    def info(self) -> dict:
+        return self.checkpoint["offline_plugins"]
+
+    @property
+    def step(self) -> int:
+        return int(self.checkpoint.get("global_step", 0))
+
+
+def load_trained_run(
+    path: Union[str, os.PathLike],
+    *,
+    device: str = "cpu",
+    registry=None,
+    data=None,
+    spec=None,
+    progress: bool = False,
+) -> TrainedRun:
+    """Rebuild the run saved in the checkpoint ``path``: its algorithm, dataset and trained weights.
+
+    The algorithm and dataset are reloaded by name (``data``/``spec`` override them), with
+    the options its data kind saved (``--model``, dropped episodes); the data's
+    normalisation statistics come from the checkpoint. Raises a ``RunError`` naming the
+    file when its weights do not fit the networks its config builds.
+    """
+    from offline_plugins.lightning.module import AlgorithmModule
+    from offline_plugins.plugins.registry import AlgorithmSpec
+
+    ckpt = load_checkpoint(path)
+    info = ckpt["offline_plugins"]
+    run = info.get("run", {})
+    seed = int(info.get("seed", 0))
+    if registry is None:
+        from offline_plugins.plugins import shared_registry
+
+        registry = shared_registry()
+    algo = spec if spec is not None else algorithm_of_checkpoint(info, registry, path)
+    algo = algo if isinstance(algo, AlgorithmSpec) else registry.algorithm(algo)
+    options = registry.kind_of(algo).reload_options(run) if data is None else None
+    plan = plan_run(
+        algo,
+        data if data is not None else info["dataset"],
+        overrides=info.get("config", {}),
+        registry=registry,
+        progress=progress,
+        model=options.model if options is not None else None,
+        drop_nonfinite=options.drop_nonfinite if options is not None else False,
+        drop_empty=options.drop_empty if options is not None else False,
+        reward=options.reward if options is not None else None,
+    )
+    if hasattr(plan.data, "load_state_dict") and info.get("data_state"):
+        plan.data.load_state_dict(info["data_state"])
+    module = AlgorithmModule(build_parts(plan, seed), algorithm=plan.spec.name, dataset=plan.dataset_id, seed=seed)
+    try:
+        module.load_state_dict(ckpt["state_dict"])
+    except RuntimeError as exc:  # hand-edited or another version's tensors
+        first = str(exc).splitlines()[0][:200]
+        raise RunError(f"checkpoint {str(path)!r} ({plan.spec.name} on {plan.dataset_id}) does not fit the networks "
+                       f"its own config builds ({first}); the file was edited or written by another version") from None
+    module.to(device)
+    return TrainedRun(module, plan, ckpt, Path(path))
+
+
+def evaluate_checkpoint(
+    path: Union[str, os.PathLike],
+    *,
+    episodes: Optional[int] = None,
+    seed: Optional[int] = None,
+    device: str = "cpu",
+    registry=None,
+    data=None,
+    spec=None,
+) -> dict[str, Any]:
+    """Rebuild the policy saved in a checkpoint (:func:`load_trained_run`) and evaluate it as
+    its data kind evaluates a run (rollouts in the dataset's environment, held-out pairs...).
+
+    Returns:
+        ``algorithm``, ``dataset``, ``data_kind``, ``checkpoint``, ``step`` and the kind's
+        figures: for environment data ``episodes``, ``return_mean``, ``return_std``,
+        ``normalized_score``, ``normalized_score_std``, ``length_mean``, ``returns``.
+    """
+    trained = load_trained_run(path, device=device, registry=registry, data=data, spec=spec)
+    info, plan = trained.info, trained.plan
+    episodes = int(episodes if episodes is not None else info.get("run", {}).get("eval_episodes", 10))
+    seed = int(seed if seed is not None else info.get("seed", 0))
+    result = plan.kind.evaluate(trained.module, plan.data, episodes=episodes, seed=seed, device=device)
+    return {
+        "algorithm": plan.spec.name,
+        "dataset": plan.dataset_id,
+        "data_kind": plan.kind.name,
+        "checkpoint": str(path),
+        "step": trained.step,
+        **result,
+    }
