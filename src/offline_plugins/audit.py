@@ -342,12 +342,12 @@ def _checkpoint_of(model: Union[str, os.PathLike]) -> Path:
 
 
 def _load_scorer(model: Union[str, os.PathLike], *, registry: Any, device: str, progress: bool) -> _Scorer:
-    """Rebuild a run's reward model or policy from its checkpoint (``lightning.run.load_trained_run``)."""
+    """Rebuild a run's reward model or policy from its checkpoint (``lightning.checkpoints.load_trained_run``)."""
     from offline_plugins.data.preference_sources import PAIR_LENGTH_CAP
     from offline_plugins.kinds.preference import PreferenceText
     from offline_plugins.modules.generation import model_context
     from offline_plugins.lightning.guards import algorithm_of_checkpoint
-    from offline_plugins.lightning.run import load_checkpoint, load_trained_run
+    from offline_plugins.lightning.checkpoints import load_checkpoint, load_trained_run
 
     path = _checkpoint_of(model)
     info = load_checkpoint(path)["offline_plugins"]

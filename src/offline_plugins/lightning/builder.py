@@ -48,7 +48,7 @@ class LightningParts:
             target networks), the data kind's evaluation (``evaluation``) and the kind's further
             callbacks.
         evaluation: the evaluation callback (also in ``callbacks``); its ``history`` holds the scores.
-        plan: the checked :class:`~offline_plugins.lightning.run.RunPlan` (algorithm spec, config,
+        plan: the checked :class:`~offline_plugins.lightning.plan.RunPlan` (algorithm spec, config,
             loaded data, data kind).
         required: the callback classes the module refuses to train without (in ``callbacks``).
     """
@@ -114,7 +114,7 @@ def build(
         reward: rollout algorithms: a reward function ``"module:function"``.
         registry: the plugin registry (default: the installed plugins).
         progress: show a progress bar when a dataset is made.
-        plan: an already checked :class:`~offline_plugins.lightning.run.RunPlan` (skips the loading).
+        plan: an already checked :class:`~offline_plugins.lightning.plan.RunPlan` (skips the loading).
         run: further run settings to save in the checkpoint's ``run`` record (``train`` saves its own).
 
     Returns:
@@ -124,7 +124,7 @@ def build(
     from offline_plugins.lightning.callbacks import NonFiniteGuard, TargetNetworkUpdate
     from offline_plugins.lightning.data import ReplayDataModule
     from offline_plugins.lightning.module import AlgorithmModule
-    from offline_plugins.lightning.run import _build_parts, plan_run
+    from offline_plugins.lightning.plan import build_parts, plan_run
 
     if eval_every is None or eval_every < 0:
         from offline_plugins.errors import UserError
@@ -134,7 +134,7 @@ def build(
         plan = plan_run(algorithm, dataset, config=config, overrides=overrides, registry=registry,
                         progress=progress, model=model, drop_nonfinite=drop_nonfinite, drop_empty=drop_empty,
                         reward=reward)
-    parts = _build_parts(plan, seed)
+    parts = build_parts(plan, seed)
     run_settings = {
         "batch_size": plan.batch_size,
         "sampler": plan.sampler,

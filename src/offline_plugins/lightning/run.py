@@ -64,7 +64,6 @@ from offline_plugins.lightning.guards import (
     restored_process_state,
 )
 from offline_plugins.lightning.plan import RunPlan, plan_run
-from offline_plugins.lightning.plan import build_parts as _build_parts  # noqa: F401 (builder.build imports it here)
 
 __all__ = [
     "RunSettings",
