@@ -19,6 +19,9 @@ __all__ = [
     "has_return_to_go",
     "params",
     "soft_updater",
+    "group",
+    "actor_critic_groups",
+    "transition_parts",
 ]
 
 
@@ -115,6 +118,38 @@ def soft_updater(loss, tau: float):
     from offline_plugins.objectives.target import FusedSoftUpdate
 
     return FusedSoftUpdate(loss, tau=tau)
+
+
+def group(name: str, module, lr: float, *loss_keys: str, **kwargs):
+    """An :class:`~offline_plugins.algorithms.base.OptimizerGroup` stepping ``module``'s trainable
+    parameters (:func:`params`; a list is taken as the parameters themselves) on the sum of
+    ``loss_keys``; ``kwargs``: its other fields."""
+    from offline_plugins.algorithms.base import OptimizerGroup
+
+    return OptimizerGroup(name, module if isinstance(module, list) else params(module), lr, tuple(loss_keys), **kwargs)
+
+
+def actor_critic_groups(loss, config: Any, *critic_keys: str, actor_every: int = 1) -> list:
+    """The ``critic`` group (``loss.qvalue_network_params`` on ``critic_keys``, default
+    ``loss_qvalue``, at ``config.critic_lr``), then the ``actor`` group
+    (``loss.actor_network_params`` on ``loss_actor``, at ``config.actor_lr``, every
+    ``actor_every`` steps)."""
+    return [
+        group("critic", loss.qvalue_network_params, config.critic_lr, *(critic_keys or ("loss_qvalue",))),
+        group("actor", loss.actor_network_params, config.actor_lr, "loss_actor", every=actor_every),
+    ]
+
+
+def transition_parts(loss, policy, config: Any, optimizers: list, **kwargs):
+    """The parts of a TD(0) offline-RL algorithm: ``loss`` gets its value estimator with
+    ``config.gamma``, and its targets a Polyak updater with ``config.tau`` (:func:`soft_updater`);
+    ``kwargs``: further :class:`~offline_plugins.algorithms.base.AlgorithmParts` fields."""
+    from offline_plugins.algorithms.base import AlgorithmParts
+
+    loss.make_value_estimator(gamma=config.gamma)
+    return AlgorithmParts(
+        loss=loss, policy=policy, optimizers=optimizers, target_updater=soft_updater(loss, config.tau), **kwargs
+    )
 
 
 def require_rollouts(data: Any, algorithm: str) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from offline_plugins.config import config_field
 from offline_plugins.plugins.hookspecs import hookimpl
-from offline_plugins.plugins.registry import AlgorithmSpec
+from offline_plugins.plugins.registry import builtin_algorithm
 
 PAPER = "Nair, Gupta, Dalal & Levine 2020, AWAC: Accelerating Online Reinforcement Learning with Offline Datasets, " \
     "arXiv:2006.09359"
@@ -34,7 +34,6 @@ class AWACConfig:
 def build(config: AWACConfig, data: Any):
     """Tanh-Gaussian actor, twin critics with Polyak targets."""
     from offline_plugins.algorithms import _glue
-    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
     from offline_plugins.modules import networks
     from offline_plugins.modules.policies import DeterministicPolicy
     from offline_plugins.objectives.awac import AWACLoss
@@ -48,30 +47,12 @@ def build(config: AWACConfig, data: Any):
         beta=config.beta,
         max_weight=config.max_weight,
     )
-    loss.make_value_estimator(gamma=config.gamma)
-    return AlgorithmParts(
-        loss=loss,
-        policy=DeterministicPolicy(actor),
-        optimizers=[
-            OptimizerGroup("critic", _glue.params(loss.qvalue_network_params), config.critic_lr, ("loss_qvalue",)),
-            OptimizerGroup("actor", _glue.params(loss.actor_network_params), config.actor_lr, ("loss_actor",)),
-        ],
-        target_updater=_glue.soft_updater(loss, config.tau),
-    )
+    return _glue.transition_parts(loss, DeterministicPolicy(actor), config, _glue.actor_critic_groups(loss, config))
 
 
 @hookimpl
 def offline_plugins_register_algorithms(registry):
-    registry.add(
-        AlgorithmSpec(
-            name="awac",
-            summary="Advantage-Weighted Actor-Critic: Bellman critics, policy by exp(A / beta)-weighted likelihood",
-            family="offline-rl",
-            data="transitions",
-            loss="offline_plugins.objectives.awac:AWACLoss",
-            build="offline_plugins.algorithms.awac:build",
-            config=AWACConfig,
-            paper=PAPER,
-            action_spaces=("continuous",),
-        )
-    )
+    registry.add(builtin_algorithm(
+        "awac", "Advantage-Weighted Actor-Critic: Bellman critics, policy by exp(A / beta)-weighted likelihood",
+        AWACConfig, PAPER, loss="awac:AWACLoss", build="awac:build",
+    ))

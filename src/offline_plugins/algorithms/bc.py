@@ -13,7 +13,7 @@ from typing import Any
 
 from offline_plugins.config import config_field
 from offline_plugins.plugins.hookspecs import hookimpl
-from offline_plugins.plugins.registry import AlgorithmSpec
+from offline_plugins.plugins.registry import builtin_algorithm
 
 PAPER = "Pomerleau 1991, Efficient Training of Artificial Neural Networks for Autonomous Navigation; " \
     "as the baseline of Fujimoto & Gu 2021, arXiv:2106.06860"
@@ -29,7 +29,7 @@ class BCConfig:
 
 def _build(config: BCConfig, data: Any, action_space: str, name: str):
     from offline_plugins.algorithms import _glue
-    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
+    from offline_plugins.algorithms.base import AlgorithmParts
     from offline_plugins.modules import networks
     from offline_plugins.modules.policies import DeterministicPolicy
     from offline_plugins.objectives.bc import BCLoss
@@ -45,7 +45,7 @@ def _build(config: BCConfig, data: Any, action_space: str, name: str):
     return AlgorithmParts(
         loss=loss,
         policy=DeterministicPolicy(actor),
-        optimizers=[OptimizerGroup("actor", _glue.params(loss.actor_network_params), config.lr, ("loss_bc",))],
+        optimizers=[_glue.group("actor", loss.actor_network_params, config.lr, "loss_bc")],
         target_updater=None,
     )
 
@@ -62,29 +62,11 @@ def build_discrete(config: BCConfig, data: Any):
 
 @hookimpl
 def offline_plugins_register_algorithms(registry):
-    registry.add(
-        AlgorithmSpec(
-            name="bc",
-            summary="Behaviour cloning: regress the policy onto the dataset's actions",
-            family="offline-rl",
-            data="transitions",
-            loss="offline_plugins.objectives.bc:BCLoss",
-            build="offline_plugins.algorithms.bc:build",
-            config=BCConfig,
-            paper=PAPER,
-            action_spaces=("continuous",),
-        )
-    )
-    registry.add(
-        AlgorithmSpec(
-            name="bc-discrete",
-            summary="Behaviour cloning for discrete actions (cross-entropy)",
-            family="offline-rl",
-            data="transitions",
-            loss="offline_plugins.objectives.bc:BCLoss",
-            build="offline_plugins.algorithms.bc:build_discrete",
-            config=BCConfig,
-            paper=PAPER,
-            action_spaces=("discrete",),
-        )
-    )
+    registry.add(builtin_algorithm(
+        "bc", "Behaviour cloning: regress the policy onto the dataset's actions",
+        BCConfig, PAPER, loss="bc:BCLoss", build="bc:build",
+    ))
+    registry.add(builtin_algorithm(
+        "bc-discrete", "Behaviour cloning for discrete actions (cross-entropy)",
+        BCConfig, PAPER, loss="bc:BCLoss", build="bc:build_discrete", action_space="discrete",
+    ))

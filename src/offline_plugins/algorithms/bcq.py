@@ -12,7 +12,7 @@ from typing import Any
 
 from offline_plugins.config import config_field
 from offline_plugins.plugins.hookspecs import hookimpl
-from offline_plugins.plugins.registry import AlgorithmSpec
+from offline_plugins.plugins.registry import builtin_algorithm
 
 PAPER = "Fujimoto, Meger & Precup 2019, Off-Policy Deep Reinforcement Learning without Exploration, arXiv:1812.02900"
 PAPER_DISCRETE = (
@@ -54,7 +54,6 @@ class DiscreteBCQConfig:
 def build(config: BCQConfig, data: Any):
     """VAE behaviour model, perturbation model and twin critics, each with its optimiser."""
     from offline_plugins.algorithms import _glue
-    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
     from offline_plugins.modules import networks
     from offline_plugins.objectives.bcq import BCQLoss, BCQPolicy
     from offline_plugins.objectives.common import check_range
@@ -71,17 +70,9 @@ def build(config: BCQConfig, data: Any):
         num_samples=config.num_samples,
         kl_weight=config.kl_weight,
     )
-    loss.make_value_estimator(gamma=config.gamma)
-    return AlgorithmParts(
-        loss=loss,
-        policy=BCQPolicy(loss, num_samples=config.eval_samples),
-        optimizers=[
-            OptimizerGroup("vae", _glue.params(loss.vae_network_params), config.vae_lr, ("loss_vae",)),
-            OptimizerGroup("critic", _glue.params(loss.qvalue_network_params), config.critic_lr, ("loss_qvalue",)),
-            OptimizerGroup("actor", _glue.params(loss.actor_network_params), config.actor_lr, ("loss_actor",)),
-        ],
-        target_updater=_glue.soft_updater(loss, config.tau),
-    )
+    groups = [_glue.group("vae", loss.vae_network_params, config.vae_lr, "loss_vae")]
+    policy = BCQPolicy(loss, num_samples=config.eval_samples)
+    return _glue.transition_parts(loss, policy, config, groups + _glue.actor_critic_groups(loss, config))
 
 
 def build_discrete(config: DiscreteBCQConfig, data: Any):
@@ -89,7 +80,6 @@ def build_discrete(config: DiscreteBCQConfig, data: Any):
     from tensordict.nn import TensorDictModule
 
     from offline_plugins.algorithms import _glue
-    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
     from offline_plugins.modules import networks
     from offline_plugins.objectives.bcq import DiscreteBCQLoss, DiscreteBCQPolicy
 
@@ -98,43 +88,20 @@ def build_discrete(config: DiscreteBCQConfig, data: Any):
     qnet = TensorDictModule(networks.mlp(n_obs, n, hidden), ["observation"], ["action_value"])
     classifier = TensorDictModule(networks.mlp(n_obs, n, hidden), ["observation"], ["imitation_logits"])
     loss = DiscreteBCQLoss(qnet, classifier, threshold=config.threshold, logit_reg=config.logit_reg)
-    loss.make_value_estimator(gamma=config.gamma)
-    return AlgorithmParts(
-        loss=loss,
-        policy=DiscreteBCQPolicy(loss),
-        optimizers=[
-            OptimizerGroup("critic", _glue.params(loss.value_network_params), config.lr, ("loss_qvalue",)),
-            OptimizerGroup("imitation", _glue.params(loss.imitation_network_params), config.lr, ("loss_imitation",)),
-        ],
-        target_updater=_glue.soft_updater(loss, config.tau),
-    )
+    groups = [
+        _glue.group("critic", loss.value_network_params, config.lr, "loss_qvalue"),
+        _glue.group("imitation", loss.imitation_network_params, config.lr, "loss_imitation"),
+    ]
+    return _glue.transition_parts(loss, DiscreteBCQPolicy(loss), config, groups)
 
 
 @hookimpl
 def offline_plugins_register_algorithms(registry):
-    registry.add(
-        AlgorithmSpec(
-            name="bcq",
-            summary="Batch-Constrained Q-learning: VAE behaviour model, perturbation model, twin critics",
-            family="offline-rl",
-            data="transitions",
-            loss="offline_plugins.objectives.bcq:BCQLoss",
-            build="offline_plugins.algorithms.bcq:build",
-            config=BCQConfig,
-            paper=PAPER,
-            action_spaces=("continuous",),
-        )
-    )
-    registry.add(
-        AlgorithmSpec(
-            name="bcq-discrete",
-            summary="Discrete BCQ: double DQN restricted to actions a behaviour classifier deems likely",
-            family="offline-rl",
-            data="transitions",
-            loss="offline_plugins.objectives.bcq:DiscreteBCQLoss",
-            build="offline_plugins.algorithms.bcq:build_discrete",
-            config=DiscreteBCQConfig,
-            paper=PAPER_DISCRETE,
-            action_spaces=("discrete",),
-        )
-    )
+    registry.add(builtin_algorithm(
+        "bcq", "Batch-Constrained Q-learning: VAE behaviour model, perturbation model, twin critics",
+        BCQConfig, PAPER, loss="bcq:BCQLoss", build="bcq:build",
+    ))
+    registry.add(builtin_algorithm(
+        "bcq-discrete", "Discrete BCQ: double DQN restricted to actions a behaviour classifier deems likely",
+        DiscreteBCQConfig, PAPER_DISCRETE, loss="bcq:DiscreteBCQLoss", build="bcq:build_discrete", action_space="discrete",
+    ))

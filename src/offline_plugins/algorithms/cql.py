@@ -13,7 +13,7 @@ from typing import Any
 
 from offline_plugins.config import config_field
 from offline_plugins.plugins.hookspecs import hookimpl
-from offline_plugins.plugins.registry import AlgorithmSpec
+from offline_plugins.plugins.registry import builtin_algorithm
 
 PAPER = "Kumar, Zhou, Tucker & Levine 2020, Conservative Q-Learning for Offline Reinforcement Learning, arXiv:2006.04779"
 
@@ -54,7 +54,6 @@ class DiscreteCQLConfig:
 def build(config: CQLConfig, data: Any):
     """CQL(H) on SAC: tanh-Gaussian actor, twin Q, entropy temperature, optional alpha'."""
     from offline_plugins.algorithms import _glue
-    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
     from offline_plugins.modules import networks
     from offline_plugins.modules.policies import DeterministicPolicy
     from offline_plugins.objectives.cql import CQLLoss
@@ -76,20 +75,11 @@ def build(config: CQLConfig, data: Any):
         diagnostics=True,
         mc_diagnostics=_glue.has_return_to_go(data),
     )
-    loss.make_value_estimator(gamma=config.gamma)
-    groups = [
-        OptimizerGroup("critic", _glue.params(loss.qvalue_network_params), config.critic_lr, ("loss_qvalue", "loss_cql")),
-        OptimizerGroup("actor", _glue.params(loss.actor_network_params), config.actor_lr, ("loss_actor",)),
-        OptimizerGroup("alpha", [loss.log_alpha], config.alpha_lr, ("loss_alpha",)),
-    ]
+    groups = _glue.actor_critic_groups(loss, config, "loss_qvalue", "loss_cql")
+    groups.append(_glue.group("alpha", [loss.log_alpha], config.alpha_lr, "loss_alpha"))
     if config.with_lagrange:
-        groups.append(OptimizerGroup("alpha_prime", [loss.log_alpha_prime], config.alpha_lr, ("loss_alpha_prime",)))
-    return AlgorithmParts(
-        loss=loss,
-        policy=DeterministicPolicy(actor),
-        optimizers=groups,
-        target_updater=_glue.soft_updater(loss, config.tau),
-    )
+        groups.append(_glue.group("alpha_prime", [loss.log_alpha_prime], config.alpha_lr, "loss_alpha_prime"))
+    return _glue.transition_parts(loss, DeterministicPolicy(actor), config, groups)
 
 
 def build_discrete(config: DiscreteCQLConfig, data: Any):
@@ -97,7 +87,6 @@ def build_discrete(config: DiscreteCQLConfig, data: Any):
     from torchrl.modules import QValueActor
 
     from offline_plugins.algorithms import _glue
-    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
     from offline_plugins.modules import networks
     from offline_plugins.modules.policies import DeterministicPolicy
     from offline_plugins.objectives.cql import DiscreteCQLLoss
@@ -108,50 +97,21 @@ def build_discrete(config: DiscreteCQLConfig, data: Any):
     loss = DiscreteCQLLoss(
         qnet, alpha=config.alpha, diagnostics=True, mc_diagnostics=_glue.has_return_to_go(data)
     )
-    loss.make_value_estimator(gamma=config.gamma)
-    return AlgorithmParts(
-        loss=loss,
-        policy=DeterministicPolicy(qnet),
-        optimizers=[
-            OptimizerGroup("critic", _glue.params(loss.value_network_params), config.lr, ("loss_qvalue", "loss_cql")),
-        ],
-        target_updater=_glue.soft_updater(loss, config.tau),
-    )
+    groups = [_glue.group("critic", loss.value_network_params, config.lr, "loss_qvalue", "loss_cql")]
+    return _glue.transition_parts(loss, DeterministicPolicy(qnet), config, groups)
 
 
 @hookimpl
 def offline_plugins_register_algorithms(registry):
-    common = dict(family="offline-rl", data="transitions", paper=PAPER)
-    registry.add(
-        AlgorithmSpec(
-            name="cql",
-            summary="Conservative Q-Learning: SAC plus a penalty on logsumexp Q over data Q (fixed weight)",
-            loss="offline_plugins.objectives.cql:CQLLoss",
-            build="offline_plugins.algorithms.cql:build",
-            config=CQLConfig,
-            action_spaces=("continuous",),
-            **common,
-        )
-    )
-    registry.add(
-        AlgorithmSpec(
-            name="cql-lagrange",
-            summary="Conservative Q-Learning with the Lagrangian weight holding the gap at a threshold",
-            loss="offline_plugins.objectives.cql:CQLLoss",
-            build="offline_plugins.algorithms.cql:build",
-            config=CQLLagrangeConfig,
-            action_spaces=("continuous",),
-            **common,
-        )
-    )
-    registry.add(
-        AlgorithmSpec(
-            name="cql-discrete",
-            summary="Conservative Q-Learning on a DQN backbone for discrete actions",
-            loss="offline_plugins.objectives.cql:DiscreteCQLLoss",
-            build="offline_plugins.algorithms.cql:build_discrete",
-            config=DiscreteCQLConfig,
-            action_spaces=("discrete",),
-            **common,
-        )
-    )
+    registry.add(builtin_algorithm(
+        "cql", "Conservative Q-Learning: SAC plus a penalty on logsumexp Q over data Q (fixed weight)",
+        CQLConfig, PAPER, loss="cql:CQLLoss", build="cql:build",
+    ))
+    registry.add(builtin_algorithm(
+        "cql-lagrange", "Conservative Q-Learning with the Lagrangian weight holding the gap at a threshold",
+        CQLLagrangeConfig, PAPER, loss="cql:CQLLoss", build="cql:build",
+    ))
+    registry.add(builtin_algorithm(
+        "cql-discrete", "Conservative Q-Learning on a DQN backbone for discrete actions",
+        DiscreteCQLConfig, PAPER, loss="cql:DiscreteCQLLoss", build="cql:build_discrete", action_space="discrete",
+    ))

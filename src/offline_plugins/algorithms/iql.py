@@ -11,7 +11,7 @@ from typing import Any
 
 from offline_plugins.config import config_field
 from offline_plugins.plugins.hookspecs import hookimpl
-from offline_plugins.plugins.registry import AlgorithmSpec
+from offline_plugins.plugins.registry import builtin_algorithm
 
 PAPER = "Kostrikov, Nair & Levine 2022, Offline Reinforcement Learning with Implicit Q-Learning, arXiv:2110.06169"
 
@@ -38,7 +38,6 @@ class IQLConfig:
 
 def _build(config: IQLConfig, data: Any, action_space: str, name: str):
     from offline_plugins.algorithms import _glue
-    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
     from offline_plugins.modules import networks
     from offline_plugins.modules.policies import DeterministicPolicy
     from offline_plugins.objectives.iql import DiscreteIQLLoss, IQLLoss
@@ -61,17 +60,8 @@ def _build(config: IQLConfig, data: Any, action_space: str, name: str):
         actor = networks.make_categorical_actor(n_obs, n, hidden)
         qvalue = networks.make_discrete_qvalue(n_obs, n, hidden)
         loss = DiscreteIQLLoss(actor, qvalue, networks.make_value(n_obs, hidden), **kwargs)
-    loss.make_value_estimator(gamma=config.gamma)
-    return AlgorithmParts(
-        loss=loss,
-        policy=DeterministicPolicy(actor),
-        optimizers=[
-            OptimizerGroup("value", _glue.params(loss.value_network_params), config.value_lr, ("loss_value",)),
-            OptimizerGroup("critic", _glue.params(loss.qvalue_network_params), config.critic_lr, ("loss_qvalue",)),
-            OptimizerGroup("actor", _glue.params(loss.actor_network_params), config.actor_lr, ("loss_actor",)),
-        ],
-        target_updater=_glue.soft_updater(loss, config.tau),
-    )
+    groups = [_glue.group("value", loss.value_network_params, config.value_lr, "loss_value")]
+    return _glue.transition_parts(loss, DeterministicPolicy(actor), config, groups + _glue.actor_critic_groups(loss, config))
 
 
 def build(config: IQLConfig, data: Any):
@@ -86,29 +76,11 @@ def build_discrete(config: IQLConfig, data: Any):
 
 @hookimpl
 def offline_plugins_register_algorithms(registry):
-    registry.add(
-        AlgorithmSpec(
-            name="iql",
-            summary="Implicit Q-Learning: expectile V, advantage-weighted policy, no out-of-data actions",
-            family="offline-rl",
-            data="transitions",
-            loss="offline_plugins.objectives.iql:IQLLoss",
-            build="offline_plugins.algorithms.iql:build",
-            config=IQLConfig,
-            paper=PAPER,
-            action_spaces=("continuous",),
-        )
-    )
-    registry.add(
-        AlgorithmSpec(
-            name="iql-discrete",
-            summary="Implicit Q-Learning for discrete actions",
-            family="offline-rl",
-            data="transitions",
-            loss="offline_plugins.objectives.iql:DiscreteIQLLoss",
-            build="offline_plugins.algorithms.iql:build_discrete",
-            config=IQLConfig,
-            paper=PAPER,
-            action_spaces=("discrete",),
-        )
-    )
+    registry.add(builtin_algorithm(
+        "iql", "Implicit Q-Learning: expectile V, advantage-weighted policy, no out-of-data actions",
+        IQLConfig, PAPER, loss="iql:IQLLoss", build="iql:build",
+    ))
+    registry.add(builtin_algorithm(
+        "iql-discrete", "Implicit Q-Learning for discrete actions",
+        IQLConfig, PAPER, loss="iql:DiscreteIQLLoss", build="iql:build_discrete", action_space="discrete",
+    ))

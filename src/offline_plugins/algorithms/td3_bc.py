@@ -11,7 +11,7 @@ from typing import Any
 
 from offline_plugins.config import config_field
 from offline_plugins.plugins.hookspecs import hookimpl
-from offline_plugins.plugins.registry import AlgorithmSpec
+from offline_plugins.plugins.registry import builtin_algorithm
 
 PAPER = "Fujimoto & Gu 2021, A Minimalist Approach to Offline Reinforcement Learning, arXiv:2106.06860"
 
@@ -34,7 +34,6 @@ class TD3BCConfig:
 def build(config: TD3BCConfig, data: Any):
     """Deterministic tanh actor, twin Q, actor stepped every ``policy_freq`` steps."""
     from offline_plugins.algorithms import _glue
-    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
     from offline_plugins.modules import networks
     from offline_plugins.modules.policies import DeterministicPolicy
     from offline_plugins.objectives.common import check_range
@@ -57,34 +56,14 @@ def build(config: TD3BCConfig, data: Any):
         diagnostics=True,
         mc_diagnostics=_glue.has_return_to_go(data),
     )
-    loss.make_value_estimator(gamma=config.gamma)
-    return AlgorithmParts(
-        loss=loss,
-        policy=DeterministicPolicy(actor),
-        optimizers=[
-            OptimizerGroup("critic", _glue.params(loss.qvalue_network_params), config.critic_lr, ("loss_qvalue",)),
-            OptimizerGroup(
-                "actor", _glue.params(loss.actor_network_params), config.actor_lr, ("loss_actor",),
-                every=int(config.policy_freq),
-            ),
-        ],
-        target_updater=_glue.soft_updater(loss, config.tau),
-        target_update_every=int(config.policy_freq),
-    )
+    every = int(config.policy_freq)
+    groups = _glue.actor_critic_groups(loss, config, actor_every=every)
+    return _glue.transition_parts(loss, DeterministicPolicy(actor), config, groups, target_update_every=every)
 
 
 @hookimpl
 def offline_plugins_register_algorithms(registry):
-    registry.add(
-        AlgorithmSpec(
-            name="td3-bc",
-            summary="TD3 with a behaviour-cloning term in the actor loss, lambda = alpha / mean|Q|",
-            family="offline-rl",
-            data="transitions",
-            loss="offline_plugins.objectives.td3_bc:TD3BCLoss",
-            build="offline_plugins.algorithms.td3_bc:build",
-            config=TD3BCConfig,
-            paper=PAPER,
-            action_spaces=("continuous",),
-        )
-    )
+    registry.add(builtin_algorithm(
+        "td3-bc", "TD3 with a behaviour-cloning term in the actor loss, lambda = alpha / mean|Q|",
+        TD3BCConfig, PAPER, loss="td3_bc:TD3BCLoss", build="td3_bc:build",
+    ))

@@ -9,21 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from tensordict import TensorDict, TensorDictBase, TensorDictParams
-from tensordict.nn import ProbabilisticTensorDictSequential, TensorDictModule, dispatch
+from tensordict import TensorDictBase, TensorDictParams
+from tensordict.nn import ProbabilisticTensorDictSequential, TensorDictModule
 from tensordict.utils import NestedKey
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.objectives.common import LossModule
 from torchrl.objectives.utils import ValueEstimators, _vmap_func, distance_loss
 
-from offline_plugins.objectives.common import (
-    advantage_diagnostics,
-    check_batch_keys,
-    check_range,
-    data_q_diagnostics,
-    make_td0_value_estimator,
-    td0_value_estimator_keys,
-)
+from offline_plugins.objectives.common import TD0TransitionLoss, TransitionKeys, advantage_diagnostics, check_range
 
 __all__ = ["AWACLoss", "awac_weights"]
 
@@ -37,7 +30,7 @@ def awac_weights(advantage: torch.Tensor, beta: float | torch.Tensor, max_weight
     return torch.exp(advantage.detach() / beta).clamp_max(max_weight)
 
 
-class AWACLoss(LossModule):
+class AWACLoss(TD0TransitionLoss, LossModule):
     r"""Advantage-Weighted Actor-Critic (Nair et al. 2020, arXiv:2006.09359).
 
     Twin critics learn :math:`Q^\pi` by the usual Bellman backup with the next action
@@ -67,41 +60,28 @@ class AWACLoss(LossModule):
 
     Examples:
         >>> import torch
-        >>> from tensordict import TensorDict
+        >>> from offline_plugins.objectives.common import random_transitions
         >>> from torchrl.data import Bounded
         >>> from offline_plugins.modules.networks import make_tanh_gaussian_actor, make_qvalue
         >>> spec = Bounded(-torch.ones(2), torch.ones(2), (2,))
         >>> loss = AWACLoss(make_tanh_gaussian_actor(3, spec, (8,)), make_qvalue(3, 2, (8,)))
         >>> loss.make_value_estimator(gamma=0.99)
-        >>> batch = TensorDict({"observation": torch.randn(4, 3), "action": spec.rand((4,)),
-        ...     ("next", "observation"): torch.randn(4, 3), ("next", "reward"): torch.randn(4, 1),
-        ...     ("next", "done"): torch.zeros(4, 1, dtype=torch.bool),
-        ...     ("next", "terminated"): torch.zeros(4, 1, dtype=torch.bool)}, [4])
+        >>> batch = random_transitions(spec.rand((4,)), obs_dim=3)
         >>> out = loss(batch)
         >>> sorted(k for k in out.keys() if k.startswith("loss_"))
         ['loss_actor', 'loss_qvalue']
     """
 
     @dataclass
-    class _AcceptedKeys:
-        """Keys the loss reads and writes.
+    class _AcceptedKeys(TransitionKeys):
+        """Keys the loss reads and writes: those of
+        :class:`~offline_plugins.objectives.common.TransitionKeys`, and
 
         Attributes:
-            action (NestedKey): the dataset's action. Defaults to ``"action"``.
             state_action_value (NestedKey): what the critic writes. Defaults to ``"state_action_value"``.
-            reward, done, terminated (NestedKey): under ``"next"``. Default to their names.
-            priority (NestedKey): where the TD error is written. Defaults to ``"td_error"``.
-            return_to_go (NestedKey): the data's Monte-Carlo discounted return, read only for
-                diagnostics when present. Defaults to ``"return_to_go"``.
         """
 
-        action: NestedKey = "action"
         state_action_value: NestedKey = "state_action_value"
-        reward: NestedKey = "reward"
-        done: NestedKey = "done"
-        terminated: NestedKey = "terminated"
-        priority: NestedKey = "td_error"
-        return_to_go: NestedKey = "return_to_go"
 
     tensor_keys: _AcceptedKeys
     default_keys = _AcceptedKeys
@@ -138,18 +118,8 @@ class AWACLoss(LossModule):
         self.register_buffer("max_weight", torch.tensor(float(max_weight)))
         self._vmap_qvalue = _vmap_func(self.qvalue_network, (None, 0), randomness=self.vmap_randomness)
 
-    def _forward_value_estimator_keys(self, **kwargs) -> None:
-        td0_value_estimator_keys(self, self.tensor_keys.state_action_value)
-
-    def make_value_estimator(self, value_type: ValueEstimators = None, **hyperparams) -> None:
-        make_td0_value_estimator(self, value_type, self.tensor_keys.state_action_value, **hyperparams)
-
-    @property
-    def in_keys(self):
-        keys = self.tensor_keys
-        obs = list(self.actor_network.in_keys)
-        return [*obs, keys.action, *[("next", k) for k in obs], ("next", keys.reward), ("next", keys.done),
-                ("next", keys.terminated)]
+    def _observation_keys(self) -> list:
+        return self.actor_network.in_keys
 
     def _sample(self, tensordict: TensorDictBase) -> torch.Tensor:
         """``a ~ pi(s)`` with the current policy, no gradient."""
@@ -169,9 +139,7 @@ class AWACLoss(LossModule):
         with torch.no_grad():
             next_td = tensordict.get("next")
             next_value = self._min_q(next_td, self._sample(next_td), self.target_qvalue_network_params)
-            td = tensordict.select(("next", keys.reward), ("next", keys.done), ("next", keys.terminated))
-            td.set(("next", keys.state_action_value), next_value.unsqueeze(-1))
-            target = self.value_estimator.value_estimate(td).squeeze(-1)
+            target = self._td0_target(tensordict, next_value.unsqueeze(-1))
         q_td = tensordict.select(*self.qvalue_network.in_keys, strict=False)
         pred = self._vmap_qvalue(q_td, self.qvalue_network_params).get(keys.state_action_value).squeeze(-1)
         loss = distance_loss(pred, target.expand_as(pred), loss_function=self.loss_function).sum(0).mean()
@@ -191,16 +159,8 @@ class AWACLoss(LossModule):
         loss = -(weight * log_prob).mean()
         return loss, {"q_data": q_data, **advantage_diagnostics(value, advantage, weight, self.max_weight)}
 
-    @dispatch
-    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        check_batch_keys(tensordict, self.in_keys, "AWACLoss")
-        if tensordict.ndim != 1:
-            tensordict = tensordict.reshape(-1)
+    def _loss_terms(self, tensordict: TensorDictBase) -> tuple:
         loss_qvalue, meta_q = self.qvalue_loss(tensordict)
         loss_actor, meta_actor = self.actor_loss(tensordict)
-        tensordict.set(self.tensor_keys.priority, meta_q["td_error"])
-        out = TensorDict({"loss_actor": loss_actor, "loss_qvalue": loss_qvalue})
-        if self.diagnostics:
-            out.update(data_q_diagnostics(meta_actor.pop("q_data"), tensordict, self.tensor_keys.return_to_go))
-            out.update(meta_actor)
-        return out
+        q_data = meta_actor.pop("q_data")
+        return {"loss_actor": loss_actor, "loss_qvalue": loss_qvalue}, meta_q["td_error"], q_data, meta_actor

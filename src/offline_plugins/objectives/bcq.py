@@ -13,18 +13,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from tensordict import TensorDict, TensorDictBase, TensorDictParams
-from tensordict.nn import TensorDictModule, TensorDictModuleBase, dispatch
+from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from tensordict.utils import NestedKey
 from torchrl.objectives.common import LossModule
 from torchrl.objectives.utils import ValueEstimators, _vmap_func, distance_loss
 
-from offline_plugins.objectives.common import (
-    check_batch_keys,
-    check_range,
-    data_q_diagnostics,
-    make_td0_value_estimator,
-    td0_value_estimator_keys,
-)
+from offline_plugins.objectives.common import TD0TransitionLoss, TransitionKeys, check_range
 
 __all__ = ["BCQLoss", "BCQPolicy", "DiscreteBCQLoss", "DiscreteBCQPolicy", "bcq_backup", "bcq_allowed_actions"]
 
@@ -43,7 +37,7 @@ def bcq_backup(q_candidates: torch.Tensor, lmbda: float | torch.Tensor) -> torch
     return mixed.max(-1).values
 
 
-class BCQLoss(LossModule):
+class BCQLoss(TD0TransitionLoss, LossModule):
     r"""Batch-Constrained deep Q-learning (Fujimoto et al. 2019, arXiv:1812.02900).
 
     A conditional VAE :math:`G_\omega(a|s)` models the behaviour policy; a perturbation
@@ -82,15 +76,13 @@ class BCQLoss(LossModule):
     Examples:
         >>> import torch
         >>> from tensordict import TensorDict
+        >>> from offline_plugins.objectives.common import random_transitions
         >>> from torchrl.data import Bounded
         >>> from offline_plugins.modules.networks import make_perturbation, make_qvalue, make_vae
         >>> spec = Bounded(-torch.ones(2), torch.ones(2), (2,))
         >>> loss = BCQLoss(make_perturbation(3, spec, (8,)), make_qvalue(3, 2, (8,)), make_vae(3, spec, (8,)))
         >>> loss.make_value_estimator(gamma=0.99)
-        >>> batch = TensorDict({"observation": torch.randn(4, 3), "action": spec.rand((4,)),
-        ...     ("next", "observation"): torch.randn(4, 3), ("next", "reward"): torch.randn(4, 1),
-        ...     ("next", "done"): torch.zeros(4, 1, dtype=torch.bool),
-        ...     ("next", "terminated"): torch.zeros(4, 1, dtype=torch.bool)}, [4])
+        >>> batch = random_transitions(spec.rand((4,)), obs_dim=3)
         >>> out = loss(batch)
         >>> sorted(k for k in out.keys() if k.startswith("loss_"))
         ['loss_actor', 'loss_qvalue', 'loss_vae']
@@ -99,31 +91,19 @@ class BCQLoss(LossModule):
     """
 
     @dataclass
-    class _AcceptedKeys:
-        """Keys the loss reads and writes.
+    class _AcceptedKeys(TransitionKeys):
+        """Keys the loss reads and writes: those of
+        :class:`~offline_plugins.objectives.common.TransitionKeys`, and
 
         Attributes:
             observation (NestedKey): observation the VAE decodes from. Defaults to ``"observation"``.
-            action (NestedKey): the dataset's action. Defaults to ``"action"``.
             perturbed_action (NestedKey): what the actor writes. Defaults to ``"perturbed_action"``.
             state_action_value (NestedKey): what the critic writes. Defaults to ``"state_action_value"``.
-            reward (NestedKey): under ``"next"``. Defaults to ``"reward"``.
-            done (NestedKey): under ``"next"``. Defaults to ``"done"``.
-            terminated (NestedKey): under ``"next"``. Defaults to ``"terminated"``.
-            priority (NestedKey): where the TD error is written. Defaults to ``"td_error"``.
-            return_to_go (NestedKey): the data's Monte-Carlo discounted return, read only for
-                diagnostics when present. Defaults to ``"return_to_go"``.
         """
 
         observation: NestedKey = "observation"
-        action: NestedKey = "action"
         perturbed_action: NestedKey = "perturbed_action"
         state_action_value: NestedKey = "state_action_value"
-        reward: NestedKey = "reward"
-        done: NestedKey = "done"
-        terminated: NestedKey = "terminated"
-        priority: NestedKey = "td_error"
-        return_to_go: NestedKey = "return_to_go"
 
     tensor_keys: _AcceptedKeys
     default_keys = _AcceptedKeys
@@ -167,21 +147,6 @@ class BCQLoss(LossModule):
         self.register_buffer("lmbda", torch.tensor(float(lmbda)))
         self.register_buffer("kl_weight", torch.tensor(float(kl_weight)))
         self._vmap_qvalue = _vmap_func(self.qvalue_network, (None, 0), randomness=self.vmap_randomness)
-
-    def _forward_value_estimator_keys(self, **kwargs) -> None:
-        td0_value_estimator_keys(self, self.tensor_keys.state_action_value)
-
-    def make_value_estimator(self, value_type: ValueEstimators = None, **hyperparams) -> None:
-        # the next-state value is computed here (BCQ's backup) and read from the batch
-        make_td0_value_estimator(self, value_type, self.tensor_keys.state_action_value, **hyperparams)
-
-    @property
-    def in_keys(self):
-        keys = self.tensor_keys
-        return [
-            keys.observation, keys.action, ("next", keys.observation), ("next", keys.reward),
-            ("next", keys.done), ("next", keys.terminated),
-        ]
 
     # -- pieces -----------------------------------------------------------------------------
     def _decode(self, observation: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
@@ -228,10 +193,7 @@ class BCQLoss(LossModule):
         keys = self.tensor_keys
         with torch.no_grad():
             _, q_next = self.candidate_q(tensordict.get(("next", keys.observation)))
-            next_value = bcq_backup(q_next, self.lmbda).unsqueeze(-1)
-            td = tensordict.select(("next", keys.reward), ("next", keys.done), ("next", keys.terminated))
-            td.set(("next", keys.state_action_value), next_value)
-            target = self.value_estimator.value_estimate(td).squeeze(-1)
+            target = self._td0_target(tensordict, bcq_backup(q_next, self.lmbda).unsqueeze(-1))  # BCQ's backup
         pred = self._q(tensordict.get(keys.observation), tensordict.get(keys.action), self.qvalue_network_params)
         loss = distance_loss(pred, target.expand_as(pred), loss_function=self.loss_function).sum(0).mean()
         td_error = (pred.detach() - target).pow(2).max(0).values
@@ -246,21 +208,12 @@ class BCQLoss(LossModule):
         q1 = self._q(observation, perturbed, self.qvalue_network_params.detach())[0]
         return -q1.mean(), {"perturbation_abs_mean": (perturbed - sampled).detach().abs().mean()}
 
-    @dispatch
-    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        check_batch_keys(tensordict, self.in_keys, "BCQLoss")
-        if tensordict.ndim != 1:
-            tensordict = tensordict.reshape(-1)
+    def _loss_terms(self, tensordict: TensorDictBase) -> tuple:
         loss_vae, meta_vae = self.vae_loss(tensordict)
         loss_qvalue, meta_q = self.qvalue_loss(tensordict)
         loss_actor, meta_actor = self.actor_loss(tensordict)
-        tensordict.set(self.tensor_keys.priority, meta_q["td_error"])
-        out = TensorDict({"loss_actor": loss_actor, "loss_qvalue": loss_qvalue, "loss_vae": loss_vae})
-        if self.diagnostics:
-            out.update(data_q_diagnostics(meta_q["q_data"], tensordict, self.tensor_keys.return_to_go))
-            out.update(meta_vae)
-            out.update(meta_actor)
-        return out
+        losses = {"loss_actor": loss_actor, "loss_qvalue": loss_qvalue, "loss_vae": loss_vae}
+        return losses, meta_q["td_error"], meta_q["q_data"], {**meta_vae, **meta_actor}
 
 
 class BCQPolicy(TensorDictModuleBase):
@@ -307,7 +260,7 @@ def bcq_allowed_actions(logits: torch.Tensor, threshold: float | torch.Tensor) -
     return probs / probs.max(-1, keepdim=True).values > threshold
 
 
-class DiscreteBCQLoss(LossModule):
+class DiscreteBCQLoss(TD0TransitionLoss, LossModule):
     r"""Discrete BCQ (Fujimoto et al. 2019, arXiv:1910.01708): DQN restricted to likely actions.
 
     A behaviour classifier :math:`G(a|s)` allows only actions with
@@ -337,16 +290,14 @@ class DiscreteBCQLoss(LossModule):
     Examples:
         >>> import torch
         >>> from tensordict import TensorDict
+        >>> from offline_plugins.objectives.common import random_transitions
         >>> from tensordict.nn import TensorDictModule
         >>> from offline_plugins.modules.networks import mlp
         >>> q = TensorDictModule(mlp(3, 4, (8,)), ["observation"], ["action_value"])
         >>> g = TensorDictModule(mlp(3, 4, (8,)), ["observation"], ["imitation_logits"])
         >>> loss = DiscreteBCQLoss(q, g)
         >>> loss.make_value_estimator(gamma=0.99)
-        >>> batch = TensorDict({"observation": torch.randn(5, 3), "action": torch.randint(4, (5,)),
-        ...     ("next", "observation"): torch.randn(5, 3), ("next", "reward"): torch.randn(5, 1),
-        ...     ("next", "done"): torch.zeros(5, 1, dtype=torch.bool),
-        ...     ("next", "terminated"): torch.zeros(5, 1, dtype=torch.bool)}, [5])
+        >>> batch = random_transitions(torch.randint(4, (5,)), obs_dim=3)
         >>> out = loss(batch)
         >>> sorted(k for k in out.keys() if k.startswith("loss_"))
         ['loss_imitation', 'loss_qvalue']
@@ -355,35 +306,28 @@ class DiscreteBCQLoss(LossModule):
     """
 
     @dataclass
-    class _AcceptedKeys:
-        """Keys the loss reads and writes.
+    class _AcceptedKeys(TransitionKeys):
+        """Keys the loss reads and writes: those of
+        :class:`~offline_plugins.objectives.common.TransitionKeys` (``action``: the dataset's
+        int64 action index), and
 
         Attributes:
             observation (NestedKey): Defaults to ``"observation"``.
-            action (NestedKey): the dataset's int64 action index. Defaults to ``"action"``.
             action_value (NestedKey): what the Q network writes. Defaults to ``"action_value"``.
             imitation_logits (NestedKey): what the classifier writes. Defaults to ``"imitation_logits"``.
             value (NestedKey): the next-state value handed to the estimator. Defaults to ``"chosen_action_value"``.
-            reward, done, terminated (NestedKey): under ``"next"``. Default to their names.
-            priority (NestedKey): where the TD error is written. Defaults to ``"td_error"``.
-            return_to_go (NestedKey): read for diagnostics when present. Defaults to ``"return_to_go"``.
         """
 
         observation: NestedKey = "observation"
-        action: NestedKey = "action"
         action_value: NestedKey = "action_value"
         imitation_logits: NestedKey = "imitation_logits"
         value: NestedKey = "chosen_action_value"
-        reward: NestedKey = "reward"
-        done: NestedKey = "done"
-        terminated: NestedKey = "terminated"
-        priority: NestedKey = "td_error"
-        return_to_go: NestedKey = "return_to_go"
 
     tensor_keys: _AcceptedKeys
     default_keys = _AcceptedKeys
     default_value_estimator = ValueEstimators.TD0
     out_keys = ["loss_qvalue", "loss_imitation"]
+    _next_value_key = "value"
 
     value_network: TensorDictModule
     imitation_network: TensorDictModule
@@ -412,20 +356,6 @@ class DiscreteBCQLoss(LossModule):
         self.loss_function = loss_function
         self.diagnostics = diagnostics
 
-    def _forward_value_estimator_keys(self, **kwargs) -> None:
-        td0_value_estimator_keys(self, self.tensor_keys.value)
-
-    def make_value_estimator(self, value_type: ValueEstimators = None, **hyperparams) -> None:
-        make_td0_value_estimator(self, value_type, self.tensor_keys.value, **hyperparams)
-
-    @property
-    def in_keys(self):
-        keys = self.tensor_keys
-        return [
-            keys.observation, keys.action, ("next", keys.observation), ("next", keys.reward),
-            ("next", keys.done), ("next", keys.terminated),
-        ]
-
     def _run(self, module: TensorDictModule, params, observation: torch.Tensor, out_key: NestedKey) -> torch.Tensor:
         td = TensorDict({self.tensor_keys.observation: observation}, observation.shape[:-1])
         with params.to_module(module, preserve_module_state=False):
@@ -447,10 +377,7 @@ class DiscreteBCQLoss(LossModule):
             next_obs = tensordict.get(("next", keys.observation))
             next_action, allowed = self.greedy_allowed(next_obs)
             q_next = self._run(self.value_network, self.target_value_network_params, next_obs, keys.action_value)
-            next_value = q_next.gather(-1, next_action.unsqueeze(-1))
-            td = tensordict.select(("next", keys.reward), ("next", keys.done), ("next", keys.terminated))
-            td.set(("next", keys.value), next_value)
-            target = self.value_estimator.value_estimate(td).squeeze(-1)
+            target = self._td0_target(tensordict, q_next.gather(-1, next_action.unsqueeze(-1)))
         q = self._run(self.value_network, self.value_network_params, tensordict.get(keys.observation), keys.action_value)
         action = tensordict.get(keys.action).long().reshape(*q.shape[:-1], 1)
         pred = q.gather(-1, action).squeeze(-1)
@@ -470,20 +397,11 @@ class DiscreteBCQLoss(LossModule):
         nll = F.cross_entropy(logits, action)
         return nll + self.logit_reg * logits.pow(2).mean(), {"imitation_nll": nll.detach()}
 
-    @dispatch
-    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        check_batch_keys(tensordict, self.in_keys, "DiscreteBCQLoss")
-        if tensordict.ndim != 1:
-            tensordict = tensordict.reshape(-1)
+    def _loss_terms(self, tensordict: TensorDictBase) -> tuple:
         loss_qvalue, meta_q = self.qvalue_loss(tensordict)
         loss_imitation, meta_i = self.imitation_loss(tensordict)
-        tensordict.set(self.tensor_keys.priority, meta_q["td_error"])
-        out = TensorDict({"loss_qvalue": loss_qvalue, "loss_imitation": loss_imitation})
-        if self.diagnostics:
-            out.update(data_q_diagnostics(meta_q["q_data"], tensordict, self.tensor_keys.return_to_go))
-            out.set("allowed_actions_frac", meta_q["allowed_actions_frac"])
-            out.update(meta_i)
-        return out
+        diagnostics = {"allowed_actions_frac": meta_q["allowed_actions_frac"], **meta_i}
+        return {"loss_qvalue": loss_qvalue, "loss_imitation": loss_imitation}, meta_q["td_error"], meta_q["q_data"], diagnostics
 
 
 class DiscreteBCQPolicy(TensorDictModuleBase):

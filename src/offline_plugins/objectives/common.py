@@ -16,11 +16,12 @@ offline_plugins.objectives.common.MissingBatchKeyError: IQLLoss: the batch has n
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable, Optional
 
 import torch
-from tensordict import TensorDictBase
-from tensordict.nn import TensorDictModuleBase
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModuleBase, dispatch
 from tensordict.utils import NestedKey
 
 from offline_plugins.errors import OfflineLossError
@@ -39,6 +40,9 @@ __all__ = [
     "transition_keys",
     "td0_value_estimator_keys",
     "make_td0_value_estimator",
+    "TransitionKeys",
+    "TD0TransitionLoss",
+    "random_transitions",
 ]
 
 
@@ -114,7 +118,8 @@ class DiagnosticsContract:
     A class lists this base before TorchRL's and provides ``_torchrl_out_keys()`` and
     ``_diagnostic_keys()`` (its own diagnostics, the Monte-Carlo pair excluded); it calls
     :meth:`_init_diagnostics` before TorchRL's ``__init__``, :meth:`_set_out_keys` after
-    it, and :meth:`_check_diagnostic_keys` at the start of ``forward``.
+    it, and :meth:`_check_batch` at the start of ``forward``, or has ``forward`` return
+    :meth:`_diagnosed_forward` (TorchRL's ``forward`` and ``_diagnose()``'s entries).
     """
 
     # TorchRL declares most losses' ``out_keys`` as a class-level list, which
@@ -167,6 +172,26 @@ class DiagnosticsContract:
     @in_keys.setter
     def in_keys(self, values) -> None:
         self._in_keys = values  # as TorchRL's setters (CQLLoss has none: it computes its keys)
+
+    def _observation_keys(self) -> list:
+        """The observation keys of a transition (the actor's ``in_keys``)."""
+        return self.actor_network.in_keys
+
+    def _check_batch(self, tensordict: TensorDictBase) -> None:
+        """Raise :class:`MissingBatchKeyError` for a batch without a transition's keys
+        (:func:`transition_keys`) or a return-to-go the diagnostics read."""
+        check_batch_keys(tensordict, transition_keys(self._observation_keys(), self.tensor_keys), type(self).__name__)
+        self._check_diagnostic_keys(tensordict)
+
+    def _diagnosed_forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """TorchRL's ``forward`` on a checked batch, then, when the diagnostics are on, the
+        entries of the class's ``_diagnose(tensordict)`` (computed without gradients)."""
+        self._check_batch(tensordict)
+        out = super().forward(tensordict)
+        if self._emits_diagnostics():
+            with torch.no_grad():
+                out.update(self._diagnose(tensordict))
+        return out
 
     def _check_diagnostic_keys(self, tensordict: TensorDictBase) -> None:
         key = self.tensor_keys.return_to_go if self._emits_mc() else None
@@ -241,6 +266,33 @@ def transition_keys(obs_keys: Iterable[NestedKey], keys) -> list:
     ]
 
 
+def random_transitions(action: torch.Tensor, obs_dim: int, **entries: torch.Tensor) -> TensorDict:
+    """A batch of random transitions in TorchRL's TED layout, for examples and tests.
+
+    ``action`` ``[B, ...]`` is the batch's action; ``observation`` and ``("next", "observation")``
+    ``[B, obs_dim]`` and ``("next", "reward")`` ``[B, 1]`` are standard normal, and
+    ``("next", "done")``/``("next", "terminated")`` False. ``entries``: further keys
+    (``return_to_go=...``).
+
+    >>> batch = random_transitions(torch.randint(4, (5,)), obs_dim=3)
+    >>> batch.batch_size, batch["next", "observation"].shape, batch["next", "terminated"].any().item()
+    (torch.Size([5]), torch.Size([5, 3]), False)
+    """
+    n = action.shape[0]
+    return TensorDict(
+        {
+            "observation": torch.randn(n, obs_dim),
+            "action": action,
+            ("next", "observation"): torch.randn(n, obs_dim),
+            ("next", "reward"): torch.randn(n, 1),
+            ("next", "done"): torch.zeros(n, 1, dtype=torch.bool),
+            ("next", "terminated"): torch.zeros(n, 1, dtype=torch.bool),
+            **entries,
+        },
+        [n],
+    )
+
+
 def _td0_tensor_keys(loss, value_key: NestedKey) -> dict:
     keys = loss.tensor_keys
     return {"value": value_key, "reward": keys.reward, "done": keys.done, "terminated": keys.terminated}
@@ -266,3 +318,76 @@ def make_td0_value_estimator(loss, value_type, value_key: NestedKey, **hyperpara
         value_network=None,
         **hyperparams,
     )
+
+
+@dataclass
+class TransitionKeys:
+    """The keys every :class:`TD0TransitionLoss` reads and writes; a loss's ``_AcceptedKeys`` adds its own.
+
+    Attributes:
+        action (NestedKey): the dataset's action. Defaults to ``"action"``.
+        reward, done, terminated (NestedKey): under ``"next"``. Default to their names.
+        priority (NestedKey): where the TD error is written. Defaults to ``"td_error"``.
+        return_to_go (NestedKey): the data's Monte-Carlo discounted return, read only for
+            diagnostics when present. Defaults to ``"return_to_go"``.
+    """
+
+    action: NestedKey = "action"
+    reward: NestedKey = "reward"
+    done: NestedKey = "done"
+    terminated: NestedKey = "terminated"
+    priority: NestedKey = "td_error"
+    return_to_go: NestedKey = "return_to_go"
+
+
+class TD0TransitionLoss:
+    """What our own transition losses with a TD(0) critic (AWAC, BCQ, discrete BCQ; TorchRL has
+    none of them) share: the keys they read, the estimator wiring, the target and ``forward``.
+
+    A class lists this base before TorchRL's ``LossModule``; its ``_AcceptedKeys`` extends
+    :class:`TransitionKeys`, ``_next_value_key`` names the key field of the next-state value
+    the loss computes and the TD(0) estimator reads, and it provides
+    ``_loss_terms(batch) -> (losses, td_error, q_data, diagnostics)`` (and
+    ``_observation_keys()`` unless it reads ``tensor_keys.observation``). ``forward`` checks
+    the batch's keys (:attr:`in_keys`), flattens it to ``[batch]``, writes ``td_error`` at
+    ``priority`` and returns the losses, then, with ``diagnostics``, :func:`data_q_diagnostics`
+    of ``q_data`` and the loss's own diagnostics.
+    """
+
+    _next_value_key = "state_action_value"
+
+    def _observation_keys(self) -> list:
+        return [self.tensor_keys.observation]
+
+    def _forward_value_estimator_keys(self, **kwargs) -> None:
+        td0_value_estimator_keys(self, getattr(self.tensor_keys, self._next_value_key))
+
+    def make_value_estimator(self, value_type=None, **hyperparams) -> None:
+        # the next-state value is computed by the loss and read from the batch
+        make_td0_value_estimator(self, value_type, getattr(self.tensor_keys, self._next_value_key), **hyperparams)
+
+    @property
+    def in_keys(self) -> list:
+        keys, obs = self.tensor_keys, list(self._observation_keys())
+        return [*obs, keys.action, *[("next", k) for k in obs], ("next", keys.reward), ("next", keys.done),
+                ("next", keys.terminated)]
+
+    def _td0_target(self, tensordict: TensorDictBase, next_value: torch.Tensor) -> torch.Tensor:
+        """The value estimator's target for ``next_value`` (the next-state value, shaped ``[*batch, 1]``)."""
+        keys = self.tensor_keys
+        td = tensordict.select(("next", keys.reward), ("next", keys.done), ("next", keys.terminated))
+        td.set(("next", getattr(keys, self._next_value_key)), next_value)
+        return self.value_estimator.value_estimate(td).squeeze(-1)
+
+    @dispatch
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        check_batch_keys(tensordict, self.in_keys, type(self).__name__)
+        if tensordict.ndim != 1:
+            tensordict = tensordict.reshape(-1)
+        losses, td_error, q_data, diagnostics = self._loss_terms(tensordict)
+        tensordict.set(self.tensor_keys.priority, td_error)
+        out = TensorDict(losses)
+        if self.diagnostics:
+            out.update(data_q_diagnostics(q_data, tensordict, self.tensor_keys.return_to_go))
+            out.update(diagnostics)
+        return out

@@ -54,7 +54,7 @@ from torchrl.objectives import CQLLoss as _TorchRLCQLLoss
 from torchrl.objectives import DiscreteCQLLoss as _TorchRLDiscreteCQLLoss
 
 from offline_plugins.objectives import _fused
-from offline_plugins.objectives.common import DiagnosticsContract, check_batch_keys, check_range, transition_keys
+from offline_plugins.objectives.common import DiagnosticsContract, check_range
 
 __all__ = ["CQLLoss", "DiscreteCQLLoss"]
 
@@ -106,17 +106,14 @@ class CQLLoss(DiagnosticsContract, _TorchRLCQLLoss):
 
     Examples:
         >>> import torch
-        >>> from tensordict import TensorDict
+        >>> from offline_plugins.objectives.common import random_transitions
         >>> from torchrl.data import Bounded
         >>> from offline_plugins.modules.networks import make_tanh_gaussian_actor, make_qvalue
         >>> spec = Bounded(-torch.ones(2), torch.ones(2), (2,))
         >>> loss = CQLLoss(make_tanh_gaussian_actor(3, spec, (8,)), make_qvalue(3, 2, (8,)),
         ...                with_lagrange=True, num_random=2, diagnostics=True)
         >>> loss.make_value_estimator(gamma=0.99)
-        >>> batch = TensorDict({"observation": torch.randn(4, 3), "action": spec.rand((4,)),
-        ...     ("next", "observation"): torch.randn(4, 3), ("next", "reward"): torch.randn(4, 1),
-        ...     ("next", "done"): torch.zeros(4, 1, dtype=torch.bool),
-        ...     ("next", "terminated"): torch.zeros(4, 1, dtype=torch.bool)}, [4])
+        >>> batch = random_transitions(spec.rand((4,)), obs_dim=3)
         >>> out = loss(batch)
         >>> sorted(k for k in out.keys() if k.startswith("loss_"))
         ['loss_actor', 'loss_actor_bc', 'loss_alpha', 'loss_alpha_prime', 'loss_cql', 'loss_qvalue']
@@ -136,7 +133,6 @@ class CQLLoss(DiagnosticsContract, _TorchRLCQLLoss):
         undiscounted Monte-Carlo return, read only with ``mc_diagnostics=True``."""
 
         return_to_go: NestedKey = "return_to_go"
-
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
 
@@ -296,21 +292,18 @@ class CQLLoss(DiagnosticsContract, _TorchRLCQLLoss):
 
     @dispatch
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        return self._diagnosed_forward(tensordict)
+
+    def _diagnose(self, tensordict: TensorDictBase) -> dict:
         keys = self.tensor_keys
-        check_batch_keys(tensordict, transition_keys(self.actor_network.in_keys, keys), "CQLLoss")
-        self._check_diagnostic_keys(tensordict)
-        out = super().forward(tensordict)
-        if self._emits_diagnostics():
-            with torch.no_grad():
-                q_data = torch.minimum(tensordict.get(keys.pred_q1), tensordict.get(keys.pred_q2)).squeeze(-1)
-                out.set("q_data_mean", q_data.mean())
-                if self.min_q_weight > 0:
-                    gap = (tensordict.get(keys.cql_q1_loss) + tensordict.get(keys.cql_q2_loss)) / (2 * self.min_q_weight)
-                    out.set("cql_gap", gap.mean().detach())
-                if self.with_lagrange:
-                    out.set("alpha_prime", self._alpha_prime)
-                out.update(self._mc_diagnostics(q_data, tensordict, None))
-        return out
+        q_data = torch.minimum(tensordict.get(keys.pred_q1), tensordict.get(keys.pred_q2)).squeeze(-1)
+        out = {"q_data_mean": q_data.mean()}
+        if self.min_q_weight > 0:
+            gap = (tensordict.get(keys.cql_q1_loss) + tensordict.get(keys.cql_q2_loss)) / (2 * self.min_q_weight)
+            out["cql_gap"] = gap.mean().detach()
+        if self.with_lagrange:
+            out["alpha_prime"] = self._alpha_prime
+        return {**out, **self._mc_diagnostics(q_data, tensordict, None)}
 
 
 def _infer_action_space(value_network):
@@ -359,7 +352,7 @@ class DiscreteCQLLoss(DiagnosticsContract, _TorchRLDiscreteCQLLoss):
 
     Examples:
         >>> import torch
-        >>> from tensordict import TensorDict
+        >>> from offline_plugins.objectives.common import random_transitions
         >>> from torchrl.modules import QValueActor
         >>> from offline_plugins.modules.networks import mlp
         >>> qnet = QValueActor(mlp(3, 4, (8,)), in_keys=["observation"], action_space="categorical")
@@ -367,10 +360,7 @@ class DiscreteCQLLoss(DiagnosticsContract, _TorchRLDiscreteCQLLoss):
         >>> loss.action_space
         'categorical'
         >>> loss.make_value_estimator(gamma=0.99)
-        >>> batch = TensorDict({"observation": torch.randn(5, 3), "action": torch.randint(4, (5,)),
-        ...     ("next", "observation"): torch.randn(5, 3), ("next", "reward"): torch.randn(5, 1),
-        ...     ("next", "done"): torch.zeros(5, 1, dtype=torch.bool),
-        ...     ("next", "terminated"): torch.zeros(5, 1, dtype=torch.bool)}, [5])
+        >>> batch = random_transitions(torch.randint(4, (5,)), obs_dim=3)
         >>> out = loss(batch)
         >>> sorted(k for k in out.keys() if k.startswith("loss_"))
         ['loss_cql', 'loss_qvalue']
@@ -384,7 +374,6 @@ class DiscreteCQLLoss(DiagnosticsContract, _TorchRLDiscreteCQLLoss):
         read only with ``mc_diagnostics=True``."""
 
         return_to_go: NestedKey = "return_to_go"
-
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
 
@@ -416,21 +405,19 @@ class DiscreteCQLLoss(DiagnosticsContract, _TorchRLDiscreteCQLLoss):
         loss, metadata = super().cql_loss(tensordict)
         return self.alpha * loss, metadata
 
+    def _observation_keys(self) -> list:
+        return self.value_network.in_keys
+
     @dispatch
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        keys = self.tensor_keys
-        check_batch_keys(tensordict, transition_keys(self.value_network.in_keys, keys), "DiscreteCQLLoss")
-        self._check_diagnostic_keys(tensordict)
-        out = super().forward(tensordict)
-        if self._emits_diagnostics():
-            with torch.no_grad():
-                q_all = tensordict.get(keys.pred_val)
-                action = tensordict.get(keys.action)
-                if self.action_space == "categorical":
-                    q_data = q_all.gather(-1, action.long().reshape(*q_all.shape[:-1], 1)).squeeze(-1)
-                else:
-                    q_data = (q_all * action.to(q_all.dtype)).sum(-1)
-                out.set("q_data_mean", q_data.mean())
-                out.set("cql_gap", (torch.logsumexp(q_all, -1) - q_data).mean())
-                out.update(self._mc_diagnostics(q_data, tensordict, None))
-        return out
+        return self._diagnosed_forward(tensordict)
+
+    def _diagnose(self, tensordict: TensorDictBase) -> dict:
+        q_all = tensordict.get(self.tensor_keys.pred_val)
+        action = tensordict.get(self.tensor_keys.action)
+        if self.action_space == "categorical":
+            q_data = q_all.gather(-1, action.long().reshape(*q_all.shape[:-1], 1)).squeeze(-1)
+        else:
+            q_data = (q_all * action.to(q_all.dtype)).sum(-1)
+        out = {"q_data_mean": q_data.mean(), "cql_gap": (torch.logsumexp(q_all, -1) - q_data).mean()}
+        return {**out, **self._mc_diagnostics(q_data, tensordict, None)}

@@ -24,13 +24,7 @@ from torchrl.objectives import IQLLoss as _TorchRLIQLLoss
 from torchrl.objectives.utils import distance_loss
 
 from offline_plugins.objectives import _fused
-from offline_plugins.objectives.common import (
-    DiagnosticsContract,
-    advantage_diagnostics,
-    check_batch_keys,
-    check_range,
-    transition_keys,
-)
+from offline_plugins.objectives.common import DiagnosticsContract, advantage_diagnostics, check_range
 
 __all__ = ["IQLLoss", "DiscreteIQLLoss"]
 
@@ -63,13 +57,6 @@ class _IQLCommon(DiagnosticsContract):
 
     def _diagnostic_keys(self) -> list:
         return list(_DIAGNOSTIC_KEYS)
-
-    def _required_keys(self) -> list:
-        return transition_keys(self.actor_network.in_keys, self.tensor_keys)
-
-    def _check_batch(self, tensordict: TensorDictBase) -> None:
-        check_batch_keys(tensordict, self._required_keys(), type(self).__name__)
-        self._check_diagnostic_keys(tensordict)
 
     def _chosen_q(self, state_action_value: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         return state_action_value.squeeze(-1)
@@ -104,11 +91,7 @@ class _IQLCommon(DiagnosticsContract):
 
     @dispatch
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        self._check_batch(tensordict)
-        out = super().forward(tensordict)
-        if self._emits_diagnostics():
-            out.update(self._diagnose(tensordict))
-        return out
+        return self._diagnosed_forward(tensordict)
 
 
 class IQLLoss(_IQLCommon, _TorchRLIQLLoss):
@@ -180,16 +163,13 @@ class IQLLoss(_IQLCommon, _TorchRLIQLLoss):
 
     Examples:
         >>> import torch
-        >>> from tensordict import TensorDict
+        >>> from offline_plugins.objectives.common import random_transitions
         >>> from torchrl.data import Bounded
         >>> from offline_plugins.modules.networks import make_tanh_gaussian_actor, make_qvalue, make_value
         >>> spec = Bounded(-torch.ones(2), torch.ones(2), (2,))
         >>> loss = IQLLoss(make_tanh_gaussian_actor(3, spec, (8,)), make_qvalue(3, 2, (8,)), make_value(3, (8,)))
         >>> loss.make_value_estimator(gamma=0.99)
-        >>> batch = TensorDict({"observation": torch.randn(4, 3), "action": spec.rand((4,)),
-        ...     ("next", "observation"): torch.randn(4, 3), ("next", "reward"): torch.randn(4, 1),
-        ...     ("next", "done"): torch.zeros(4, 1, dtype=torch.bool),
-        ...     ("next", "terminated"): torch.zeros(4, 1, dtype=torch.bool)}, [4])
+        >>> batch = random_transitions(spec.rand((4,)), obs_dim=3)
         >>> out = loss(batch)
         >>> loss.out_keys  # TorchRL's
         ['loss_actor', 'loss_qvalue', 'loss_value', 'entropy']
@@ -222,7 +202,6 @@ class IQLLoss(_IQLCommon, _TorchRLIQLLoss):
         undiscounted Monte-Carlo return, read only with ``mc_diagnostics=True``."""
 
         return_to_go: NestedKey = "return_to_go"
-
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
 
@@ -412,17 +391,14 @@ class DiscreteIQLLoss(_IQLCommon, _TorchRLDiscreteIQLLoss):
 
     Examples:
         >>> import torch
-        >>> from tensordict import TensorDict
+        >>> from offline_plugins.objectives.common import random_transitions
         >>> from offline_plugins.modules.networks import make_categorical_actor, make_discrete_qvalue, make_value
         >>> loss = DiscreteIQLLoss(make_categorical_actor(3, 4, (8,)), make_discrete_qvalue(3, 4, (8,)),
         ...                        make_value(3, (8,)))
         >>> loss.action_space  # from the actor's Categorical spec
         'categorical'
         >>> loss.make_value_estimator(gamma=0.99)
-        >>> batch = TensorDict({"observation": torch.randn(5, 3), "action": torch.randint(4, (5,)),
-        ...     ("next", "observation"): torch.randn(5, 3), ("next", "reward"): torch.randn(5, 1),
-        ...     ("next", "done"): torch.zeros(5, 1, dtype=torch.bool),
-        ...     ("next", "terminated"): torch.zeros(5, 1, dtype=torch.bool)}, [5])
+        >>> batch = random_transitions(torch.randint(4, (5,)), obs_dim=3)
         >>> out = loss(batch)
         >>> sorted(k for k in out.keys() if k.startswith("loss_"))
         ['loss_actor', 'loss_qvalue', 'loss_value']
@@ -434,7 +410,6 @@ class DiscreteIQLLoss(_IQLCommon, _TorchRLDiscreteIQLLoss):
         read only with ``mc_diagnostics=True``."""
 
         return_to_go: NestedKey = "return_to_go"
-
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
 

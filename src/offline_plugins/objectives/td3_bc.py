@@ -12,7 +12,7 @@ from torchrl.objectives import TD3BCLoss as _TorchRLTD3BCLoss
 from torchrl.objectives.utils import distance_loss
 
 from offline_plugins.objectives import _fused
-from offline_plugins.objectives.common import DiagnosticsContract, check_batch_keys, check_range, transition_keys
+from offline_plugins.objectives.common import DiagnosticsContract, check_range
 
 __all__ = ["TD3BCLoss"]
 
@@ -75,7 +75,7 @@ class TD3BCLoss(DiagnosticsContract, _TorchRLTD3BCLoss):
 
     Examples:
         >>> import torch
-        >>> from tensordict import TensorDict
+        >>> from offline_plugins.objectives.common import random_transitions
         >>> from torchrl.data import Bounded
         >>> from offline_plugins.modules.networks import make_deterministic_actor, make_qvalue
         >>> spec = Bounded(-torch.ones(2), torch.ones(2), (2,))
@@ -84,11 +84,7 @@ class TD3BCLoss(DiagnosticsContract, _TorchRLTD3BCLoss):
         ...     diagnostics=True, mc_diagnostics=True,
         ... )
         >>> loss.make_value_estimator(gamma=0.99)
-        >>> batch = TensorDict({"observation": torch.randn(4, 3), "action": spec.rand((4,)),
-        ...     ("next", "observation"): torch.randn(4, 3), ("next", "reward"): torch.randn(4, 1),
-        ...     ("next", "done"): torch.zeros(4, 1, dtype=torch.bool),
-        ...     ("next", "terminated"): torch.zeros(4, 1, dtype=torch.bool),
-        ...     "return_to_go": torch.randn(4, 1)}, [4])
+        >>> batch = random_transitions(spec.rand((4,)), obs_dim=3, return_to_go=torch.randn(4, 1))
         >>> out = loss(batch)
         >>> sorted(k for k in out.keys() if k.startswith("loss_"))
         ['loss_actor', 'loss_qvalue']
@@ -106,7 +102,6 @@ class TD3BCLoss(DiagnosticsContract, _TorchRLTD3BCLoss):
         undiscounted Monte-Carlo return, read only with ``mc_diagnostics=True``."""
 
         return_to_go: NestedKey = "return_to_go"
-
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
 
@@ -259,8 +254,7 @@ class TD3BCLoss(DiagnosticsContract, _TorchRLTD3BCLoss):
 
     def _forward(self, tensordict: TensorDictBase, actor: bool) -> TensorDictBase:
         keys = self.tensor_keys
-        check_batch_keys(tensordict, transition_keys(self.actor_network.in_keys, keys), "TD3BCLoss")
-        self._check_diagnostic_keys(tensordict)
+        self._check_batch(tensordict)
         # prioritised-replay weights and loss masks are TorchRL's business: its code applies them
         weighted = tensordict.get(keys.priority_weight, None) is not None
         if weighted or self._fused_blocker() is not None or _fused.loss_mask_present(self, tensordict):

@@ -45,6 +45,7 @@ __all__ = [
     "UnknownNameError",
     "PluginError",
     "resolve",
+    "builtin_algorithm",
 ]
 
 Family = Literal["offline-rl", "sequence-model", "preference", "online-llm"]
@@ -178,6 +179,40 @@ class AlgorithmSpec:
             "plugin": self.plugin,
             "config": describe_config(self.config),
         }
+
+
+def builtin_algorithm(
+    name: str,
+    summary: str,
+    config: type,
+    paper: str,
+    *,
+    loss: str,
+    build: str,
+    family: str = "offline-rl",
+    data: str = "transitions",
+    action_space: str = "continuous",
+) -> AlgorithmSpec:
+    """The :class:`AlgorithmSpec` of an algorithm this package ships: ``loss`` and ``build`` are
+    import paths relative to ``offline_plugins.objectives`` and ``offline_plugins.algorithms``,
+    and it supports the one ``action_space``.
+
+    >>> from offline_plugins.algorithms.iql import IQLConfig
+    >>> spec = builtin_algorithm("iql", "Implicit Q-Learning", IQLConfig, "", loss="iql:IQLLoss", build="iql:build")
+    >>> spec.loss, spec.build, spec.family, spec.data, spec.action_spaces
+    ('offline_plugins.objectives.iql:IQLLoss', 'offline_plugins.algorithms.iql:build', 'offline-rl', 'transitions', ('continuous',))
+    """
+    return AlgorithmSpec(
+        name=name,
+        summary=summary,
+        family=family,
+        data=data,
+        loss=f"offline_plugins.objectives.{loss}",
+        build=f"offline_plugins.algorithms.{build}",
+        config=config,
+        paper=paper,
+        action_spaces=(action_space,),
+    )
 
 
 @dataclass(frozen=True)

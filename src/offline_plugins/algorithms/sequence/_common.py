@@ -27,7 +27,7 @@ import torch
 
 from offline_plugins.objectives.sequence.common import ContextLengthError
 
-__all__ = ["step_counts", "discounted_returns", "check_window", "add_step_count", "add_discounted_return"]
+__all__ = ["step_counts", "discounted_returns", "check_window", "check_batch_windows", "add_step_count", "add_discounted_return"]
 
 
 def _episode_starts(episode: torch.Tensor) -> torch.Tensor:
@@ -94,6 +94,19 @@ def check_window(data: Any, algorithm: str, window: int, what: str, drop_short_e
                 "to train on the longer ones only"
             )
         warnings.warn(msg + "; they are left out (drop_short_episodes=true)", stacklevel=3)
+
+
+def check_batch_windows(config: Any, data: Any, algorithm: str, window: int, what: str, example: int, note: str = "") -> None:
+    """:func:`check_window` (``config.drop_short_episodes``), then a ``ConfigError`` unless
+    ``config.batch_size`` (steps) is a whole number of windows; the fix suggests ``example`` windows."""
+    check_window(data, algorithm, window, what, config.drop_short_episodes)
+    if config.batch_size % window:
+        from offline_plugins.config import ConfigError
+
+        raise ConfigError(
+            f"{algorithm}: batch_size={config.batch_size} must be a multiple of {what}={window}{note}; "
+            f"e.g. --set batch_size={example * window}"
+        )
 
 
 def add_step_count(data: Any) -> None:

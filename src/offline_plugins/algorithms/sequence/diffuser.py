@@ -18,7 +18,7 @@ from typing import Any
 
 from offline_plugins.config import config_field
 from offline_plugins.plugins.hookspecs import hookimpl
-from offline_plugins.plugins.registry import AlgorithmSpec
+from offline_plugins.plugins.registry import builtin_algorithm
 
 __all__ = ["DiffuserConfig", "build"]
 
@@ -55,7 +55,7 @@ def build(config: DiffuserConfig, data: Any):
     from tensordict.nn import TensorDictModule
 
     from offline_plugins.algorithms import _glue
-    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
+    from offline_plugins.algorithms.base import AlgorithmParts
     from offline_plugins.algorithms.sequence import _common
     from offline_plugins.config import ConfigError
     from offline_plugins.modules.sequence.diffuser import DiffuserPlanner
@@ -65,8 +65,7 @@ def build(config: DiffuserConfig, data: Any):
     from offline_plugins.objectives.sequence.diffuser import DiffuserLoss, DiffuserValueLoss, DiffuserWithValueLoss
 
     name = "diffuser"
-    _glue.check_data(data, name, "continuous")
-    _glue.check_common(config, name)
+    _glue.check_inputs(config, data, name, "continuous")
     for field in ("n_diffusion_steps", "dim", "n_samples"):
         check_range(name, field, getattr(config, field), 1, None, low_inclusive=True)
     for field in ("n_guide_steps", "t_stopgrad"):
@@ -83,9 +82,7 @@ def build(config: DiffuserConfig, data: Any):
             f"{name}: slice_len={H} must be divisible by {stride} (the U-Net halves it {len(mults) - 1} times); "
             f"use --set slice_len={max(stride, H // stride * stride)} or fewer dim_mults"
         )
-    _common.check_window(data, name, H, "slice_len", config.drop_short_episodes)
-    if config.batch_size % H:
-        raise ConfigError(f"{name}: batch_size={config.batch_size} must be a multiple of slice_len={H}; e.g. --set batch_size={32 * H}")
+    _common.check_batch_windows(config, data, name, H, "slice_len", 32)
     _common.add_discounted_return(data, config.gamma, config.termination_penalty)
 
     S, A = _glue.obs_dim(data), _glue.action_dim(data)
@@ -133,8 +130,8 @@ def build(config: DiffuserConfig, data: Any):
         loss=loss,
         policy=planner,
         optimizers=[
-            OptimizerGroup("diffusion", _glue.params(diffusion_loss.model_network_params), config.lr, ("loss_diffusion",)),
-            OptimizerGroup("value", _glue.params(value_loss.value_network_params), config.value_lr, ("loss_value",)),
+            _glue.group("diffusion", diffusion_loss.model_network_params, config.lr, "loss_diffusion"),
+            _glue.group("value", value_loss.value_network_params, config.value_lr, "loss_value"),
         ],
         target_updater=target_updater,
         extra={"planner": planner},
@@ -143,16 +140,9 @@ def build(config: DiffuserConfig, data: Any):
 
 @hookimpl
 def offline_plugins_register_algorithms(registry):
-    registry.add(
-        AlgorithmSpec(
-            name="diffuser",
-            summary="Diffuser: a temporal U-Net denoises (action, state) plans, guided by a return model",
-            family="sequence-model",
-            data="trajectories",
-            loss="offline_plugins.objectives.sequence.diffuser:DiffuserWithValueLoss",
-            build="offline_plugins.algorithms.sequence.diffuser:build",
-            config=DiffuserConfig,
-            paper=PAPER,
-            action_spaces=("continuous",),
-        )
-    )
+    registry.add(builtin_algorithm(
+        "diffuser", "Diffuser: a temporal U-Net denoises (action, state) plans, guided by a return model",
+        DiffuserConfig, PAPER,
+        loss="sequence.diffuser:DiffuserWithValueLoss", build="sequence.diffuser:build",
+        family="sequence-model", data="trajectories",
+    ))

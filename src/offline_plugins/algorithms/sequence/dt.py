@@ -18,9 +18,9 @@ from typing import Any, Optional
 
 from offline_plugins.config import config_field
 from offline_plugins.plugins.hookspecs import hookimpl
-from offline_plugins.plugins.registry import AlgorithmSpec
+from offline_plugins.plugins.registry import builtin_algorithm
 
-__all__ = ["DTConfig", "build", "prepare", "warmup_factor", "make_warmup_scheduler", "auto_return_scale", "check_target_return"]
+__all__ = ["DTConfig", "build", "prepare", "assemble", "warmup_factor", "make_warmup_scheduler", "auto_return_scale", "check_target_return"]
 
 PAPER = "Chen et al. 2021, Decision Transformer: Reinforcement Learning via Sequence Modeling, arXiv:2106.01345"
 
@@ -116,20 +116,14 @@ def prepare(config: DTConfig, data: Any, name: str) -> dict:
     from offline_plugins.modules.networks import action_bounds
     from offline_plugins.objectives.common import check_range
 
-    _glue.check_data(data, name, "continuous")
-    _glue.check_common(config, name)
+    _glue.check_inputs(config, data, name, "continuous")
     for field in ("embed_dim", "num_layers", "num_heads", "warmup_steps", "max_ep_len"):
         check_range(name, field, getattr(config, field), 1, None, low_inclusive=True)
     check_range(name, "dropout", config.dropout, 0.0, 1.0, low_inclusive=True)
     if config.embed_dim % config.num_heads:
         raise ConfigError(f"{name}: embed_dim={config.embed_dim} must be a multiple of num_heads={config.num_heads}")
     K = int(config.context_len)
-    _common.check_window(data, name, K, "context_len", config.drop_short_episodes)
-    if config.batch_size % K:
-        raise ConfigError(
-            f"{name}: batch_size={config.batch_size} must be a multiple of context_len={K} (windows x steps); "
-            f"e.g. --set batch_size={64 * K}"
-        )
+    _common.check_batch_windows(config, data, name, K, "context_len", 64, " (windows x steps)")
     _common.add_step_count(data)
     returns = torch.as_tensor(data.episode_returns).tolist()
     return_scale = float(config.return_scale) if config.return_scale is not None else auto_return_scale(returns)
@@ -151,17 +145,40 @@ def prepare(config: DTConfig, data: Any, name: str) -> dict:
     return {"net_kwargs": net_kwargs, "action_bounds": (low, high), "return_scale": return_scale, "target_return": target}
 
 
-def build(config: DTConfig, data: Any):
-    """Decision Transformer on continuous actions: our GPT actor, TorchRL's ``DTLoss``, the rolling-context policy."""
+def assemble(config: DTConfig, data: Any, settings: dict, net, loss, context_len: int, loss_keys: tuple, groups=()):
+    """The parts of a Decision Transformer: ``loss``; the rolling-context policy over ``net``, which
+    conditions on ``context_len`` steps and :func:`prepare`'s ``settings["target_return"]``; the
+    actor's optimiser (on ``loss_keys``, with ``config``'s weight decay and gradient clipping),
+    then ``groups``; the learning-rate warm-up."""
     import functools
 
     from offline_plugins.algorithms import _glue
-    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
-    from offline_plugins.modules.sequence.decision_transformer import (
-        DecisionTransformerActor,
-        DecisionTransformerNet,
-        DecisionTransformerPolicy,
+    from offline_plugins.algorithms.base import AlgorithmParts
+    from offline_plugins.modules.sequence.decision_transformer import DecisionTransformerPolicy
+
+    stats = getattr(data, "stats", None)
+    policy = DecisionTransformerPolicy(
+        net,
+        context_len=context_len,
+        target_return=settings["target_return"],
+        reward_scale=getattr(stats, "reward_scale", 1.0),
+        reward_shift=getattr(stats, "reward_shift", 0.0),
     )
+    actor = _glue.group("actor", loss.actor_network_params, config.lr, *loss_keys,
+                        weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm)
+    return AlgorithmParts(
+        loss=loss,
+        policy=policy,
+        optimizers=[actor, *groups],
+        lr_schedulers=[functools.partial(make_warmup_scheduler, warmup_steps=config.warmup_steps)],
+        extra={"target_return": settings["target_return"], "return_scale": settings["return_scale"]},
+    )
+
+
+def build(config: DTConfig, data: Any):
+    """Decision Transformer on continuous actions: our GPT actor, TorchRL's ``DTLoss``, the rolling-context policy."""
+    from offline_plugins.algorithms import _glue
+    from offline_plugins.modules.sequence.decision_transformer import DecisionTransformerActor, DecisionTransformerNet
     from offline_plugins.objectives.sequence.decision_transformer import DecisionTransformerLoss
 
     settings = prepare(config, data, "dt")
@@ -170,47 +187,14 @@ def build(config: DTConfig, data: Any):
     loss = DecisionTransformerLoss(DecisionTransformerActor(net, context_len=K), diagnostics=True)
     # the actor reads the data's "action" as tokens, so it writes its prediction beside it
     loss.set_keys(action_pred="action_pred")
-    stats = getattr(data, "stats", None)
-    policy = DecisionTransformerPolicy(
-        net,
-        context_len=K,
-        target_return=settings["target_return"],
-        reward_scale=getattr(stats, "reward_scale", 1.0),
-        reward_shift=getattr(stats, "reward_shift", 0.0),
-    )
-    return AlgorithmParts(
-        loss=loss,
-        policy=policy,
-        optimizers=[
-            OptimizerGroup(
-                "actor",
-                _glue.params(loss.actor_network_params),
-                config.lr,
-                ("loss",),
-                weight_decay=config.weight_decay,
-                max_grad_norm=config.max_grad_norm,
-            )
-        ],
-        lr_schedulers=[functools.partial(make_warmup_scheduler, warmup_steps=config.warmup_steps)],
-        extra={
-            "target_return": settings["target_return"],
-            "return_scale": settings["return_scale"],
-        },
-    )
+    return assemble(config, data, settings, net, loss, K, ("loss",))
 
 
 @hookimpl
 def offline_plugins_register_algorithms(registry):
-    registry.add(
-        AlgorithmSpec(
-            name="dt",
-            summary="Decision Transformer: a GPT over (return-to-go, state, action) that acts by conditioning on a return",
-            family="sequence-model",
-            data="trajectories",
-            loss="offline_plugins.objectives.sequence.decision_transformer:DecisionTransformerLoss",
-            build="offline_plugins.algorithms.sequence.dt:build",
-            config=DTConfig,
-            paper=PAPER,
-            action_spaces=("continuous",),
-        )
-    )
+    registry.add(builtin_algorithm(
+        "dt", "Decision Transformer: a GPT over (return-to-go, state, action) that acts by conditioning on a return",
+        DTConfig, PAPER,
+        loss="sequence.decision_transformer:DecisionTransformerLoss", build="sequence.dt:build",
+        family="sequence-model", data="trajectories",
+    ))

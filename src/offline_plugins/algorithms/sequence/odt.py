@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from offline_plugins.algorithms.sequence.dt import DTConfig
 from offline_plugins.config import config_field
 from offline_plugins.plugins.hookspecs import hookimpl
-from offline_plugins.plugins.registry import AlgorithmSpec
+from offline_plugins.plugins.registry import builtin_algorithm
 
 __all__ = ["ODTConfig", "build"]
 
@@ -39,18 +39,11 @@ class ODTConfig(DTConfig):
 
 def build(config: ODTConfig, data):
     """Online DT's offline phase: stochastic DT actor, TorchRL's ``OnlineDTLoss``, rolling-context policy."""
-    import functools
-
     from torchrl.modules import ProbabilisticActor, TanhNormal
 
     from offline_plugins.algorithms import _glue
-    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
     from offline_plugins.algorithms.sequence import dt
-    from offline_plugins.modules.sequence.decision_transformer import (
-        DecisionTransformerActor,
-        DecisionTransformerPolicy,
-        StochasticDecisionTransformerNet,
-    )
+    from offline_plugins.modules.sequence.decision_transformer import DecisionTransformerActor, StochasticDecisionTransformerNet
     from offline_plugins.objectives.common import check_range
     from offline_plugins.objectives.sequence.decision_transformer import OnlineDecisionTransformerLoss
 
@@ -68,48 +61,16 @@ def build(config: ODTConfig, data):
         distribution_kwargs={"low": low, "high": high},
     )
     loss = OnlineDecisionTransformerLoss(actor, alpha_init=config.alpha_init)
-    stats = getattr(data, "stats", None)
-    policy = DecisionTransformerPolicy(
-        net,
-        context_len=config.eval_context_len,
-        target_return=settings["target_return"],
-        reward_scale=getattr(stats, "reward_scale", 1.0),
-        reward_shift=getattr(stats, "reward_shift", 0.0),
-    )
-    return AlgorithmParts(
-        loss=loss,
-        policy=policy,
-        optimizers=[
-            OptimizerGroup(
-                "actor",
-                _glue.params(loss.actor_network_params),
-                config.lr,
-                ("loss_log_likelihood", "loss_entropy"),
-                weight_decay=config.weight_decay,
-                max_grad_norm=config.max_grad_norm,
-            ),
-            OptimizerGroup("alpha", [loss.log_alpha], config.alpha_lr, ("loss_alpha",)),
-        ],
-        lr_schedulers=[functools.partial(dt.make_warmup_scheduler, warmup_steps=config.warmup_steps)],
-        extra={
-            "target_return": settings["target_return"],
-            "return_scale": settings["return_scale"],
-        },
-    )
+    alpha = _glue.group("alpha", [loss.log_alpha], config.alpha_lr, "loss_alpha")
+    return dt.assemble(config, data, settings, net, loss, config.eval_context_len,
+                       ("loss_log_likelihood", "loss_entropy"), [alpha])
 
 
 @hookimpl
 def offline_plugins_register_algorithms(registry):
-    registry.add(
-        AlgorithmSpec(
-            name="odt",
-            summary="Online Decision Transformer (offline phase): a stochastic DT with an entropy bonus",
-            family="sequence-model",
-            data="trajectories",
-            loss="offline_plugins.objectives.sequence.decision_transformer:OnlineDecisionTransformerLoss",
-            build="offline_plugins.algorithms.sequence.odt:build",
-            config=ODTConfig,
-            paper=PAPER,
-            action_spaces=("continuous",),
-        )
-    )
+    registry.add(builtin_algorithm(
+        "odt", "Online Decision Transformer (offline phase): a stochastic DT with an entropy bonus",
+        ODTConfig, PAPER,
+        loss="sequence.decision_transformer:OnlineDecisionTransformerLoss", build="sequence.odt:build",
+        family="sequence-model", data="trajectories",
+    ))

@@ -20,7 +20,7 @@ from typing import Any
 
 from offline_plugins.config import config_field
 from offline_plugins.plugins.hookspecs import hookimpl
-from offline_plugins.plugins.registry import AlgorithmSpec
+from offline_plugins.plugins.registry import builtin_algorithm
 
 __all__ = ["TTConfig", "build"]
 
@@ -78,7 +78,7 @@ def build(config: TTConfig, data: Any):
     from tensordict.nn import TensorDictModule
 
     from offline_plugins.algorithms import _glue
-    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
+    from offline_plugins.algorithms.base import AlgorithmParts
     from offline_plugins.algorithms.sequence import _common
     from offline_plugins.algorithms.sequence.dt import make_warmup_scheduler
     from offline_plugins.modules.sequence.discretizer import Discretizer
@@ -87,19 +87,14 @@ def build(config: TTConfig, data: Any):
     from offline_plugins.objectives.sequence.trajectory_transformer import TrajectoryTransformerLoss
 
     name = "tt"
-    _glue.check_data(data, name, "continuous")
-    _glue.check_common(config, name)
+    _glue.check_inputs(config, data, name, "continuous")
     for field in ("embed_dim", "num_layers", "num_heads", "horizon", "beam_width", "n_expand", "max_context_transitions", "warmup_steps"):
         check_range(name, field, getattr(config, field), 1, None, low_inclusive=True)
     check_range(name, "plan_every", config.plan_every, 1, config.horizon, low_inclusive=True, high_inclusive=True)
     check_range(name, "cdf_act", config.cdf_act, 0.0, 1.0, low_inclusive=True)
     check_range(name, "max_bin_error", config.max_bin_error, 0.0, None)
     K = int(config.slice_len)
-    _common.check_window(data, name, K, "slice_len", config.drop_short_episodes)
-    if config.batch_size % K:
-        from offline_plugins.config import ConfigError
-
-        raise ConfigError(f"{name}: batch_size={config.batch_size} must be a multiple of slice_len={K}; e.g. --set batch_size={256 * K}")
+    _common.check_batch_windows(config, data, name, K, "slice_len", 256)
     _common.add_discounted_return(data, config.gamma, config.termination_penalty)
 
     S, A = _glue.obs_dim(data), _glue.action_dim(data)
@@ -149,8 +144,8 @@ def build(config: TTConfig, data: Any):
         loss=loss,
         policy=planner,
         optimizers=[
-            OptimizerGroup("model", decay, config.lr, ("loss_model",), weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm),
-            OptimizerGroup("model_no_decay", no_decay, config.lr, ("loss_model",), max_grad_norm=config.max_grad_norm),
+            _glue.group("model", decay, config.lr, "loss_model", weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm),
+            _glue.group("model_no_decay", no_decay, config.lr, "loss_model", max_grad_norm=config.max_grad_norm),
         ],
         lr_schedulers=[functools.partial(make_warmup_scheduler, warmup_steps=config.warmup_steps)],
         extra={"planner": planner},
@@ -159,16 +154,9 @@ def build(config: TTConfig, data: Any):
 
 @hookimpl
 def offline_plugins_register_algorithms(registry):
-    registry.add(
-        AlgorithmSpec(
-            name="tt",
-            summary="Trajectory Transformer: a GPT over discretised (s, a, r, V) tokens, acting by beam-search planning",
-            family="sequence-model",
-            data="trajectories",
-            loss="offline_plugins.objectives.sequence.trajectory_transformer:TrajectoryTransformerLoss",
-            build="offline_plugins.algorithms.sequence.tt:build",
-            config=TTConfig,
-            paper=PAPER,
-            action_spaces=("continuous",),
-        )
-    )
+    registry.add(builtin_algorithm(
+        "tt", "Trajectory Transformer: a GPT over discretised (s, a, r, V) tokens, acting by beam-search planning",
+        TTConfig, PAPER,
+        loss="sequence.trajectory_transformer:TrajectoryTransformerLoss", build="sequence.tt:build",
+        family="sequence-model", data="trajectories",
+    ))

@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Optional
 
 import torch
@@ -25,11 +24,12 @@ from tensordict import TensorDict, TensorDictBase, TensorDictParams
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 
 from offline_plugins.modules.sequence.diffusion import DDPMSchedule
+from offline_plugins.modules.sequence.planning import PlannerMixin, clock_now
 
 __all__ = ["DiffuserPlanner"]
 
 
-class DiffuserPlanner(TensorDictModuleBase):
+class DiffuserPlanner(PlannerMixin, TensorDictModuleBase):
     """Sample ``n_samples`` plans per environment, guided up the return model's gradient; act on the best.
 
     Each reverse step first takes ``n_guide_steps`` steps of
@@ -90,9 +90,7 @@ class DiffuserPlanner(TensorDictModuleBase):
         plan_every: int = 1,
     ) -> None:
         super().__init__()
-        if not 1 <= int(plan_every) <= int(horizon):
-            raise ValueError(f"plan_every={plan_every} must be between 1 and horizon={horizon}")
-        self.plan_every = int(plan_every)
+        self._init_planning(plan_every, horizon)
         self.denoiser, self.value, self.schedule = denoiser, value, schedule
         self.obs_dim, self.act_dim, self.horizon = int(observation_dim), int(action_dim), int(horizon)
         C = self.obs_dim + self.act_dim
@@ -108,7 +106,6 @@ class DiffuserPlanner(TensorDictModuleBase):
         self.predict_epsilon = bool(predict_epsilon)
         self.denoiser_params = denoiser_params
         self.in_keys, self.out_keys = ["observation"], ["action"]
-        self.planning_seconds, self.planning_calls, self.planned_actions = 0.0, 0, 0
         self.last_plan_normalized: Optional[torch.Tensor] = None
         self.last_plan_values: Optional[torch.Tensor] = None
         self.reset()
@@ -122,15 +119,6 @@ class DiffuserPlanner(TensorDictModuleBase):
         # the evaluator switches to eval mode before every evaluation: start without a plan
         self.reset()
         return super().train(mode)
-
-    def planning_stats(self) -> dict:
-        """Wall-clock planning cost: ``plan_ms_per_step`` (one call, all envs) and ``plan_ms_per_action``."""
-        calls, actions = max(self.planning_calls, 1), max(self.planned_actions, 1)
-        return {
-            "plan_ms_per_step": 1000 * self.planning_seconds / calls,
-            "plan_ms_per_action": 1000 * self.planning_seconds / actions,
-            "planned_actions": self.planned_actions,
-        }
 
     def _call(self, module: TensorDictModule, x: torch.Tensor, t: torch.Tensor, key: str) -> torch.Tensor:
         return module(TensorDict({"noisy_trajectory": x, "diffusion_step": t}, [x.shape[0]])).get(key)
@@ -179,7 +167,7 @@ class DiffuserPlanner(TensorDictModuleBase):
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         from offline_plugins.modules.sequence.decision_transformer import env_rows
 
-        start = time.perf_counter()
+        start = clock_now()
         single = tensordict.batch_dims == 0
         td = tensordict.unsqueeze(0) if single else tensordict
         obs = td.get("observation")
@@ -207,7 +195,5 @@ class DiffuserPlanner(TensorDictModuleBase):
             age, self._age = 0, 1
         action = (plans[:, age, :A] * self.scale[:A] + self.loc[:A]).to(obs.dtype)
         tensordict.set("action", action.squeeze(0) if single else action)
-        self.planning_seconds += time.perf_counter() - start
-        self.planning_calls += 1
-        self.planned_actions += n
+        self.count_planning(start, n)
         return tensordict

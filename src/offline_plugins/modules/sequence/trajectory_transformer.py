@@ -19,7 +19,6 @@ True
 
 from __future__ import annotations
 
-import time
 from typing import Optional
 
 import torch
@@ -29,6 +28,7 @@ from torch import nn
 
 from offline_plugins.modules.sequence.decision_transformer import env_rows
 from offline_plugins.modules.sequence.gpt import CausalTransformer
+from offline_plugins.modules.sequence.planning import PlannerMixin, clock_now
 
 __all__ = ["TrajectoryTransformerNet", "TrajectoryTransformerPlanner", "filter_cdf"]
 
@@ -114,7 +114,7 @@ def _choose_token(logits: torch.Tensor, *, topk: Optional[int], cdf: Optional[fl
     return torch.multinomial(logits.softmax(-1), 1)
 
 
-class TrajectoryTransformerPlanner(TensorDictModuleBase):
+class TrajectoryTransformerPlanner(PlannerMixin, TensorDictModuleBase):
     """Beam-search planning with a trained Trajectory Transformer: the evaluation policy.
 
     At each step the context (the last ``max_context_transitions - 1`` transitions,
@@ -170,9 +170,7 @@ class TrajectoryTransformerPlanner(TensorDictModuleBase):
         plan_every: int = 1,
     ) -> None:
         super().__init__()
-        if not 1 <= int(plan_every) <= int(horizon):
-            raise ValueError(f"plan_every={plan_every} must be between 1 and horizon={horizon}")
-        self.plan_every = int(plan_every)
+        self._init_planning(plan_every, horizon)
         self.net, self.discretizer = net, discretizer
         self.obs_dim, self.act_dim = int(observation_dim), int(action_dim)
         self.D = self.obs_dim + self.act_dim + 2
@@ -182,7 +180,6 @@ class TrajectoryTransformerPlanner(TensorDictModuleBase):
         self.cdf_act, self.k_obs = cdf_act, k_obs
         self.reward_scale, self.reward_shift = float(reward_scale), float(reward_shift)
         self.in_keys, self.out_keys = ["observation"], ["action"]
-        self.planning_seconds, self.planning_calls, self.planned_actions = 0.0, 0, 0
         self.reset()
 
     def train(self, mode: bool = True):
@@ -199,15 +196,6 @@ class TrajectoryTransformerPlanner(TensorDictModuleBase):
         self._pending: Optional[torch.Tensor] = None  # [slots, act_dim + 2] tokens of the step taken
         self._plan: Optional[torch.Tensor] = None  # [slots, horizon * D] best plan of the last planning step
         self._age = 0  # steps since that plan was made
-
-    def planning_stats(self) -> dict:
-        """Wall-clock planning cost: ``plan_ms_per_step`` (one call, all envs) and ``plan_ms_per_action``."""
-        calls, actions = max(self.planning_calls, 1), max(self.planned_actions, 1)
-        return {
-            "plan_ms_per_step": 1000 * self.planning_seconds / calls,
-            "plan_ms_per_action": 1000 * self.planning_seconds / actions,
-            "planned_actions": self.planned_actions,
-        }
 
     def _crop(self, x: torch.Tensor) -> torch.Tensor:
         # the model was trained on windows of max_len tokens; longer sequences slide
@@ -250,7 +238,7 @@ class TrajectoryTransformerPlanner(TensorDictModuleBase):
         token re-reads the cropped sequence, as in the reference.
         """
         n, T0 = prefix.shape
-        S, A, D, H = self.obs_dim, self.act_dim, self.D, self.horizon
+        S, A, H = self.obs_dim, self.act_dim, self.horizon
         cached = self._fits_cache(T0)
         discounts = self.discount ** torch.arange(H + 1, device=prefix.device, dtype=torch.float32)
         x = prefix.unsqueeze(1)  # [n, beams, T]
@@ -297,7 +285,7 @@ class TrajectoryTransformerPlanner(TensorDictModuleBase):
         return x[torch.arange(n, device=x.device), best, T0:]
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        start = time.perf_counter()
+        start = clock_now()
         single = tensordict.batch_dims == 0
         td = tensordict.unsqueeze(0) if single else tensordict
         obs = td.get("observation")
@@ -332,7 +320,5 @@ class TrajectoryTransformerPlanner(TensorDictModuleBase):
         self._pending[rows] = step
         action = self.discretizer.decode(step[:, :A], start=S).to(obs.dtype)
         tensordict.set("action", action.squeeze(0) if single else action)
-        self.planning_seconds += time.perf_counter() - start
-        self.planning_calls += 1
-        self.planned_actions += obs.shape[0]
+        self.count_planning(start, obs.shape[0])
         return tensordict

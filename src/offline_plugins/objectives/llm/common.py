@@ -19,7 +19,7 @@ from torchrl.objectives.utils import _reduce
 from offline_plugins.errors import UserError
 from offline_plugins.modules.causal_lm import sequence_log_probs
 
-__all__ = ["PreferenceInputError", "PreferenceLossBase"]
+__all__ = ["PreferenceInputError", "PreferenceLossBase", "run_network"]
 
 
 class PreferenceInputError(UserError, ValueError):
@@ -37,6 +37,15 @@ def get_checked(td: TensorDictBase, key: NestedKey, *, what: str, loss: str, set
             f"loss.set_keys({setter}=...)"
         )
     return value
+
+
+def run_network(network, td: TensorDictBase, who: str, advice: str) -> TensorDictBase:
+    """``network`` run on the entries of ``td`` it reads; a :class:`PreferenceInputError` naming
+    ``who`` (``"Loss: the actor"``), the missing keys and ``advice`` when the batch lacks some."""
+    missing = [k for k in network.in_keys if td.get(k, None) is None]
+    if missing:
+        raise PreferenceInputError(f"{who} reads {missing}, which the batch lacks; {advice}")
+    return network(td.select(*network.in_keys))
 
 
 class PreferenceLossBase(LossModule):
@@ -89,14 +98,11 @@ class PreferenceLossBase(LossModule):
         """
         keys = self.tensor_keys
         if self.actor_network is not None:
-            missing = [k for k in self.actor_network.in_keys if td.get(k, None) is None]
-            if missing:
-                raise PreferenceInputError(
-                    f"{type(self).__name__}: the actor reads {missing}, which the batch lacks; tokenise the "
-                    f"data with offline_plugins.data.preference (it writes ('tokens', 'full') and "
-                    f"('masks', 'all_attention_mask')) or build the actor with matching keys"
-                )
-            out = self.actor_network(td.select(*self.actor_network.in_keys))
+            out = run_network(
+                self.actor_network, td, f"{type(self).__name__}: the actor",
+                "tokenise the data with offline_plugins.data.preference (it writes ('tokens', 'full') and "
+                "('masks', 'all_attention_mask')) or build the actor with matching keys",
+            )
             log_probs = get_checked(
                 out, keys.log_probs, what="the actor's per-token log-probs", loss=type(self).__name__, setter="log_probs"
             )

@@ -9,7 +9,7 @@ import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
 
 from offline_plugins.objectives.llm import functional as F
-from offline_plugins.objectives.llm.common import PreferenceInputError, PreferenceLossBase
+from offline_plugins.objectives.llm.common import PreferenceLossBase, run_network
 
 __all__ = ["BradleyTerryLoss"]
 
@@ -82,13 +82,10 @@ class BradleyTerryLoss(PreferenceLossBase):
     def rewards(self, tensordict: TensorDictBase) -> torch.Tensor:
         """``[B, 2]`` rewards: from the reward network when given, else from the batch."""
         if self.reward_network is not None:
-            missing = [k for k in self.reward_network.in_keys if tensordict.get(k, None) is None]
-            if missing:
-                raise PreferenceInputError(
-                    f"BradleyTerryLoss: the reward network reads {missing}, which the batch lacks; tokenise "
-                    f"the pairs with offline_plugins.data.preference.tokenize_pairs"
-                )
-            out = self.reward_network(tensordict.select(*self.reward_network.in_keys))
+            out = run_network(
+                self.reward_network, tensordict, "BradleyTerryLoss: the reward network",
+                "tokenise the pairs with offline_plugins.data.preference.tokenize_pairs",
+            )
             reward = self._get(out, "reward", "the reward network's output")
         else:
             reward = self._get(tensordict, "reward", "one reward per response (or pass a reward_network)")
