@@ -38,6 +38,7 @@ __all__ = [
     "load_reward_function",
     "score_responses",
     "RolloutCollector",
+    "TextTaskData",
     "RolloutData",
     "CompletionData",
     "BUILTIN_ROLLOUT_TASKS",
@@ -89,7 +90,35 @@ def _task_of(dataset_id: str, files: str) -> tuple[str, Any]:
     return resolved, ArithmeticTask(**BUILTIN_ROLLOUT_TASKS[resolved][1])
 
 
-class RolloutData:
+class TextTaskData:
+    """What the text-rollouts and text-completions data share: the frozen reference the policy
+    starts from, its tokenizer, where they came from, and greedy scoring of held-out rows."""
+
+    action_space = "tokens"
+
+    def __init__(self, reference, tokenizer, *, dataset_id: str, model: str, from_scratch: bool) -> None:
+        self.reference = reference
+        self.tokenizer = tokenizer
+        self.dataset_id = dataset_id
+        self.model = model
+        self.from_scratch = from_scratch
+
+    @staticmethod
+    @torch.no_grad()
+    def greedy_answers(model, tokenizer, rows: list[dict], answer: Optional[str], *, max_new_tokens: int,
+                       batch_size: int = 100) -> tuple[list[str], Optional[float]]:
+        """``model``'s greedy responses to the rows' prompts, and their exact match against the
+        rows' ``answer`` column (None when ``answer`` is None)."""
+        responses = greedy_responses(model, tokenizer, [r["prompt"] for r in rows], max_new_tokens=max_new_tokens,
+                                     batch_size=batch_size)
+        if answer is None:
+            return responses, None
+        from offline_plugins.envs.tasks import exact_match
+
+        return responses, sum(exact_match(o, r[answer]) for o, r in zip(responses, rows)) / len(rows)
+
+
+class RolloutData(TextTaskData):
     """A loaded text task, what an online algorithm's ``build(config, data)`` receives: the
     prompts and their reward, the frozen reference, its tokenizer and the sampling settings.
 
@@ -109,17 +138,11 @@ class RolloutData:
         from_scratch: the reference is the tiny model at its random initialisation.
     """
 
-    action_space = "tokens"
-
     def __init__(self, source: PromptSource, reference, tokenizer, collector: RolloutCollector, *,
                  dataset_id: str, model: str, from_scratch: bool = False) -> None:
+        super().__init__(reference, tokenizer, dataset_id=dataset_id, model=model, from_scratch=from_scratch)
         self.source = source
         self.collector = collector
-        self.reference = reference
-        self.tokenizer = tokenizer
-        self.dataset_id = dataset_id
-        self.model = model
-        self.from_scratch = from_scratch
 
     def collector_for(self, plan: Any = None, *, seed: int = 0) -> RolloutCollector:
         """The collector of one run: these sampling settings, with the prompt source, reference
@@ -144,14 +167,9 @@ class RolloutData:
         rows = source.held_out[: n or len(source.held_out)]
         if not rows:
             return {"exact_match": None, "heldout_reward": None}
-        responses = greedy_responses(model, tokenizer, [r["prompt"] for r in rows],
-                                     max_new_tokens=self.collector.max_new_tokens, batch_size=batch_size)
+        responses, em = self.greedy_answers(model, tokenizer, rows, "answer" if source.has_answers else None,
+                                            max_new_tokens=self.collector.max_new_tokens, batch_size=batch_size)
         rewards = score_responses(source, rows, responses)
-        em = None
-        if source.has_answers:
-            from offline_plugins.envs.tasks import exact_match
-
-            em = sum(exact_match(r, row["answer"]) for r, row in zip(responses, rows)) / len(rows)
         return {"exact_match": em, "heldout_reward": sum(rewards) / len(rewards)}
 
 
@@ -205,7 +223,7 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
                        from_scratch=from_scratch)
 
 
-class CompletionData:
+class CompletionData(TextTaskData):
     """Prompt/completion rows for supervised fine-tuning, tokenised in the TED text layout.
 
     Attributes:
@@ -214,18 +232,12 @@ class CompletionData:
         reference: the model SFT starts from (frozen; the policy is a trainable copy).
     """
 
-    action_space = "tokens"
-
     def __init__(self, train: TensorDict, held_out_rows: list[dict], reference, tokenizer, *, dataset_id: str,
                  model: str, max_new_tokens: int, from_scratch: bool) -> None:
+        super().__init__(reference, tokenizer, dataset_id=dataset_id, model=model, from_scratch=from_scratch)
         self.train = train
         self.held_out_rows = held_out_rows
-        self.reference = reference
-        self.tokenizer = tokenizer
-        self.dataset_id = dataset_id
-        self.model = model
         self.max_new_tokens = int(max_new_tokens)
-        self.from_scratch = from_scratch
 
     def replay_buffer(self, batch_size: int, *, sampler: str = "random", slice_len=None, seed: int = 0,
                       device=None):
@@ -241,16 +253,11 @@ class CompletionData:
     def held_out_scores(self, model, *, plan: Any = None, batch_size: int = 100) -> dict[str, Optional[float]]:
         """Greedy responses to the held-out rows: ``exact_match`` against their completions (``plan``:
         ignored, SFT samples no rollouts)."""
-
-        rows = self.held_out_rows
-        if not rows:
+        if not self.held_out_rows:
             return {"exact_match": None}
-        outs = greedy_responses(model, self.tokenizer, [r["prompt"] for r in rows],
-                                max_new_tokens=self.max_new_tokens, batch_size=batch_size)
-        from offline_plugins.envs.tasks import exact_match
-
-        correct = sum(exact_match(o, r["completion"]) for o, r in zip(outs, rows))
-        return {"exact_match": correct / len(rows)}
+        _, em = self.greedy_answers(model, self.tokenizer, self.held_out_rows, "completion",
+                                    max_new_tokens=self.max_new_tokens, batch_size=batch_size)
+        return {"exact_match": em}
 
 
 def load_completion_data(dataset_id: str, *, model: str = "tiny", seed: int = 0, eval_prompts: int = 200,
