@@ -39,6 +39,8 @@ __all__ = [
     "load_config_file",
     "config_to_dict",
     "ROLLOUT_DEFAULTS",
+    "TransitionConfig",
+    "TDConfig",
 ]
 
 #: The rollout settings' defaults, in one place: the online algorithms' config fields
@@ -217,3 +219,22 @@ def config_to_dict(config: Any) -> dict[str, Any]:
         v = getattr(config, f.name)
         out[f.name] = list(v) if isinstance(v, tuple) else v
     return out
+
+
+@dataclasses.dataclass
+class TransitionConfig:
+    """The fields every offline-RL config on transition batches has (``bc``, and through
+    :class:`TDConfig` the others); a subclass re-declares one only where its default or
+    help differs (IQL standardises observations, BCQ has wider networks)."""
+
+    batch_size: int = config_field(256, "transitions per gradient step")
+    hidden: tuple = config_field((256, 256), "hidden layer widths of every network")
+    normalize_observations: bool = config_field(False, "standardise observations with dataset statistics (data layer)")
+
+
+@dataclasses.dataclass
+class TDConfig(TransitionConfig):
+    """:class:`TransitionConfig` plus what a TD(0) learner with Polyak-averaged targets needs."""
+
+    gamma: float = config_field(0.99, "discount factor")
+    tau: float = config_field(0.005, "Polyak rate of the target networks")

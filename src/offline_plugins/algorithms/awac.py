@@ -10,25 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from offline_plugins.config import config_field
-from offline_plugins.plugins.hookspecs import hookimpl
-from offline_plugins.plugins.registry import builtin_algorithm
+from offline_plugins.config import TDConfig, config_field
+from offline_plugins.plugins.registry import builtin_algorithm, builtin_hook
 
 PAPER = "Nair, Gupta, Dalal & Levine 2020, AWAC: Accelerating Online Reinforcement Learning with Offline Datasets, " \
     "arXiv:2006.09359"
 
 
 @dataclass
-class AWACConfig:
+class AWACConfig(TDConfig):
     actor_lr: float = config_field(3e-4, "Adam learning rate of the policy")
     critic_lr: float = config_field(3e-4, "Adam learning rate of the twin critics")
-    batch_size: int = config_field(256, "transitions per gradient step")
-    gamma: float = config_field(0.99, "discount factor")
-    tau: float = config_field(0.005, "Polyak rate of the target critics")
-    hidden: tuple = config_field((256, 256), "hidden layer widths of the actor and critics")
     beta: float = config_field(1.0, "temperature of the advantage weights exp(A / beta)")
     max_weight: float = config_field(100.0, "clip of the advantage weights")
-    normalize_observations: bool = config_field(False, "standardise observations with dataset statistics (data layer)")
 
 
 def build(config: AWACConfig, data: Any):
@@ -50,9 +44,9 @@ def build(config: AWACConfig, data: Any):
     return _glue.transition_parts(loss, DeterministicPolicy(actor), config, _glue.actor_critic_groups(loss, config))
 
 
-@hookimpl
-def offline_plugins_register_algorithms(registry):
-    registry.add(builtin_algorithm(
+offline_plugins_register_algorithms = builtin_hook(
+    builtin_algorithm(
         "awac", "Advantage-Weighted Actor-Critic: Bellman critics, policy by exp(A / beta)-weighted likelihood",
         AWACConfig, PAPER, loss="awac:AWACLoss", build="awac:build",
-    ))
+    ),
+)

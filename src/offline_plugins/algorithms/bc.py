@@ -11,19 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from offline_plugins.config import config_field
-from offline_plugins.plugins.hookspecs import hookimpl
-from offline_plugins.plugins.registry import builtin_algorithm
+from offline_plugins.config import TransitionConfig, config_field
+from offline_plugins.plugins.registry import builtin_algorithm, builtin_hook
 
 PAPER = "Pomerleau 1991, Efficient Training of Artificial Neural Networks for Autonomous Navigation; " \
     "as the baseline of Fujimoto & Gu 2021, arXiv:2106.06860"
 
 
 @dataclass
-class BCConfig:
+class BCConfig(TransitionConfig):
     lr: float = config_field(3e-4, "Adam learning rate of the policy")
-    batch_size: int = config_field(256, "transitions per gradient step")
-    hidden: tuple = config_field((256, 256), "hidden layer widths of the policy")
     normalize_observations: bool = config_field(True, "standardise observations with dataset statistics (data layer)")
 
 
@@ -60,13 +57,13 @@ def build_discrete(config: BCConfig, data: Any):
     return _build(config, data, "discrete", "bc-discrete")
 
 
-@hookimpl
-def offline_plugins_register_algorithms(registry):
-    registry.add(builtin_algorithm(
+offline_plugins_register_algorithms = builtin_hook(
+    builtin_algorithm(
         "bc", "Behaviour cloning: regress the policy onto the dataset's actions",
         BCConfig, PAPER, loss="bc:BCLoss", build="bc:build",
-    ))
-    registry.add(builtin_algorithm(
+    ),
+    builtin_algorithm(
         "bc-discrete", "Behaviour cloning for discrete actions (cross-entropy)",
         BCConfig, PAPER, loss="bc:BCLoss", build="bc:build_discrete", action_space="discrete",
-    ))
+    ),
+)

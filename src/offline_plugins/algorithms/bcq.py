@@ -10,9 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from offline_plugins.config import config_field
-from offline_plugins.plugins.hookspecs import hookimpl
-from offline_plugins.plugins.registry import builtin_algorithm
+from offline_plugins.config import TDConfig, config_field
+from offline_plugins.plugins.registry import builtin_algorithm, builtin_hook
 
 PAPER = "Fujimoto, Meger & Precup 2019, Off-Policy Deep Reinforcement Learning without Exploration, arXiv:1812.02900"
 PAPER_DISCRETE = (
@@ -22,13 +21,11 @@ PAPER_DISCRETE = (
 
 
 @dataclass
-class BCQConfig:
+class BCQConfig(TDConfig):
     actor_lr: float = config_field(1e-3, "Adam learning rate of the perturbation model")
     critic_lr: float = config_field(1e-3, "Adam learning rate of the twin critics")
     vae_lr: float = config_field(1e-3, "Adam learning rate of the conditional VAE")
     batch_size: int = config_field(256, "transitions per gradient step (the paper used 100)")
-    gamma: float = config_field(0.99, "discount factor")
-    tau: float = config_field(0.005, "Polyak rate of the target perturbation model and critics")
     hidden: tuple = config_field((400, 300), "hidden layer widths of the perturbation model and critics")
     vae_hidden: tuple = config_field((750, 750), "hidden layer widths of the VAE encoder and decoder")
     phi: float = config_field(0.05, "perturbation bound Phi, as a fraction of the action range's half-width")
@@ -36,19 +33,13 @@ class BCQConfig:
     num_samples: int = config_field(10, "VAE samples per next state in the backup")
     eval_samples: int = config_field(100, "VAE samples per state when acting")
     kl_weight: float = config_field(0.5, "weight of the VAE's KL term")
-    normalize_observations: bool = config_field(False, "standardise observations with dataset statistics (data layer)")
 
 
 @dataclass
-class DiscreteBCQConfig:
+class DiscreteBCQConfig(TDConfig):
     lr: float = config_field(3e-4, "Adam learning rate of the Q network and the behaviour classifier")
-    batch_size: int = config_field(256, "transitions per gradient step")
-    gamma: float = config_field(0.99, "discount factor")
-    tau: float = config_field(0.005, "Polyak rate of the target Q network")
-    hidden: tuple = config_field((256, 256), "hidden layer widths of both networks")
     threshold: float = config_field(0.3, "allow actions with G(a|s) / max G > threshold, in [0, 1)")
     logit_reg: float = config_field(1e-2, "L2 penalty on the classifier's logits")
-    normalize_observations: bool = config_field(False, "standardise observations with dataset statistics (data layer)")
 
 
 def build(config: BCQConfig, data: Any):
@@ -95,13 +86,13 @@ def build_discrete(config: DiscreteBCQConfig, data: Any):
     return _glue.transition_parts(loss, DiscreteBCQPolicy(loss), config, groups)
 
 
-@hookimpl
-def offline_plugins_register_algorithms(registry):
-    registry.add(builtin_algorithm(
+offline_plugins_register_algorithms = builtin_hook(
+    builtin_algorithm(
         "bcq", "Batch-Constrained Q-learning: VAE behaviour model, perturbation model, twin critics",
         BCQConfig, PAPER, loss="bcq:BCQLoss", build="bcq:build",
-    ))
-    registry.add(builtin_algorithm(
+    ),
+    builtin_algorithm(
         "bcq-discrete", "Discrete BCQ: double DQN restricted to actions a behaviour classifier deems likely",
         DiscreteBCQConfig, PAPER_DISCRETE, loss="bcq:DiscreteBCQLoss", build="bcq:build_discrete", action_space="discrete",
-    ))
+    ),
+)

@@ -11,28 +11,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from offline_plugins.config import config_field
-from offline_plugins.plugins.hookspecs import hookimpl
-from offline_plugins.plugins.registry import builtin_algorithm
+from offline_plugins.config import TDConfig, config_field
+from offline_plugins.plugins.registry import builtin_algorithm, builtin_hook
 
 PAPER = "Kumar, Zhou, Tucker & Levine 2020, Conservative Q-Learning for Offline Reinforcement Learning, arXiv:2006.04779"
 
 
 @dataclass
-class CQLConfig:
+class CQLConfig(TDConfig):
     actor_lr: float = config_field(1e-4, "Adam learning rate of the policy")
     critic_lr: float = config_field(3e-4, "Adam learning rate of the twin critics")
     alpha_lr: float = config_field(3e-4, "Adam learning rate of the SAC entropy temperature and of alpha'")
-    batch_size: int = config_field(256, "transitions per gradient step")
-    gamma: float = config_field(0.99, "discount factor")
-    tau: float = config_field(0.005, "Polyak rate of the target critics")
-    hidden: tuple = config_field((256, 256), "hidden layer widths of the actor and critics")
     min_q_weight: float = config_field(5.0, "weight of the conservative term logsumexp Q - Q(data)")
     with_lagrange: bool = config_field(False, "learn alpha' to hold the conservative gap at lagrange_thresh")
     lagrange_thresh: float = config_field(5.0, "target gap tau of the Lagrangian (with_lagrange only)")
     num_random: int = config_field(10, "sampled actions per state (uniform, current and next policy) for logsumexp")
     temperature: float = config_field(1.0, "temperature of the logsumexp")
-    normalize_observations: bool = config_field(False, "standardise observations with dataset statistics (data layer)")
 
 
 @dataclass
@@ -41,14 +35,9 @@ class CQLLagrangeConfig(CQLConfig):
 
 
 @dataclass
-class DiscreteCQLConfig:
+class DiscreteCQLConfig(TDConfig):
     lr: float = config_field(3e-4, "Adam learning rate of the Q network")
-    batch_size: int = config_field(256, "transitions per gradient step")
-    gamma: float = config_field(0.99, "discount factor")
-    tau: float = config_field(0.005, "Polyak rate of the target Q network")
-    hidden: tuple = config_field((256, 256), "hidden layer widths of the Q network")
     alpha: float = config_field(1.0, "weight of the conservative term logsumexp Q - Q(data)")
-    normalize_observations: bool = config_field(False, "standardise observations with dataset statistics (data layer)")
 
 
 def build(config: CQLConfig, data: Any):
@@ -101,17 +90,17 @@ def build_discrete(config: DiscreteCQLConfig, data: Any):
     return _glue.transition_parts(loss, DeterministicPolicy(qnet), config, groups)
 
 
-@hookimpl
-def offline_plugins_register_algorithms(registry):
-    registry.add(builtin_algorithm(
+offline_plugins_register_algorithms = builtin_hook(
+    builtin_algorithm(
         "cql", "Conservative Q-Learning: SAC plus a penalty on logsumexp Q over data Q (fixed weight)",
         CQLConfig, PAPER, loss="cql:CQLLoss", build="cql:build",
-    ))
-    registry.add(builtin_algorithm(
+    ),
+    builtin_algorithm(
         "cql-lagrange", "Conservative Q-Learning with the Lagrangian weight holding the gap at a threshold",
         CQLLagrangeConfig, PAPER, loss="cql:CQLLoss", build="cql:build",
-    ))
-    registry.add(builtin_algorithm(
+    ),
+    builtin_algorithm(
         "cql-discrete", "Conservative Q-Learning on a DQN backbone for discrete actions",
         DiscreteCQLConfig, PAPER, loss="cql:DiscreteCQLLoss", build="cql:build_discrete", action_space="discrete",
-    ))
+    ),
+)

@@ -9,22 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from offline_plugins.config import config_field
-from offline_plugins.plugins.hookspecs import hookimpl
-from offline_plugins.plugins.registry import builtin_algorithm
+from offline_plugins.config import TDConfig, config_field
+from offline_plugins.plugins.registry import builtin_algorithm, builtin_hook
 
 PAPER = "Kostrikov, Nair & Levine 2022, Offline Reinforcement Learning with Implicit Q-Learning, arXiv:2110.06169"
 
 
 @dataclass
-class IQLConfig:
+class IQLConfig(TDConfig):
     actor_lr: float = config_field(3e-4, "Adam learning rate of the policy")
     critic_lr: float = config_field(3e-4, "Adam learning rate of the twin Q networks")
     value_lr: float = config_field(3e-4, "Adam learning rate of V")
-    batch_size: int = config_field(256, "transitions per gradient step")
-    gamma: float = config_field(0.99, "discount factor")
-    tau: float = config_field(0.005, "Polyak rate of the target Q networks")
-    hidden: tuple = config_field((256, 256), "hidden layer widths of every network")
     expectile: float = config_field(0.7, "expectile tau of the V regression, in (0, 1)")
     temperature: float = config_field(3.0, "inverse temperature beta of the advantage weights exp(beta A), clipped at 100")
     num_qvalue_nets: int = config_field(2, "critics in the ensemble (the minimum is used)")
@@ -74,13 +69,13 @@ def build_discrete(config: IQLConfig, data: Any):
     return _build(config, data, "discrete", "iql-discrete")
 
 
-@hookimpl
-def offline_plugins_register_algorithms(registry):
-    registry.add(builtin_algorithm(
+offline_plugins_register_algorithms = builtin_hook(
+    builtin_algorithm(
         "iql", "Implicit Q-Learning: expectile V, advantage-weighted policy, no out-of-data actions",
         IQLConfig, PAPER, loss="iql:IQLLoss", build="iql:build",
-    ))
-    registry.add(builtin_algorithm(
+    ),
+    builtin_algorithm(
         "iql-discrete", "Implicit Q-Learning for discrete actions",
         IQLConfig, PAPER, loss="iql:DiscreteIQLLoss", build="iql:build_discrete", action_space="discrete",
-    ))
+    ),
+)

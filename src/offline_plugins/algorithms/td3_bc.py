@@ -9,21 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from offline_plugins.config import config_field
-from offline_plugins.plugins.hookspecs import hookimpl
-from offline_plugins.plugins.registry import builtin_algorithm
+from offline_plugins.config import TDConfig, config_field
+from offline_plugins.plugins.registry import builtin_algorithm, builtin_hook
 
 PAPER = "Fujimoto & Gu 2021, A Minimalist Approach to Offline Reinforcement Learning, arXiv:2106.06860"
 
 
 @dataclass
-class TD3BCConfig:
+class TD3BCConfig(TDConfig):
     actor_lr: float = config_field(3e-4, "Adam learning rate of the actor")
     critic_lr: float = config_field(3e-4, "Adam learning rate of the twin critics")
-    batch_size: int = config_field(256, "transitions per gradient step")
-    gamma: float = config_field(0.99, "discount factor")
-    tau: float = config_field(0.005, "Polyak rate of the target actor and critics")
-    hidden: tuple = config_field((256, 256), "hidden layer widths of the actor and critics")
     alpha: float = config_field(2.5, "alpha in lambda = alpha / mean|Q(s, mu(s))|, the weight of the Q term")
     policy_noise: float = config_field(0.2, "std of the target policy smoothing noise, as a fraction of max action")
     noise_clip: float = config_field(0.5, "clip of that noise, as a fraction of max action")
@@ -61,9 +56,9 @@ def build(config: TD3BCConfig, data: Any):
     return _glue.transition_parts(loss, DeterministicPolicy(actor), config, groups, target_update_every=every)
 
 
-@hookimpl
-def offline_plugins_register_algorithms(registry):
-    registry.add(builtin_algorithm(
+offline_plugins_register_algorithms = builtin_hook(
+    builtin_algorithm(
         "td3-bc", "TD3 with a behaviour-cloning term in the actor loss, lambda = alpha / mean|Q|",
         TD3BCConfig, PAPER, loss="td3_bc:TD3BCLoss", build="td3_bc:build",
-    ))
+    ),
+)

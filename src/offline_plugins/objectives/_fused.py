@@ -35,6 +35,8 @@ __all__ = [
     "run_chain",
     "run_ensemble",
     "tanh_normal_log_prob",
+    "no_plan_reason",
+    "FusedPath",
 ]
 
 
@@ -218,3 +220,30 @@ def no_plan_reason(fused: bool) -> str:
         return "fused=False"
     return ("the networks or settings are not the fused path's (the plain MLPs of "
             "offline_plugins.modules.networks, reduction='mean', ...)")
+
+
+class FusedPath:
+    """What a loss with a fused fast path (IQL, TD3+BC) shares: the plan, made once at
+    construction by the loss's ``_fused_plan`` (None: TorchRL's code always), and the check,
+    on every call, of whether the plan gives exactly what TorchRL's code would.
+
+    A subclass sets ``_fused_torchrl`` (the TorchRL loss class whose maths the plan
+    reproduces) and ``_fused_methods`` (that class's methods it hard-codes), and defines
+    ``_fused_plan`` and ``_fused_value`` (the value network and key its TD(0) estimator is
+    built with, for :func:`torchrl_blocker`).
+    """
+
+    _fused_torchrl: type
+    _fused_methods: tuple
+
+    def _init_fused(self, fused: bool) -> None:
+        """Call at the end of ``__init__``, once the TorchRL loss is set up."""
+        self._plan = self._fused_plan() if fused else None
+        self._no_plan = no_plan_reason(fused)
+
+    def _fused_blocker(self) -> Optional[str]:
+        """Why this call runs TorchRL's code, not the fused path; None when the fused path is exact."""
+        if self._plan is None:
+            return self._no_plan
+        value_network, value_key = self._fused_value()
+        return torchrl_blocker(self, self._fused_torchrl, self._fused_methods, value_network=value_network, value_key=value_key)

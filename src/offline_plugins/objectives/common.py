@@ -37,6 +37,7 @@ __all__ = [
     "DiagnosticsContract",
     "data_q_diagnostics",
     "advantage_diagnostics",
+    "ReturnToGoKey",
     "transition_keys",
     "td0_value_estimator_keys",
     "make_td0_value_estimator",
@@ -318,6 +319,20 @@ def make_td0_value_estimator(loss, value_type, value_key: NestedKey, **hyperpara
         value_network=None,
         **hyperparams,
     )
+
+
+@dataclass
+class ReturnToGoKey:
+    """The key our diagnostics add to the ``_AcceptedKeys`` of TorchRL's losses (CQL, IQL, TD3+BC):
+    mixed in first, ``class _AcceptedKeys(ReturnToGoKey, TorchRLLoss._AcceptedKeys)``, so it comes
+    after TorchRL's keys.
+
+    Attributes:
+        return_to_go (NestedKey): the data's undiscounted Monte-Carlo return, read only with
+            ``mc_diagnostics=True``. Defaults to ``"return_to_go"``.
+    """
+
+    return_to_go: NestedKey = "return_to_go"
 
 
 @dataclass

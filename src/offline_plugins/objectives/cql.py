@@ -48,13 +48,12 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import dispatch
-from tensordict.utils import NestedKey
 from torchrl.data.utils import _find_action_space
 from torchrl.objectives import CQLLoss as _TorchRLCQLLoss
 from torchrl.objectives import DiscreteCQLLoss as _TorchRLDiscreteCQLLoss
 
 from offline_plugins.objectives import _fused
-from offline_plugins.objectives.common import DiagnosticsContract, check_range
+from offline_plugins.objectives.common import DiagnosticsContract, ReturnToGoKey, check_range
 
 __all__ = ["CQLLoss", "DiscreteCQLLoss"]
 
@@ -128,11 +127,9 @@ class CQLLoss(DiagnosticsContract, _TorchRLCQLLoss):
     """
 
     @dataclass
-    class _AcceptedKeys(_TorchRLCQLLoss._AcceptedKeys):
-        """TorchRL's CQL keys, plus ``return_to_go`` (defaults to ``"return_to_go"``): the data's
-        undiscounted Monte-Carlo return, read only with ``mc_diagnostics=True``."""
+    class _AcceptedKeys(ReturnToGoKey, _TorchRLCQLLoss._AcceptedKeys):
+        """TorchRL's CQL keys, then ``return_to_go`` (:class:`~offline_plugins.objectives.common.ReturnToGoKey`)."""
 
-        return_to_go: NestedKey = "return_to_go"
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
 
@@ -369,11 +366,9 @@ class DiscreteCQLLoss(DiagnosticsContract, _TorchRLDiscreteCQLLoss):
     """
 
     @dataclass
-    class _AcceptedKeys(_TorchRLDiscreteCQLLoss._AcceptedKeys):
-        """TorchRL's discrete CQL keys, plus ``return_to_go`` (defaults to ``"return_to_go"``),
-        read only with ``mc_diagnostics=True``."""
+    class _AcceptedKeys(ReturnToGoKey, _TorchRLDiscreteCQLLoss._AcceptedKeys):
+        """TorchRL's discrete CQL keys, then ``return_to_go`` (:class:`~offline_plugins.objectives.common.ReturnToGoKey`)."""
 
-        return_to_go: NestedKey = "return_to_go"
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
 

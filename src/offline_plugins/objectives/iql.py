@@ -18,13 +18,12 @@ from typing import Optional
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import dispatch
-from tensordict.utils import NestedKey
 from torchrl.objectives import DiscreteIQLLoss as _TorchRLDiscreteIQLLoss
 from torchrl.objectives import IQLLoss as _TorchRLIQLLoss
 from torchrl.objectives.utils import distance_loss
 
 from offline_plugins.objectives import _fused
-from offline_plugins.objectives.common import DiagnosticsContract, advantage_diagnostics, check_range
+from offline_plugins.objectives.common import DiagnosticsContract, ReturnToGoKey, advantage_diagnostics, check_range
 
 __all__ = ["IQLLoss", "DiscreteIQLLoss"]
 
@@ -43,6 +42,38 @@ _MAX_WEIGHT = 100  # TorchRL's clamp of exp(beta * A)
 
 class _IQLCommon(DiagnosticsContract):
     """What both IQL losses add to TorchRL's: range checks and the value/advantage diagnostics."""
+
+    _expectile_max_inclusive: bool  # whether the subclass's TorchRL loss takes expectile = 1
+
+    def __init__(
+        self,
+        actor_network,
+        qvalue_network,
+        value_network,
+        *,
+        expectile: float = 0.7,
+        temperature: float = 3.0,
+        num_qvalue_nets: int = 2,
+        loss_function: str = "l2",
+        diagnostics: bool = False,
+        mc_diagnostics: bool = False,
+        check_hyperparameters: bool = True,
+        **kwargs,
+    ) -> None:
+        if check_hyperparameters:
+            self._init_checks(expectile, temperature, expectile_max_inclusive=self._expectile_max_inclusive)
+        self._init_diagnostics(diagnostics, mc_diagnostics)
+        super().__init__(
+            actor_network,
+            qvalue_network,
+            value_network,
+            expectile=expectile,
+            temperature=temperature,
+            num_qvalue_nets=num_qvalue_nets,
+            loss_function=loss_function,
+            **kwargs,
+        )
+        self._set_out_keys()
 
     def _init_checks(self, expectile: float, temperature: float, *, expectile_max_inclusive: bool) -> None:
         name = type(self).__name__
@@ -94,7 +125,7 @@ class _IQLCommon(DiagnosticsContract):
         return self._diagnosed_forward(tensordict)
 
 
-class IQLLoss(_IQLCommon, _TorchRLIQLLoss):
+class IQLLoss(_fused.FusedPath, _IQLCommon, _TorchRLIQLLoss):
     r"""Implicit Q-Learning (Kostrikov et al. 2022, arXiv:2110.06169), TorchRL's loss with diagnostics.
 
     .. math::
@@ -197,58 +228,22 @@ class IQLLoss(_IQLCommon, _TorchRLIQLLoss):
     """
 
     @dataclass
-    class _AcceptedKeys(_TorchRLIQLLoss._AcceptedKeys):
-        """TorchRL's IQL keys, plus ``return_to_go`` (defaults to ``"return_to_go"``): the data's
-        undiscounted Monte-Carlo return, read only with ``mc_diagnostics=True``."""
+    class _AcceptedKeys(ReturnToGoKey, _TorchRLIQLLoss._AcceptedKeys):
+        """TorchRL's IQL keys, then ``return_to_go`` (:class:`~offline_plugins.objectives.common.ReturnToGoKey`)."""
 
-        return_to_go: NestedKey = "return_to_go"
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
+    _expectile_max_inclusive = True
+    _fused_torchrl = _TorchRLIQLLoss
+    _fused_methods = ("actor_loss", "qvalue_loss", "value_loss")
 
-    def __init__(
-        self,
-        actor_network,
-        qvalue_network,
-        value_network,
-        *,
-        expectile: float = 0.7,
-        temperature: float = 3.0,
-        num_qvalue_nets: int = 2,
-        loss_function: str = "l2",
-        diagnostics: bool = False,
-        mc_diagnostics: bool = False,
-        check_hyperparameters: bool = True,
-        fused: bool = True,
-        **kwargs,
-    ) -> None:
-        if check_hyperparameters:
-            self._init_checks(expectile, temperature, expectile_max_inclusive=True)
-        self._init_diagnostics(diagnostics, mc_diagnostics)
-        super().__init__(
-            actor_network,
-            qvalue_network,
-            value_network,
-            expectile=expectile,
-            temperature=temperature,
-            num_qvalue_nets=num_qvalue_nets,
-            loss_function=loss_function,
-            **kwargs,
-        )
-        self._set_out_keys()
-        self._plan = self._fused_plan() if fused else None
-        self._no_plan = _fused.no_plan_reason(fused)
+    def __init__(self, actor_network, qvalue_network, value_network, *, fused: bool = True, **kwargs) -> None:
+        # the other keyword arguments (expectile, temperature, ...): _IQLCommon's, documented above
+        super().__init__(actor_network, qvalue_network, value_network, **kwargs)
+        self._init_fused(fused)
 
-    def _fused_blocker(self):
-        """Why this call runs TorchRL's code, not the fused path; None when the fused path is exact."""
-        if self._plan is None:
-            return self._no_plan
-        return _fused.torchrl_blocker(
-            self,
-            _TorchRLIQLLoss,
-            ("actor_loss", "qvalue_loss", "value_loss"),
-            value_network=self.value_network,
-            value_key=self.tensor_keys.value,
-        )
+    def _fused_value(self) -> tuple:
+        return self.value_network, self.tensor_keys.value
 
     def _fused_plan(self):
         """What the fused path needs, or None when the networks are not our plain MLPs."""
@@ -405,47 +400,18 @@ class DiscreteIQLLoss(_IQLCommon, _TorchRLDiscreteIQLLoss):
     """
 
     @dataclass
-    class _AcceptedKeys(_TorchRLDiscreteIQLLoss._AcceptedKeys):
-        """TorchRL's discrete IQL keys, plus ``return_to_go`` (defaults to ``"return_to_go"``),
-        read only with ``mc_diagnostics=True``."""
+    class _AcceptedKeys(ReturnToGoKey, _TorchRLDiscreteIQLLoss._AcceptedKeys):
+        """TorchRL's discrete IQL keys, then ``return_to_go`` (:class:`~offline_plugins.objectives.common.ReturnToGoKey`)."""
 
-        return_to_go: NestedKey = "return_to_go"
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
+    _expectile_max_inclusive = False
 
-    def __init__(
-        self,
-        actor_network,
-        qvalue_network,
-        value_network,
-        *,
-        action_space=None,
-        expectile: float = 0.7,
-        temperature: float = 3.0,
-        num_qvalue_nets: int = 2,
-        loss_function: str = "l2",
-        diagnostics: bool = False,
-        mc_diagnostics: bool = False,
-        check_hyperparameters: bool = True,
-        **kwargs,
-    ) -> None:
-        if check_hyperparameters:
-            self._init_checks(expectile, temperature, expectile_max_inclusive=False)
-        self._init_diagnostics(diagnostics, mc_diagnostics)
+    def __init__(self, actor_network, qvalue_network, value_network, *, action_space=None, **kwargs) -> None:
+        # the other keyword arguments (expectile, temperature, ...): _IQLCommon's, documented above
         if action_space is None:
             action_space = _actor_action_space(actor_network)
-        super().__init__(
-            actor_network,
-            qvalue_network,
-            value_network,
-            action_space=action_space,
-            expectile=expectile,
-            temperature=temperature,
-            num_qvalue_nets=num_qvalue_nets,
-            loss_function=loss_function,
-            **kwargs,
-        )
-        self._set_out_keys()
+        super().__init__(actor_network, qvalue_network, value_network, action_space=action_space, **kwargs)
 
     def _chosen_q(self, state_action_value: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         if self.action_space == "categorical":

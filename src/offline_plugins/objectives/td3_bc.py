@@ -7,12 +7,11 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import dispatch
-from tensordict.utils import NestedKey
 from torchrl.objectives import TD3BCLoss as _TorchRLTD3BCLoss
 from torchrl.objectives.utils import distance_loss
 
 from offline_plugins.objectives import _fused
-from offline_plugins.objectives.common import DiagnosticsContract, check_range
+from offline_plugins.objectives.common import DiagnosticsContract, ReturnToGoKey, check_range
 
 __all__ = ["TD3BCLoss"]
 
@@ -29,7 +28,7 @@ _TORCHRL_OUT_KEYS = (
 )
 
 
-class TD3BCLoss(DiagnosticsContract, _TorchRLTD3BCLoss):
+class TD3BCLoss(_fused.FusedPath, DiagnosticsContract, _TorchRLTD3BCLoss):
     r"""TD3+BC (Fujimoto & Gu 2021, arXiv:2106.06860), TorchRL's loss with diagnostics.
 
     .. math::
@@ -97,15 +96,15 @@ class TD3BCLoss(DiagnosticsContract, _TorchRLTD3BCLoss):
     """
 
     @dataclass
-    class _AcceptedKeys(_TorchRLTD3BCLoss._AcceptedKeys):
-        """TorchRL's TD3+BC keys, plus ``return_to_go`` (defaults to ``"return_to_go"``): the data's
-        undiscounted Monte-Carlo return, read only with ``mc_diagnostics=True``."""
+    class _AcceptedKeys(ReturnToGoKey, _TorchRLTD3BCLoss._AcceptedKeys):
+        """TorchRL's TD3+BC keys, then ``return_to_go`` (:class:`~offline_plugins.objectives.common.ReturnToGoKey`)."""
 
-        return_to_go: NestedKey = "return_to_go"
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
 
     _unreduced_output_is_batched = False  # TorchRL's output has batch size [] under any reduction
+    _fused_torchrl = _TorchRLTD3BCLoss
+    _fused_methods = ("actor_loss", "qvalue_loss")
 
     def __init__(
         self,
@@ -137,8 +136,7 @@ class TD3BCLoss(DiagnosticsContract, _TorchRLTD3BCLoss):
             **kwargs,
         )
         self._set_out_keys()
-        self._plan = self._fused_plan() if fused else None
-        self._no_plan = _fused.no_plan_reason(fused)
+        self._init_fused(fused)
 
     def _torchrl_out_keys(self) -> list:
         return list(_TORCHRL_OUT_KEYS)
@@ -146,17 +144,8 @@ class TD3BCLoss(DiagnosticsContract, _TorchRLTD3BCLoss):
     def _diagnostic_keys(self) -> list:
         return ["q_data_mean"]
 
-    def _fused_blocker(self):
-        """Why this call runs TorchRL's code, not the fused path; None when the fused path is exact."""
-        if self._plan is None:
-            return self._no_plan
-        return _fused.torchrl_blocker(
-            self,
-            _TorchRLTD3BCLoss,
-            ("actor_loss", "qvalue_loss"),
-            value_network=None,
-            value_key=self.tensor_keys.state_action_value,
-        )
+    def _fused_value(self) -> tuple:
+        return None, self.tensor_keys.state_action_value
 
     def _fused_plan(self):
         """What the fused path needs, or None when the networks are not our plain MLPs."""

@@ -46,6 +46,8 @@ __all__ = [
     "PluginError",
     "resolve",
     "builtin_algorithm",
+    "builtin_sequence_model",
+    "builtin_hook",
 ]
 
 Family = Literal["offline-rl", "sequence-model", "preference", "online-llm"]
@@ -214,6 +216,44 @@ def builtin_algorithm(
         action_spaces=(action_space,),
     )
 
+
+
+def builtin_sequence_model(name: str, summary: str, config: type, paper: str, *, loss: str, build: str) -> AlgorithmSpec:
+    """:func:`builtin_algorithm` for a sequence model this package ships (family ``sequence-model``,
+    trained on ``trajectories``): ``loss`` and ``build`` are relative to
+    ``offline_plugins.objectives.sequence`` and ``offline_plugins.algorithms.sequence``.
+
+    >>> from offline_plugins.algorithms.sequence.dt import DTConfig
+    >>> spec = builtin_sequence_model("dt", "DT", DTConfig, "", loss="decision_transformer:DecisionTransformerLoss",
+    ...                               build="dt:build")
+    >>> spec.loss, spec.build, spec.family, spec.data
+    ('offline_plugins.objectives.sequence.decision_transformer:DecisionTransformerLoss', 'offline_plugins.algorithms.sequence.dt:build', 'sequence-model', 'trajectories')
+    """
+    return builtin_algorithm(name, summary, config, paper, loss=f"sequence.{loss}", build=f"sequence.{build}",
+                             family="sequence-model", data="trajectories")
+
+
+def builtin_hook(*specs: AlgorithmSpec) -> Callable:
+    """The ``offline_plugins_register_algorithms`` hook implementation of a glue module that
+    ships ``specs`` (:func:`builtin_algorithm`); the module binds it to that name, where
+    pluggy looks for it.
+
+    >>> from offline_plugins.algorithms.iql import IQLConfig
+    >>> hook = builtin_hook(builtin_algorithm("iql", "Implicit Q-Learning", IQLConfig, "", loss="iql:IQLLoss",
+    ...                                       build="iql:build"))
+    >>> registry = Registry()
+    >>> hook(registry.scoped("offline-plugins", "0", "iql"))
+    >>> sorted(registry.algorithms), hook.__name__
+    (['iql'], 'offline_plugins_register_algorithms')
+    """
+    from offline_plugins.plugins.hookspecs import hookimpl
+
+    @hookimpl
+    def offline_plugins_register_algorithms(registry):
+        for spec in specs:
+            registry.add(spec)
+
+    return offline_plugins_register_algorithms
 
 @dataclass(frozen=True)
 class DatasetSpec:

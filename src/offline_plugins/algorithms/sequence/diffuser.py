@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from offline_plugins.config import config_field
-from offline_plugins.plugins.hookspecs import hookimpl
-from offline_plugins.plugins.registry import builtin_algorithm
+from offline_plugins.plugins.registry import builtin_hook, builtin_sequence_model
 
 __all__ = ["DiffuserConfig", "build"]
 
@@ -138,11 +137,9 @@ def build(config: DiffuserConfig, data: Any):
     )
 
 
-@hookimpl
-def offline_plugins_register_algorithms(registry):
-    registry.add(builtin_algorithm(
+offline_plugins_register_algorithms = builtin_hook(
+    builtin_sequence_model(
         "diffuser", "Diffuser: a temporal U-Net denoises (action, state) plans, guided by a return model",
-        DiffuserConfig, PAPER,
-        loss="sequence.diffuser:DiffuserWithValueLoss", build="sequence.diffuser:build",
-        family="sequence-model", data="trajectories",
-    ))
+        DiffuserConfig, PAPER, loss="diffuser:DiffuserWithValueLoss", build="diffuser:build",
+    ),
+)

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from offline_plugins.config import config_field
-from offline_plugins.plugins.hookspecs import hookimpl
-from offline_plugins.plugins.registry import builtin_algorithm
+from offline_plugins.plugins.registry import builtin_hook, builtin_sequence_model
 
 __all__ = ["DTConfig", "build", "prepare", "assemble", "warmup_factor", "make_warmup_scheduler", "auto_return_scale", "check_target_return"]
 
@@ -190,11 +189,9 @@ def build(config: DTConfig, data: Any):
     return assemble(config, data, settings, net, loss, K, ("loss",))
 
 
-@hookimpl
-def offline_plugins_register_algorithms(registry):
-    registry.add(builtin_algorithm(
+offline_plugins_register_algorithms = builtin_hook(
+    builtin_sequence_model(
         "dt", "Decision Transformer: a GPT over (return-to-go, state, action) that acts by conditioning on a return",
-        DTConfig, PAPER,
-        loss="sequence.decision_transformer:DecisionTransformerLoss", build="sequence.dt:build",
-        family="sequence-model", data="trajectories",
-    ))
+        DTConfig, PAPER, loss="decision_transformer:DecisionTransformerLoss", build="dt:build",
+    ),
+)

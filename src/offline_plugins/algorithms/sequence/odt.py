@@ -17,8 +17,7 @@ from dataclasses import dataclass
 
 from offline_plugins.algorithms.sequence.dt import DTConfig
 from offline_plugins.config import config_field
-from offline_plugins.plugins.hookspecs import hookimpl
-from offline_plugins.plugins.registry import builtin_algorithm
+from offline_plugins.plugins.registry import builtin_hook, builtin_sequence_model
 
 __all__ = ["ODTConfig", "build"]
 
@@ -66,11 +65,9 @@ def build(config: ODTConfig, data):
                        ("loss_log_likelihood", "loss_entropy"), [alpha])
 
 
-@hookimpl
-def offline_plugins_register_algorithms(registry):
-    registry.add(builtin_algorithm(
+offline_plugins_register_algorithms = builtin_hook(
+    builtin_sequence_model(
         "odt", "Online Decision Transformer (offline phase): a stochastic DT with an entropy bonus",
-        ODTConfig, PAPER,
-        loss="sequence.decision_transformer:OnlineDecisionTransformerLoss", build="sequence.odt:build",
-        family="sequence-model", data="trajectories",
-    ))
+        ODTConfig, PAPER, loss="decision_transformer:OnlineDecisionTransformerLoss", build="odt:build",
+    ),
+)

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from offline_plugins.config import config_field
-from offline_plugins.plugins.hookspecs import hookimpl
-from offline_plugins.plugins.registry import builtin_algorithm
+from offline_plugins.plugins.registry import builtin_hook, builtin_sequence_model
 
 __all__ = ["TTConfig", "build"]
 
@@ -152,11 +151,9 @@ def build(config: TTConfig, data: Any):
     )
 
 
-@hookimpl
-def offline_plugins_register_algorithms(registry):
-    registry.add(builtin_algorithm(
+offline_plugins_register_algorithms = builtin_hook(
+    builtin_sequence_model(
         "tt", "Trajectory Transformer: a GPT over discretised (s, a, r, V) tokens, acting by beam-search planning",
-        TTConfig, PAPER,
-        loss="sequence.trajectory_transformer:TrajectoryTransformerLoss", build="sequence.tt:build",
-        family="sequence-model", data="trajectories",
-    ))
+        TTConfig, PAPER, loss="trajectory_transformer:TrajectoryTransformerLoss", build="tt:build",
+    ),
+)
