@@ -16,13 +16,18 @@ from pathlib import Path
 from typing import Any, Optional
 
 from offline_plugins.errors import UserError
-from offline_plugins.plugins.datakind import LOSS_PANEL, CurvePanel, DataKind, DataOptions, LoadedData, result_line
+from offline_plugins.plugins.datakind import (
+    LOSS_PANEL,
+    CurvePanel,
+    DataKind,
+    DataOptions,
+    LoadedData,
+    figures,
+    pct,
+    result_line,
+)
 
 __all__ = ["PreferenceText", "PreferencePairs", "UnpairedFeedback"]
-
-
-def _pct(x) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
 class PreferenceText(DataKind):
@@ -136,14 +141,9 @@ class PreferenceText(DataKind):
         return evaluate_preference_model(module.policy, data, model=module.parts.model)
 
     def describe(self, result: dict) -> str:
-        parts = [f"held-out preference accuracy {_pct(result.get('preference_accuracy'))}"]
-        if result.get("exact_match_after") is not None or result.get("exact_match") is not None:
-            after = result.get("exact_match_after", result.get("exact_match"))
-            before = result.get("exact_match_before")
-            parts.append(f"exact match {_pct(before)} -> {_pct(after)}" if before is not None
-                         else f"exact match {_pct(after)}")
-        if result.get("kl_to_reference") is not None:
-            parts.append(f"KL to reference {result['kl_to_reference']:.3f}")
+        parts = [f"held-out preference accuracy {pct(result.get('preference_accuracy'))}",
+                 *figures(result, "exact match", "exact_match"),
+                 *figures(result, "KL to reference", "kl_to_reference", fmt="{:.3f}".format)]
         return result_line(result, parts)
 
 

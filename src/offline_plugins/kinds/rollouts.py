@@ -30,6 +30,7 @@ from offline_plugins.plugins.datakind import (
     DataOptions,
     LoadedData,
     config_value,
+    figures,
     result_line,
 )
 
@@ -39,10 +40,6 @@ __all__ = ["TextRollouts", "TextCompletions"]
 #: (how a round is trained on is the algorithm's: its RolloutPlan)
 _LOAD_SETTINGS = ("group_size", "prompts_per_round", "max_new_tokens", "temperature", "top_p", "reference_sft_steps",
                   "eval_prompts", "max_attempts")
-
-
-def _pct(x) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
 class TextRollouts(DataKind):
@@ -161,23 +158,12 @@ class TextRollouts(DataKind):
         return data.held_out_scores(module.parts.model, plan=module.parts.rollout)
 
     def describe(self, result: dict) -> str:
-        after = result.get("exact_match_after", result.get("exact_match"))
-        parts = []
-        if after is not None:
-            before = result.get("exact_match_before")
-            parts.append(f"held-out exact match {_pct(before)} -> {_pct(after)}" if before is not None
-                         else f"held-out exact match {_pct(after)}")
-        else:
-            reward = result.get("heldout_reward_after", result.get("heldout_reward"))
-            before = result.get("heldout_reward_before")
-            parts.append("held-out reward " + (f"{before:.3f} -> " if before is not None else "")
-                         + ("n/a" if reward is None else f"{reward:.3f}"))
-        if result.get("reward_mean") is not None:
-            parts.append(f"rollout reward {result['reward_mean']:.3f}")
-        if result.get("kl_to_reference") is not None:
-            parts.append(f"KL to reference {result['kl_to_reference']:.3f}")
-        if result.get("groups_without_signal") is not None:
-            parts.append(f"groups without signal {_pct(result['groups_without_signal'])}")
+        three = "{:.3f}".format
+        parts = (figures(result, "held-out exact match", "exact_match")
+                 or figures(result, "held-out reward", "heldout_reward", fmt=three) or ["held-out reward n/a"])
+        parts += [*figures(result, "rollout reward", "reward_mean", fmt=three),
+                  *figures(result, "KL to reference", "kl_to_reference", fmt=three),
+                  *figures(result, "groups without signal", "groups_without_signal")]
         return result_line(result, parts)
 
 

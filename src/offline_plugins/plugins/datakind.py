@@ -40,7 +40,7 @@ from typing import Any, ClassVar, Optional
 from offline_plugins.errors import UserError
 
 __all__ = ["DataKind", "DataOptions", "LoadedData", "BatchLayout", "CurvePanel", "LOSS_PANEL", "config_value",
-           "result_line"]
+           "result_line", "figures", "pct"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +146,31 @@ def config_value(config: Any, name: str, default: Any = None) -> Any:
     if isinstance(config, dict) and name in config:
         return config[name]
     return default
+
+
+def pct(x) -> str:
+    """A share as a percentage with one decimal, ``n/a`` for None.
+
+    >>> pct(0.875), pct(None)
+    ('87.5%', 'n/a')
+    """
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def figures(result: dict, label: str, key: str, fmt=pct) -> list:
+    """The CLI's figure ``label before -> after`` (or ``label after``) of ``result[key]``: a training
+    summary's ``key_before``/``key_after`` or an evaluation's ``key``; empty when it has neither.
+
+    >>> figures({"exact_match_before": 0.5, "exact_match_after": 0.75}, "exact match", "exact_match")
+    ['exact match 50.0% -> 75.0%']
+    >>> figures({"kl_to_reference": 0.1234}, "KL to reference", "kl_to_reference", fmt="{:.3f}".format)
+    ['KL to reference 0.123']
+    """
+    after = result.get(f"{key}_after", result.get(key))
+    if after is None:
+        return []
+    before = result.get(f"{key}_before")
+    return [f"{label} {fmt(before)} -> {fmt(after)}" if before is not None else f"{label} {fmt(after)}"]
 
 
 def result_line(result: dict, figures: list) -> str:
