@@ -66,8 +66,12 @@ class _RolloutFields(SamplingFields):
 
 
 @dataclass
-class GRPOConfig(_RolloutFields):
+class _ClippedRatioFields(_RolloutFields):
     clip_epsilon: float = config_field(0.2, "PPO ratio clipping")
+
+
+@dataclass
+class GRPOConfig(_ClippedRatioFields):
     beta: float = config_field(0.04, "weight of the k3 KL to the reference (0: no KL term)")
 
 
@@ -83,14 +87,12 @@ class DAPOConfig(_RolloutFields):
 
 
 @dataclass
-class DrGRPOConfig(_RolloutFields):
-    clip_epsilon: float = config_field(0.2, "PPO ratio clipping")
+class DrGRPOConfig(_ClippedRatioFields):
     beta: float = config_field(0.0, "weight of the k3 KL to the reference")
 
 
 @dataclass
-class RLOOConfig(_RolloutFields):
-    clip_epsilon: float = config_field(0.2, "PPO ratio clipping")
+class RLOOConfig(_ClippedRatioFields):
     beta: float = config_field(0.05, "weight of the sequence-level KL subtracted from the reward")
 
 
