@@ -20,16 +20,17 @@ torch.set_num_threads(1)
 _SMALL = {"group_size": 4, "prompts_per_round": 4, "batch_size": 8, "max_new_tokens": 3, "eval_prompts": 4}
 
 
-def digit_share(prompts, responses, **columns):
-    return [sum(c.isdigit() for c in r) / max(len(r), 1) for r in responses]
+#: the dense reward of tests/test_online_train.py: the share of digits in a response
+_REWARD = "test_online_train:digit_share"
 
 
 @pytest.fixture(scope="module")
 def prompt_file(tmp_path_factory):
+    """80 prompts of four random letters and a colon (no answers: the reward function scores them)."""
     rng = random.Random(1)
+    rows = [{"prompt": "".join(rng.choice("abcdef") for _ in range(4)) + ":"} for _ in range(80)]
     path = tmp_path_factory.mktemp("rounds") / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"prompt": "".join(rng.choice("abcdef") for _ in range(4)) + ":"}) + "\n"
-                            for _ in range(80)))
+    path.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
     return path
 
 
@@ -64,7 +65,7 @@ def test_build_and_training_leave_the_loaded_data_as_it_was(prompt_file, tmp_pat
     from offline_plugins.lightning.run import plan_run
 
     plan = plan_run(algorithm, str(prompt_file), config={**_SMALL, **extra},
-                    reward="test_rollout_datamodule:digit_share")
+                    reward=_REWARD)
     before = _snapshot(plan.data)
     parts = opl.build(algorithm, None, plan=plan)
     _same(before, plan.data)
@@ -94,7 +95,7 @@ def test_a_round_is_sampled_by_the_policy_after_every_earlier_update(prompt_file
     """Lightning fetches a batch ahead; the round must still come from the policy as it is when the
     round's first step starts, not from the one the batch was fetched under."""
     parts = opl.build("grpo", str(prompt_file), config={**_SMALL, "lr": 1e-2}, steps_per_call=steps_per_call,
-                      reward="test_rollout_datamodule:digit_share")
+                      reward=_REWARD)
     rounds = parts.datamodule
     u = rounds.updates_per_round
     assert u == 2  # 4 prompts x 4 responses = 16 rollouts, 8 a step
@@ -129,7 +130,7 @@ def test_the_kind_has_no_callbacks_and_its_module_refuses_a_round_that_batch_siz
     from offline_plugins.kinds.rollouts import TextRollouts
     from offline_plugins.lightning.rollouts import RolloutDataModule
 
-    parts = opl.build("grpo", str(prompt_file), config=_SMALL, reward="test_rollout_datamodule:digit_share")
+    parts = opl.build("grpo", str(prompt_file), config=_SMALL, reward=_REWARD)
     assert TextRollouts().callbacks(parts.plan.data, parts.module.parts, seed=0) == []
     with pytest.raises(UserError, match=r"batch_size 6 must divide the 16 rollouts \(prompts_per_round 4 x "
                                         r"group_size 4\) of a round; fix it with --set batch_size=2"):
