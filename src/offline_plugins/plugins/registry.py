@@ -96,6 +96,12 @@ def _check_choice(owner: str, what: str, value: str, choices: tuple[str, ...]) -
         raise ValueError(f"{owner}: {what} {value!r} is not one of {', '.join(choices)}")
 
 
+def provenance(record: Any) -> dict[str, Any]:
+    """Who registered ``record`` (the stamp ``registry.add`` puts on it): ``provider`` (the
+    distribution), ``version`` and ``plugin`` (the entry point's or built-in module's name)."""
+    return {"provider": record.provider, "version": record.version, "plugin": record.plugin}
+
+
 @dataclass(frozen=True)
 class AlgorithmSpec:
     """An algorithm a plugin provides.
@@ -176,9 +182,7 @@ class AlgorithmSpec:
             "action_spaces": list(self.action_spaces),
             "loss": self.loss_path,
             "paper": self.paper,
-            "provider": self.provider,
-            "version": self.version,
-            "plugin": self.plugin,
+            **provenance(self),
             "config": describe_config(self.config),
         }
 
@@ -306,9 +310,7 @@ class DatasetSpec:
             "action_space": self.action_space,
             "requires": list(self.requires),
             "options": dict(self.options),
-            "provider": self.provider,
-            "version": self.version,
-            "plugin": self.plugin,
+            **provenance(self),
         }
 
 
