@@ -39,6 +39,7 @@ __all__ = [
     "load_config_file",
     "config_to_dict",
     "ROLLOUT_DEFAULTS",
+    "RUN_DEFAULTS",
     "TransitionConfig",
     "TDConfig",
 ]
@@ -50,6 +51,15 @@ __all__ = [
 ROLLOUT_DEFAULTS: dict[str, Any] = {
     "group_size": 8, "prompts_per_round": 16, "max_new_tokens": 6, "temperature": 1.0, "top_p": 1.0,
     "batch_size": 32, "ppo_epochs": 1, "reference_sft_steps": 2000, "eval_prompts": 200, "max_attempts": 4,
+}
+
+
+#: A new run's options, in one place: the defaults of ``lightning.run.RunSettings`` (a resumed run
+#: takes its checkpoint's instead) and what ``offline-plugins train --help`` says they are. None:
+#: chosen by the run (``eval_every``: steps / 5; ``steps_per_call``: the shell's measured default).
+RUN_DEFAULTS: dict[str, Any] = {
+    "steps": 10_000, "seed": 0, "eval_every": None, "eval_episodes": 10, "checkpoint_every": None, "log_every": 50,
+    "precision": "32-true", "accumulate": 1, "steps_per_call": None, "logger": None,
 }
 
 

@@ -17,6 +17,7 @@ from offline_plugins.cli.args import devices as _devices
 from offline_plugins.cli.args import non_negative as _non_negative
 from offline_plugins.cli.args import positive as _positive
 from offline_plugins.cli.registry import registry_for as _registry
+from offline_plugins.config import RUN_DEFAULTS
 
 __all__ = ["add_parsers", "cmd_train", "cmd_eval"]
 
@@ -35,6 +36,14 @@ def _steps_per_call(text):
         raise RunError(f"--steps-per-call must be a whole number >= 1, got {text!r}; "
                        "omit it for the default, or pass 1 for one gradient step per Lightning call")
     return value
+
+
+def _run_option(p, key: str, help: str, *, shown=None, **kwargs) -> None:
+    """``--KEY``, a run option a resumed run keeps unless it is given again; its help names a new
+    run's default from :data:`offline_plugins.config.RUN_DEFAULTS` (``shown`` where the run picks it)."""
+    default = RUN_DEFAULTS[key] if shown is None else shown
+    p.add_argument("--" + key.replace("_", "-"), default=None, help=f"{help} (default {default}, or the resumed run's)",
+                   **kwargs)
 
 
 def add_parsers(subparsers) -> None:
@@ -62,31 +71,20 @@ def add_parsers(subparsers) -> None:
         help="algorithms trained on their own rollouts: a reward function (prompts, responses, **row) -> floats, "
         "instead of the dataset's verifier",
     )
-    p.add_argument("--steps", type=_positive, default=None,
-                   help="gradient steps (default 10000, or the resumed run's)")
-    p.add_argument("--seed", type=int, default=None,
-                   help="seed of initialisation, batches and evaluation (default 0, or the resumed run's)")
-    p.add_argument(
-        "--eval-every", type=_non_negative, default=None, metavar="K",
-        help="evaluate every K steps (default steps/5, or the resumed run's; 0: only at the end)",
-    )
-    p.add_argument("--eval-episodes", type=_positive, default=None, metavar="E",
-                   help="episodes per evaluation (default 10, or the resumed run's)")
+    _run_option(p, "steps", "gradient steps", type=_positive)
+    _run_option(p, "seed", "seed of initialisation, batches and evaluation", type=int)
+    _run_option(p, "eval_every", "evaluate every K steps (0: only at the end)", shown="steps/5", type=_non_negative,
+                metavar="K")
+    _run_option(p, "eval_episodes", "episodes per evaluation", type=_positive, metavar="E")
     p.add_argument(
         "--devices", type=_devices, default=1, metavar="D",
         help="devices to train on; more than one trains with DDP (default 1)",
     )
     p.add_argument("--accelerator", default="auto", help="cpu, gpu, ... (default auto)")
-    p.add_argument(
-        "--accumulate", type=_positive, default=None, metavar="N",
-        help="split each step's batch into N micro-batches (gradient accumulation; batch_size stays per step; "
-        "default 1, or the resumed run's)",
-    )
-    p.add_argument(
-        "--precision", default=None, metavar="P",
-        help="Lightning precision: 32-true (default, or the resumed run's), bf16-mixed, bf16-true, 64-true; on CUDA "
-        "also 16-mixed, 16-true",
-    )
+    _run_option(p, "accumulate", "split each step's batch into N micro-batches (gradient accumulation; batch_size "
+                "stays per step)", type=_positive, metavar="N")
+    _run_option(p, "precision", "Lightning precision: 32-true, bf16-mixed, bf16-true, 64-true; on CUDA also 16-mixed, "
+                "16-true", metavar="P")
     p.add_argument(
         "--strategy", default=None, metavar="NAME",
         help="Lightning strategy: ddp (the default with several devices), ddp_spawn, and on GPUs fsdp (shards a "
@@ -109,8 +107,7 @@ def add_parsers(subparsers) -> None:
         help="replace the earlier run in --out (its summary, metrics, plot, checkpoints, model; nothing else)",
     )
     p.add_argument("--checkpoint-every", type=_positive, default=None, metavar="N", help="save last.ckpt every N steps")
-    p.add_argument("--log-every", type=_positive, default=None, metavar="N",
-                   help="log training metrics every N steps (default 50, or the resumed run's)")
+    _run_option(p, "log_every", "log training metrics every N steps", type=_positive, metavar="N")
     p.add_argument(
         "--threads", type=_positive, default=None, metavar="N",
         help="torch CPU threads per process (default: torch's choice; 1 is fastest for small networks on a busy machine)",

@@ -38,6 +38,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
+from offline_plugins.config import RUN_DEFAULTS as _NEW_RUN
 from offline_plugins.errors import UserError
 from offline_plugins.lightning.checkpoints import (
     ResumedRun,
@@ -147,16 +148,16 @@ class RunSettings:
     'bf16-mixed'
     """
 
-    steps: Optional[int] = _resumable(10_000)
-    seed: Optional[int] = _resumable(0)
-    eval_every: Optional[int] = _resumable(None)
-    eval_episodes: Optional[int] = _resumable(10)
-    checkpoint_every: Optional[int] = _resumable(None)
-    log_every: Optional[int] = _resumable(50)
-    precision: Optional[str] = _resumable("32-true")
-    accumulate: Optional[int] = _resumable(1)
-    steps_per_call: Optional[int] = _resumable(None)
-    logger: Union[None, str, Sequence[str]] = _resumable(None)
+    steps: Optional[int] = _resumable(_NEW_RUN['steps'])
+    seed: Optional[int] = _resumable(_NEW_RUN['seed'])
+    eval_every: Optional[int] = _resumable(_NEW_RUN['eval_every'])
+    eval_episodes: Optional[int] = _resumable(_NEW_RUN['eval_episodes'])
+    checkpoint_every: Optional[int] = _resumable(_NEW_RUN['checkpoint_every'])
+    log_every: Optional[int] = _resumable(_NEW_RUN['log_every'])
+    precision: Optional[str] = _resumable(_NEW_RUN['precision'])
+    accumulate: Optional[int] = _resumable(_NEW_RUN['accumulate'])
+    steps_per_call: Optional[int] = _resumable(_NEW_RUN['steps_per_call'])
+    logger: Union[None, str, Sequence[str]] = _resumable(_NEW_RUN['logger'])
     out_dir: Union[None, str, os.PathLike] = None
     resume: Union[None, bool, str, os.PathLike, ResumedRun] = None
     overwrite: bool = False
@@ -197,6 +198,7 @@ class RunSettings:
 #: (:class:`RunSettings`' fields that default to None)
 RUN_DEFAULTS: dict[str, Any] = {f.name: f.metadata["new_run"] for f in dataclasses.fields(RunSettings)
                                 if "new_run" in f.metadata}
+assert RUN_DEFAULTS == _NEW_RUN, "RunSettings' resumable fields and config.RUN_DEFAULTS must list the same options"
 
 
 def _checked_option(key: str, value: Any, accelerator: str) -> Any:
