@@ -139,3 +139,31 @@ def test_the_kind_has_no_callbacks_and_its_module_refuses_a_round_that_batch_siz
     sft_like.rollout = None
     with pytest.raises(UserError, match=r"TextGRPOLoss has no rollout plan \(AlgorithmParts\.rollout\)"):
         RolloutDataModule(parts.plan.data, sft_like, batch_size=8)
+
+
+def test_a_checkpoint_from_before_the_data_module_resumes_its_round_exactly(prompt_file, tmp_path):
+    """Runs saved before this layout kept the round in the RolloutRefill callback's state (and the
+    monitor's in its own); resuming one trains on that round, as an uninterrupted run does."""
+    from offline_plugins.lightning.checkpoints import load_checkpoint
+    from offline_plugins.lightning.run import train_algorithm
+
+    kwargs = dict(seed=1, progress=False, threads=1, reward=_REWARD, eval_every=0,
+                  overrides={**_SMALL, "lr": 3e-3, "ppo_epochs": 2})
+    # 4 prompts x 4 = 16 rollouts, batch 8, 2 epochs: 4 steps a round; step 3 is mid-round
+    train_algorithm("grpo", str(prompt_file), steps=6, out_dir=tmp_path / "full", **kwargs)
+    train_algorithm("grpo", str(prompt_file), steps=3, out_dir=tmp_path / "part", **kwargs)
+    path = tmp_path / "part" / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(path, weights_only=False)
+    rounds = ckpt.pop("RolloutDataModule")  # the old layout: the round under the callback's key
+    ckpt["callbacks"]["RolloutRefill"] = {k: v for k, v in rounds.items() if k != "seed"}
+    ckpt["callbacks"]["RewardHackingMonitor"] = ckpt["callbacks"]["RolloutEvaluation"].pop("monitor")
+    torch.save(ckpt, path)
+    assert "RolloutDataModule" not in load_checkpoint(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        resumed = train_algorithm("grpo", str(prompt_file), steps=6, out_dir=tmp_path / "part", resume=True, **kwargs)
+    assert resumed["steps"] == 6 and resumed["rounds"] == 2
+    from safetensors.torch import load_file
+
+    full, part = (load_file(str(tmp_path / d / "model" / "model.safetensors")) for d in ("full", "part"))
+    assert all(torch.equal(full[k], part[k]) for k in full)

@@ -515,6 +515,15 @@ class AlgorithmModule(LightningModule):
         # this hook runs before the data module is restored, so an older checkpoint resumes as it did
         if "OfflineDataModule" in checkpoint and "ReplayDataModule" not in checkpoint:
             checkpoint["ReplayDataModule"] = checkpoint["OfflineDataModule"]
+        # an online run saved before its round moved into RolloutDataModule kept the round in the
+        # RolloutRefill callback's state and the monitor's in its own: both move where they are read now
+        callbacks = checkpoint.get("callbacks") or {}
+        if "RolloutRefill" in callbacks and "RolloutDataModule" not in checkpoint:
+            seed = (checkpoint.get("ReplayDataModule") or {}).get("seed", self.seed)
+            checkpoint["RolloutDataModule"] = {**callbacks["RolloutRefill"], "seed": seed}
+        evaluation = callbacks.get("RolloutEvaluation")
+        if evaluation is not None and "RewardHackingMonitor" in callbacks and "monitor" not in evaluation:
+            evaluation["monitor"] = callbacks["RewardHackingMonitor"]
         extra = checkpoint.get("offline_plugins", {})
         if extra.get("data_state"):
             self.data_state = extra["data_state"]
