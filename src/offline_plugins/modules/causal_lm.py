@@ -38,8 +38,8 @@ import torch
 from tensordict import NestedKey, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
-__all__ = ["CausalLMLogProbs", "CausalLMReward", "AdaptersOff", "token_log_probs", "sequence_log_probs", "aggregate_rewards",
-           "ENSEMBLE_AGGREGATES"]
+__all__ = ["CausalLMLogProbs", "CausalLMReward", "AdaptersOff", "token_log_probs", "chunked_token_log_probs",
+           "sequence_log_probs", "aggregate_rewards", "ENSEMBLE_AGGREGATES"]
 
 
 def _is_hf_like(model: torch.nn.Module) -> bool:
@@ -93,6 +93,50 @@ def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, attention_mask: 
     return torch.where(attention_mask.bool(), lp, lp.new_zeros(()))
 
 
+def _chunk_log_probs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    logits = head(hidden).float()
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+
+
+def chunked_token_log_probs(head: torch.nn.Module, hidden: torch.Tensor, tokens: torch.Tensor,
+                            attention_mask: torch.Tensor, *, chunk_size: int) -> torch.Tensor:
+    """:func:`token_log_probs` from the last hidden states ``[N, T, H]`` and the output layer
+    ``head``, ``chunk_size`` positions at a time: the ``[N, T, V]`` logits are never held at once.
+
+    Each chunk's logits are recomputed in the backward pass (``torch.utils.checkpoint``), so
+    training holds ``[N, chunk_size, V]`` logits at the most, not ``[N, T, V]``: with a
+    vocabulary of 32k-150k those dominate a small model's memory. The values are those of the
+    unchunked path up to float rounding.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    targets = tokens[:, 1:]
+    states = hidden[:, :-1]
+    parts = []
+    for start in range(0, targets.shape[1], chunk_size):
+        h, y = states[:, start:start + chunk_size], targets[:, start:start + chunk_size]
+        if torch.is_grad_enabled() and h.requires_grad:
+            parts.append(checkpoint(_chunk_log_probs, head, h, y, use_reentrant=False))
+        else:
+            parts.append(_chunk_log_probs(head, h, y))
+    lp = torch.nn.functional.pad(torch.cat(parts, 1), (1, 0))
+    return torch.where(attention_mask.bool(), lp, lp.new_zeros(()))
+
+
+def _split_head(model: torch.nn.Module) -> Optional[tuple[torch.nn.Module, torch.nn.Module]]:
+    """``(base, head)`` of a transformers causal LM whose logits are ``head(base(ids).last_hidden_state)``,
+    or None where that does not hold (no output layer, a final softcap or scale on the logits)."""
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    base = getattr(model, "base_model", None)
+    config = getattr(model, "config", None)
+    if head is None or base is None or base is model or config is None:
+        return None
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None) not in (None, 1, 1.0):
+        return None
+    return base, head
+
+
 def sequence_log_probs(log_probs: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(sum, count)`` of per-token log-probs over the response tokens (last dim)."""
     mask = response_mask.to(log_probs.dtype)
@@ -115,6 +159,12 @@ class CausalLMLogProbs(TensorDictModuleBase):
             sees earlier positions, all real, so its log-prob is unchanged, and building the
             padding mask costs ~15% of a tiny model's step. Set ``False`` for left padding.
             Defaults to ``True``.
+        chunk_size (int, optional): compute the log-probs ``chunk_size`` positions at a time
+            from the model's last hidden states and output layer, so the ``[N, T, V]`` float32
+            logits are never materialised (:func:`chunked_token_log_probs`; for large
+            vocabularies, measured in ``bench/logprob_memory_bench.py``). Needs a transformers
+            causal LM whose logits are its output layer applied to the base model's last hidden
+            state; any other model raises. Defaults to ``None`` (one forward to full logits).
     """
 
     def __init__(
@@ -125,10 +175,19 @@ class CausalLMLogProbs(TensorDictModuleBase):
         attention_mask_key: NestedKey = ("masks", "all_attention_mask"),
         log_probs_key: NestedKey = ("log_probs", "full"),
         right_padded: bool = True,
+        chunk_size: Optional[int] = None,
     ) -> None:
         super().__init__()
         self.model = model
         self.right_padded = right_padded
+        if chunk_size is not None:
+            if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+                raise ValueError(f"CausalLMLogProbs: chunk_size must be a whole number >= 1 or None, got {chunk_size!r}")
+            if _split_head(model) is None:
+                raise ValueError(f"CausalLMLogProbs: chunk_size needs a transformers causal LM whose logits are its "
+                                 f"output layer on the base model's last hidden state; {type(model).__name__} is not "
+                                 "one (or scales or caps its logits): leave chunk_size=None")
+        self.chunk_size = chunk_size
         self._hf_like = _is_hf_like(model)
         self.tokens_key = tokens_key
         self.attention_mask_key = attention_mask_key
@@ -148,6 +207,11 @@ class CausalLMLogProbs(TensorDictModuleBase):
         lead = tokens.shape[:-1]
         ids = tokens.reshape(-1, tokens.shape[-1])
         mask = attention_mask.reshape(ids.shape)
+        if self.chunk_size is not None:
+            base, head = _split_head(self.model)
+            hidden = base(input_ids=ids, attention_mask=None if self.right_padded else mask.long()).last_hidden_state
+            lp = chunked_token_log_probs(head, hidden, ids, mask, chunk_size=self.chunk_size)
+            return lp.reshape(*lead, ids.shape[-1])
         logits = _logits_of(self.model, self._hf_like, ids, None if self.right_padded else mask.long())
         return token_log_probs(logits, ids, mask).reshape(*lead, ids.shape[-1])
 
