@@ -49,3 +49,49 @@ def test_a_model_without_a_separate_output_layer_is_refused_naming_the_fix():
         CausalLMLogProbs(torch.nn.Embedding(7, 7), chunk_size=4)
     with pytest.raises(ValueError, match=r"chunk_size must be a whole number >= 1 or None, got 0"):
         CausalLMLogProbs(_gpt2(50), chunk_size=0)
+
+
+@pytest.mark.parametrize("lora_r", [0, 4])
+def test_dpo_with_logprob_chunk_trains_the_same_step(tmp_path, monkeypatch, lora_r):
+    """``--set logprob_chunk=N`` on a language-model algorithm: the same loss and gradients as one
+    forward, with and without LoRA adapters (peft's model is unwrapped to its transformer)."""
+    import json
+
+    from offline_plugins.algorithms.preference import DPOConfig, build_dpo
+    from offline_plugins.data.preference_sources import load_preference_source
+
+    monkeypatch.setenv("OFFLINE_PLUGINS_CACHE", str(tmp_path / "cache"))
+    rows = [{"prompt": f"q{i}=", "chosen": "good" + "!" * (i % 3), "rejected": "bad"} for i in range(200)]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    batch = None
+    results = []
+    for chunk in (0, 3):
+        data = load_preference_source(str(path), kind="preference-pairs", progress=False)  # LoRA adapts it in place
+        batch = data.train[:8] if batch is None else batch
+        torch.manual_seed(0)  # the adapters' random initialisation, the same for both
+        parts = build_dpo(DPOConfig(logprob_chunk=chunk, lora_r=lora_r), data)
+        assert parts.policy.chunk_size == (chunk or None)
+        out = parts.loss(batch.clone())
+        out["loss_dpo"].backward()
+        results.append((out["loss_dpo"].detach(),
+                        {n: p.grad.clone() for n, p in parts.model.named_parameters() if p.grad is not None}))
+    (loss0, g0), (loss1, g1) = results
+    assert torch.allclose(loss0, loss1, atol=1e-6) and g0.keys() == g1.keys() and g0
+    assert all(torch.allclose(g0[n], g1[n], atol=1e-5) for n in g0)
+
+
+def test_a_bad_logprob_chunk_is_a_one_line_error_naming_the_fix(tmp_path, monkeypatch):
+    import json
+
+    from offline_plugins.algorithms.preference import DPOConfig, build_dpo
+    from offline_plugins.data.preference_sources import load_preference_source
+    from offline_plugins.errors import UserError
+
+    monkeypatch.setenv("OFFLINE_PLUGINS_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"q{i}=", "chosen": "a", "rejected": "b"}) + "\n" for i in range(150)))
+    data = load_preference_source(str(path), kind="preference-pairs", progress=False)
+    with pytest.raises(UserError, match=r"dpo: logprob_chunk must be a whole number >= 0, got -2; fix it with "
+                                        r"--set logprob_chunk=0"):
+        build_dpo(DPOConfig(logprob_chunk=-2), data)

@@ -138,7 +138,7 @@ def build_sft(config: SFTConfig, data: Any):
     from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
     from offline_plugins.algorithms.preference import policy_and_reference
     from offline_plugins.errors import UserError
-    from offline_plugins.modules.causal_lm import CausalLMLogProbs
+    from offline_plugins.algorithms.preference import policy_log_probs
     from offline_plugins.objectives.llm.online import TextSFTLoss
 
     if not hasattr(data, "held_out_rows"):
@@ -149,7 +149,7 @@ def build_sft(config: SFTConfig, data: Any):
     elif isinstance(config.lr, bool) or not isinstance(config.lr, (int, float)) or not config.lr > 0:
         raise UserError(f"sft: lr must be a positive number, got {config.lr!r}; fix it with --set lr=1e-4")
     policy, _ = policy_and_reference(config, data, "sft")
-    actor = CausalLMLogProbs(policy)
+    actor = policy_log_probs(config, policy, "sft")
     group = OptimizerGroup("policy", list(policy.parameters()), float(config.lr), ("loss_nll",),
                            max_grad_norm=config.max_grad_norm)
     return AlgorithmParts(loss=TextSFTLoss(actor), policy=actor, optimizers=[group], model=policy,
@@ -160,12 +160,12 @@ def _parts(config: Any, data: Any, name: str, loss_cls: str, kwargs: dict):
     from offline_plugins.algorithms._glue import require_rollouts
     from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup, RolloutPlan
     from offline_plugins.algorithms.preference import policy_and_reference, resolve_lr
-    from offline_plugins.modules.causal_lm import CausalLMLogProbs
+    from offline_plugins.algorithms.preference import policy_log_probs
     import offline_plugins.objectives.llm.online as online
 
     require_rollouts(data, name)
     policy, reference = policy_and_reference(config, data, name)
-    actor = CausalLMLogProbs(policy)
+    actor = policy_log_probs(config, policy, name)
     loss = getattr(online, loss_cls)(actor, **kwargs)
     keys = ("loss_nll",) if loss_cls == "ExpertIterationLoss" else (
         ("loss_objective", "loss_kl") if loss.has_kl_term else ("loss_objective",))

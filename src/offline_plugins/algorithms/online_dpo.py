@@ -135,7 +135,7 @@ def _build(config: Any, data: Any, name: str, *, reference: str):
     from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup, RolloutPlan
     from offline_plugins.algorithms.preference import FROM_SCRATCH_LR, policy_and_reference
     from offline_plugins.errors import UserError
-    from offline_plugins.modules.causal_lm import CausalLMLogProbs
+    from offline_plugins.algorithms.preference import policy_log_probs
     from offline_plugins.objectives.llm.online_dpo import OnlinePreferenceLoss
     from offline_plugins.algorithms._glue import require_rollouts
 
@@ -149,7 +149,7 @@ def _build(config: Any, data: Any, name: str, *, reference: str):
                         f"{lr!r}; fix it with --set lr=1e-5")
     config.lr = float(lr)
     policy, ref_model = policy_and_reference(config, data, name)
-    actor = CausalLMLogProbs(policy)
+    actor = policy_log_probs(config, policy, name)
     try:
         inner = getattr(llm, loss_cls)(actor, reduction="none", **kwargs)
     except ValueError as exc:

@@ -47,7 +47,7 @@ class PPORLHFConfig(_RolloutFields):
 def build(config: PPORLHFConfig, data: Any):
     from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup, RolloutPlan
     from offline_plugins.algorithms.preference import _trainable_copy, policy_and_reference, resolve_lr
-    from offline_plugins.modules.causal_lm import CausalLMLogProbs
+    from offline_plugins.algorithms.preference import policy_log_probs
     from offline_plugins.objectives.llm.ppo_rlhf import PPORLHFLoss, TokenValueHead
     from offline_plugins.algorithms._glue import require_rollouts
 
@@ -56,7 +56,7 @@ def build(config: PPORLHFConfig, data: Any):
     critic = TokenValueHead(_trainable_copy(data.reference))
     critic.train()
     policy, reference = policy_and_reference(config, data, "ppo-rlhf")
-    actor = CausalLMLogProbs(policy)
+    actor = policy_log_probs(config, policy, "ppo-rlhf")
     loss = PPORLHFLoss(actor, critic, kl_coef=config.kl_coef, kl_target=config.kl_target,
                        kl_horizon=config.kl_horizon, kl_estimator=config.kl_estimator,
                        clip_epsilon=config.clip_epsilon, clip_value=config.clip_value, vf_coef=config.vf_coef,

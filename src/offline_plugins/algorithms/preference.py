@@ -72,6 +72,9 @@ class LoRAFields:
     gradient_checkpointing: bool = config_field(False, "recompute the policy's activations in the backward "
                                                        "(transformers' gradient checkpointing): less memory, "
                                                        "about a third more compute")
+    logprob_chunk: int = config_field(0, "compute the policy's token log-probs this many positions at a time, "
+                                         "never holding the [N, T, vocabulary] logits (large vocabularies); 0: "
+                                         "one forward")
 
 
 def _with_lora(cls: type) -> type:
@@ -249,6 +252,22 @@ def policy_and_reference(config: Any, data: Any, name: str, *, reference: Any = 
     return policy_model, base
 
 
+def policy_log_probs(config: Any, policy: Any, name: str) -> Any:
+    """The :class:`~offline_plugins.modules.causal_lm.CausalLMLogProbs` of ``policy``, in chunks of
+    ``config.logprob_chunk`` positions when it is set."""
+    from offline_plugins.errors import UserError
+    from offline_plugins.modules.causal_lm import CausalLMLogProbs
+
+    chunk = getattr(config, "logprob_chunk", 0)
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
+        raise UserError(f"{name}: logprob_chunk must be a whole number >= 0, got {chunk!r}; fix it with "
+                        "--set logprob_chunk=0 (one forward) or e.g. 64")
+    try:
+        return CausalLMLogProbs(policy, chunk_size=chunk or None)
+    except ValueError as exc:
+        raise UserError(f"{name}: {exc}; fix it with --set logprob_chunk=0") from None
+
+
 def trainable_policy(config: Any, data: Any, name: str) -> Any:
     """The policy of :func:`policy_and_reference` for preference data, whose ``reference`` is
     read by its evaluation: with LoRA, ``data.reference`` becomes the policy with adapters off."""
@@ -281,12 +300,11 @@ def _policy_parts(config: Any, data: Any, name: str, loss_cls_name: str, kwargs:
     import offline_plugins.objectives.llm as llm
     from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
     from offline_plugins.data.preference import check_preference_data
-    from offline_plugins.modules.causal_lm import CausalLMLogProbs
 
     kind = "unpaired-feedback" if loss_cls_name == "KTOLoss" else "preference-pairs"
     check_preference_data(data, name, kind, needs_reference=True)
     policy_model = trainable_policy(config, data, name)
-    actor = CausalLMLogProbs(policy_model)
+    actor = policy_log_probs(config, policy_model, name)
     loss = getattr(llm, loss_cls_name)(actor, **kwargs)
     group = OptimizerGroup("policy", list(policy_model.parameters()), resolve_lr(config, data, name), loss_keys,
                            max_grad_norm=config.max_grad_norm)

@@ -189,7 +189,7 @@ def build_text_dt(config: TextDTConfig, data: Any):
     from offline_plugins.algorithms.preference import policy_and_reference, resolve_lr
     from offline_plugins.data.rollouts import RolloutError
     from offline_plugins.errors import UserError
-    from offline_plugins.modules.causal_lm import CausalLMLogProbs
+    from offline_plugins.algorithms.preference import policy_log_probs
     from offline_plugins.objectives.llm.text_dt import TextDTLoss
     from offline_plugins.tokens import prompt_token_ids
 
@@ -236,7 +236,7 @@ def build_text_dt(config: TextDTConfig, data: Any):
     # a trainable copy of the grown reference, or LoRA adapters on it (config.lora_r; the embedding rows of
     # the reward tokens then stay at their initial values and only the adapters learn to read them)
     policy, reference = policy_and_reference(config, data, "text-dt", reference=reference)
-    actor = CausalLMLogProbs(policy)
+    actor = policy_log_probs(config, policy, "text-dt")
     loss = TextDTLoss(actor, return_token_ids=ids, return_levels=levels, target_return=target,
                       return_token_texts=texts, low_return_weight=float(w))
     group = OptimizerGroup("policy", list(policy.parameters()), resolve_lr(config, data, "text-dt"), ("loss_nll",),

@@ -126,6 +126,8 @@ def chunked_token_log_probs(head: torch.nn.Module, hidden: torch.Tensor, tokens:
 def _split_head(model: torch.nn.Module) -> Optional[tuple[torch.nn.Module, torch.nn.Module]]:
     """``(base, head)`` of a transformers causal LM whose logits are ``head(base(ids).last_hidden_state)``,
     or None where that does not hold (no output layer, a final softcap or scale on the logits)."""
+    if callable(getattr(model, "get_base_model", None)):  # peft: the adapted transformers model itself
+        model = model.get_base_model()
     get_head = getattr(model, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
     base = getattr(model, "base_model", None)
@@ -208,7 +210,7 @@ class CausalLMLogProbs(TensorDictModuleBase):
         ids = tokens.reshape(-1, tokens.shape[-1])
         mask = attention_mask.reshape(ids.shape)
         if self.chunk_size is not None:
-            base, head = _split_head(self.model)
+            base, head = _split_head(self.model)  # checked when the module was made
             hidden = base(input_ids=ids, attention_mask=None if self.right_padded else mask.long()).last_hidden_state
             lp = chunked_token_log_probs(head, hidden, ids, mask, chunk_size=self.chunk_size)
             return lp.reshape(*lead, ids.shape[-1])
