@@ -66,7 +66,14 @@ class _RolloutFields(SamplingFields):
 
 
 @dataclass
-class _ClippedRatioFields(_RolloutFields):
+class _PolicyGradientFields(_RolloutFields):
+    rollout_correction: Optional[float] = config_field(
+        None, "cap of the truncated importance weight pi_trainer / pi_sampler per token when the sampler's "
+              "log-probs differ from the trainer's (e.g. 2.0, as TRL and verl); unset: off")
+
+
+@dataclass
+class _ClippedRatioFields(_PolicyGradientFields):
     clip_epsilon: float = config_field(0.2, "PPO ratio clipping")
 
 
@@ -76,7 +83,7 @@ class GRPOConfig(_ClippedRatioFields):
 
 
 @dataclass
-class DAPOConfig(_RolloutFields):
+class DAPOConfig(_PolicyGradientFields):
     clip_low: float = config_field(0.2, "ratio clipping below (1 - clip_low)")
     clip_high: float = config_field(0.28, "ratio clipping above (1 + clip_high): clip-higher")
     beta: float = config_field(0.0, "weight of the k3 KL to the reference (DAPO drops it)")
@@ -97,7 +104,7 @@ class RLOOConfig(_ClippedRatioFields):
 
 
 @dataclass
-class CISPOConfig(_RolloutFields):
+class CISPOConfig(_PolicyGradientFields):
     clip_low: float = config_field(0.2, "importance weight clipped below at 1 - clip_low (TorchRL CISPOLoss's 0.2; "
                                         "the paper sets no lower bound: 0.99)")
     clip_high: float = config_field(0.2, "importance weight clipped above at 1 + clip_high (TorchRL CISPOLoss's 0.2)")
@@ -105,7 +112,7 @@ class CISPOConfig(_RolloutFields):
 
 
 @dataclass
-class GSPOConfig(_RolloutFields):
+class GSPOConfig(_PolicyGradientFields):
     clip_low: float = config_field(3e-4, "sequence ratio clipped below at 1 - clip_low (GSPO paper v2, sec. 5.1)")
     clip_high: float = config_field(4e-4, "sequence ratio clipped above at 1 + clip_high (GSPO paper v2, sec. 5.1)")
     beta: float = config_field(0.0, "weight of the k3 KL to the reference (0, as the GSPO paper's setting in "
@@ -166,7 +173,14 @@ def _parts(config: Any, data: Any, name: str, loss_cls: str, kwargs: dict):
     require_rollouts(data, name)
     policy, reference = policy_and_reference(config, data, name)
     actor = policy_log_probs(config, policy, name)
-    loss = getattr(online, loss_cls)(actor, **kwargs)
+    if isinstance(config, _PolicyGradientFields):
+        kwargs["rollout_correction"] = config.rollout_correction
+    try:
+        loss = getattr(online, loss_cls)(actor, **kwargs)
+    except ValueError as exc:
+        from offline_plugins.errors import UserError
+
+        raise UserError(f"{name}: {exc}; fix it with --set (see 'offline-plugins info {name}')") from None
     keys = ("loss_nll",) if loss_cls == "ExpertIterationLoss" else (
         ("loss_objective", "loss_kl") if loss.has_kl_term else ("loss_objective",))
     group = OptimizerGroup("policy", list(policy.parameters()), resolve_lr(config, data, name), keys,

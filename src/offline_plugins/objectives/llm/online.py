@@ -153,6 +153,14 @@ class TextGRPOLoss(GroupAdvantageLoss):
         clip_epsilon (float or (low, high)): ratio clipping. Defaults to ``0.2``.
         beta (float): weight of the k3 KL to the reference. Defaults to ``0.04`` (the paper's).
         length_normalizer (int, optional): Dr. GRPO's constant normaliser; unused here.
+        rollout_correction (float, optional): correct for a sampler whose log-probs differ from
+            the trainer's (another engine, another precision): :meth:`process_rollouts` scores the
+            round once with the trainer's own forward, the ratio ``rho`` is taken against those
+            log-probs, and each token's term is weighted by the truncated importance weight
+            ``min(pi_trainer / pi_sample, cap)`` (TIS; TRL's ``vllm_importance_sampling_cap``,
+            verl's rollout correction). The weights' effective sample size and the sampler's
+            k1 KL to the trainer are logged (``rollout_ess``, ``rollout_mismatch_kl``). Defaults
+            to ``None`` (off: the sampler's log-probs are the trainer's).
 
     Examples:
         >>> import torch
@@ -174,6 +182,10 @@ class TextGRPOLoss(GroupAdvantageLoss):
         where the actor writes the current log-probs, ``("log_probs", "current")``."""
 
         log_probs: NestedKey = ("log_probs", "current")
+        #: the trainer's log-probs of the sampled tokens at the round's start (``rollout_correction``)
+        trainer_log_probs: NestedKey = ("log_probs", "trainer")
+        #: the truncated importance weight of each token (``rollout_correction``)
+        rollout_weight: NestedKey = "rollout_weight"
 
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
@@ -189,9 +201,18 @@ class TextGRPOLoss(GroupAdvantageLoss):
         clip_epsilon=None,
         beta: Optional[float] = None,
         length_normalizer: Optional[int] = None,
+        rollout_correction: Optional[float] = None,
     ) -> None:
         super().__init__()
         self.actor_network = actor_network
+        if rollout_correction is not None and not (isinstance(rollout_correction, (int, float))
+                                                   and not isinstance(rollout_correction, bool)
+                                                   and float(rollout_correction) >= 1):
+            raise ValueError(f"{type(self).__name__}: rollout_correction is the importance weight's cap, a number "
+                             f">= 1 (2-3 in TRL and verl) or None, got {rollout_correction!r}")
+        self.rollout_correction = None if rollout_correction is None else float(rollout_correction)
+        if self.rollout_correction is not None:
+            self.reads = (*type(self).reads, "trainer_log_probs", "rollout_weight")
         clip = self.default_clip if clip_epsilon is None else clip_epsilon
         low, high = (clip, clip) if isinstance(clip, (int, float)) else tuple(clip)
         if not (0 < float(low) < 1 and float(high) > 0):
@@ -205,7 +226,32 @@ class TextGRPOLoss(GroupAdvantageLoss):
 
     @property
     def out_keys(self):
-        return ["loss_objective", "loss_kl", "kl_to_reference", "clip_fraction", "ratio_mean"]
+        keys = ["loss_objective", "loss_kl", "kl_to_reference", "clip_fraction", "ratio_mean"]
+        return keys + (["rollout_ess", "rollout_mismatch_kl"] if self.rollout_correction is not None else [])
+
+    def process_rollouts(self, td: TensorDictBase) -> TensorDictBase:
+        """The advantages, and with ``rollout_correction`` the trainer's log-probs of the round and
+        each token's truncated importance weight ``min(exp(lp_trainer - lp_sample), cap)``."""
+        td = super().process_rollouts(td)
+        if self.rollout_correction is None:
+            return td
+        k = self.tensor_keys
+        tokens, attn, mask = self._text(td)
+        mask = mask.bool()
+        with torch.no_grad():
+            trainer = self._log_probs(td, tokens, attn)
+        sample = self._get(td, "sample_log_probs", "the sampling policy's log-probs")
+        log_w = torch.where(mask, trainer - sample, torch.zeros_like(trainer))
+        td.set(k.trainer_log_probs, trainer)
+        td.set(k.rollout_weight, torch.where(mask, log_w.exp().clamp(max=self.rollout_correction),
+                                             torch.zeros_like(trainer)))
+        return td
+
+    def _log_probs(self, td: TensorDictBase, tokens: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        if hasattr(self.actor_network, "log_probs"):
+            return self.actor_network.log_probs(tokens, attn)
+        k = self.tensor_keys
+        return self.actor_network(td.select(k.tokens, k.attention_mask).clone()).get(("log_probs", "full"))
 
     def advantages(self, rewards: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(advantage [B], has_signal [B])``: GRPO's group-standardised reward (population std)."""
@@ -236,10 +282,17 @@ class TextGRPOLoss(GroupAdvantageLoss):
         sample_lp = self._get(tensordict, "sample_log_probs", "the sampling policy's log-probs")
         advantage = self._get(tensordict, "advantage", "the advantages (written by loss.process_rollouts)")
         advantage = advantage.reshape(mask.shape)
-        lp = self.actor_network.log_probs(tokens, attn) if hasattr(self.actor_network, "log_probs") else \
-            self.actor_network(tensordict.select(k.tokens, k.attention_mask).clone()).get(("log_probs", "full"))
-        log_ratio = self.importance_log_ratio(lp, sample_lp, mask)
+        lp = self._log_probs(tensordict, tokens, attn)
+        weight = None
+        if self.rollout_correction is not None:
+            # the ratio against the trainer's own log-probs of the round, the sampler's mismatch in the weight
+            weight = self._get(tensordict, "rollout_weight", "the rollout weights (written by loss.process_rollouts "
+                               "with rollout_correction)")
+            old_lp = self._get(tensordict, "trainer_log_probs", "the trainer's log-probs of the round")
+        log_ratio = self.importance_log_ratio(lp, sample_lp if weight is None else old_lp, mask)
         gain, clipped = self.surrogate(log_ratio, advantage)
+        if weight is not None:
+            gain = gain * weight.detach()
         m = mask.to(lp.dtype)
         out = TensorDict({"loss_objective": -self.aggregate(gain, mask)}, [])
         ref = tensordict.get(k.ref_log_probs, None)
@@ -253,6 +306,10 @@ class TextGRPOLoss(GroupAdvantageLoss):
             n = m.sum().clamp_min(1)
             out.set("clip_fraction", (clipped.to(lp.dtype) * m).sum() / n)
             out.set("ratio_mean", (log_ratio.exp() * m).sum() / n)
+            if weight is not None:
+                w = weight * m
+                out.set("rollout_ess", w.sum() ** 2 / (n * (w * w).sum()).clamp_min(1e-12))
+                out.set("rollout_mismatch_kl", ((sample_lp - old_lp) * m).sum() / n)
         return out
 
 
