@@ -189,7 +189,8 @@ class AlgorithmModule(LightningModule):
     It refuses to fit under a ``Trainer`` that lacks a callback in ``required_callbacks``
     (:class:`~offline_plugins.lightning.callbacks.TargetNetworkUpdate` for an algorithm with
     target networks; :func:`~offline_plugins.lightning.builder.build` adds the data kind's own),
-    naming the fix. It trains offline and online methods alike, hence no "Offline" in its
+    or fitted without the data module in ``required_datamodule`` (a data kind's own, such as the
+    online rounds' :class:`~offline_plugins.lightning.rollouts.RolloutDataModule`), naming the fix. It trains offline and online methods alike, hence no "Offline" in its
     name (it was ``OfflineAlgorithmModule``; that name remains as an alias).
 
     Args:
