@@ -101,6 +101,10 @@ class StepStream(IterableDataset):
     """Endless step items, item ``t`` made by ``draw(t)``: one per step, or a :class:`StepBatches`
     of a call's steps.
 
+    Args:
+        draw: ``draw(step)`` makes step ``step``'s item (a batch; or the step number itself, for a
+            data module that makes the batch right before the step).
+
     Keyword Args:
         start_step: first step to draw, or a callable returning it when iteration
             starts (the trainer's ``global_step``, so a resumed run picks up there).
@@ -110,16 +114,14 @@ class StepStream(IterableDataset):
         periods: with ``K > 1``, a :class:`StepBatches` also ends at every multiple of these.
     """
 
-    def __init__(self, *, start_step: Union[int, Callable[[], int]] = 0, stop_step: Optional[int] = None,
-                 steps_per_call: int = 1, periods: Sequence[int] = ()) -> None:
+    def __init__(self, draw: Callable[[int], Any], *, start_step: Union[int, Callable[[], int]] = 0,
+                 stop_step: Optional[int] = None, steps_per_call: int = 1, periods: Sequence[int] = ()) -> None:
         super().__init__()
+        self._draw = draw
         self.start_step = start_step
         self.stop_step = stop_step
         self.steps_per_call = int(steps_per_call)
         self.periods = tuple(int(p) for p in periods if p and int(p) > 0)
-
-    def _draw(self, step: int):
-        raise NotImplementedError
 
     def _call_end(self, step: int) -> int:
         """Where the call starting at ``step`` ends: the first multiple of ``K`` or of a period after it."""
@@ -164,14 +166,14 @@ class ReplayBufferStream(StepStream):
     """
 
     def __init__(self, buffer, *, seed: int, rank: int = 0, **steps: Any) -> None:
-        super().__init__(**steps)
+        super().__init__(self._sample, **steps)
         self.buffer = buffer
         self.seed = int(seed)
         self.rank = int(rank)
         self.generator = torch.Generator(device=_buffer_device(buffer))
         buffer.set_rng(self.generator)
 
-    def _draw(self, step: int):
+    def _sample(self, step: int):
         self.generator.manual_seed(step_seed(self.seed, self.rank, step, SAMPLE_STREAM))
         return self.buffer.sample()
 

@@ -44,13 +44,6 @@ from offline_plugins.lightning.monitor import RewardHackingMonitor
 __all__ = ["RolloutDataModule", "RolloutEvaluation"]
 
 
-class _Steps(StepStream):
-    """The step numbers themselves: the data module makes each step's minibatch right before it."""
-
-    def _draw(self, step: int) -> int:
-        return step
-
-
 class RolloutDataModule(LightningDataModule):
     """Rounds of rollouts from the policy being trained, and their minibatches.
 
@@ -89,7 +82,7 @@ class RolloutDataModule(LightningDataModule):
         self.minibatches = n // self.batch_size
         self.updates_per_round = int(plan.epochs) * self.minibatches
         self.buffer = None
-        self.stream: Optional[_Steps] = None
+        self.stream: Optional[StepStream] = None
         self.round = -1
         self.rank = 0
         self.rollouts: Optional[TensorDict] = None
@@ -116,9 +109,10 @@ class RolloutDataModule(LightningDataModule):
         device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
         self.buffer = TensorDictReplayBuffer(storage=LazyTensorStorage(self.rows_per_round, device=device),
                                              batch_size=self.batch_size)
-        self.stream = _Steps(start_step=lambda: int(self.trainer.global_step) if self.trainer is not None else 0)
+        # the step numbers themselves: on_before_batch_transfer makes each step's minibatch
+        self.stream = StepStream(int, start_step=lambda: int(self.trainer.global_step) if self.trainer is not None else 0)
 
-    def train_dataloader(self) -> _Steps:
+    def train_dataloader(self) -> StepStream:
         assert self.stream is not None, "setup() must run before train_dataloader()"
         self.stream.configure(self.trainer, extra_periods=(self.updates_per_round,))
         return self.stream
