@@ -180,7 +180,8 @@ def _parts(config: Any, data: Any, name: str, loss_cls: str, kwargs: dict):
     except ValueError as exc:
         from offline_plugins.errors import UserError
 
-        raise UserError(f"{name}: {exc}; fix it with --set (see 'offline-plugins info {name}')") from None
+        raise UserError(f"{name}: {exc}; set it with --set KEY=VALUE ('offline-plugins info {name}' lists the "
+                        "fields and their defaults)") from None
     keys = ("loss_nll",) if loss_cls == "ExpertIterationLoss" else (
         ("loss_objective", "loss_kl") if loss.has_kl_term else ("loss_objective",))
     group = OptimizerGroup("policy", list(policy.parameters()), resolve_lr(config, data, name), keys,
