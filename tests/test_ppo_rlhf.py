@@ -130,11 +130,12 @@ def _reward_dir(tmp_path, name="rm", *, nan=False, extra_token=None):
     from offline_plugins.modules.tiny_lm import load_causal_lm
 
     model, tok = load_causal_lm("tiny", seed=0)
+    if extra_token:  # a vocabulary that differs from the policy's (the model grown to match it)
+        tok.add_tokens([extra_token])
+        model.resize_token_embeddings(len(tok))
     rm = CausalLMReward(model)
     with torch.no_grad():
         rm.head.bias.fill_(float("nan") if nan else 0.25)
-    if extra_token:
-        tok.add_tokens([extra_token])
     return save_reward_model(rm, tok, tmp_path / name / "reward_model").parent, rm, tok
 
 

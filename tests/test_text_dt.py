@@ -328,3 +328,44 @@ def test_cli_refuses_an_unknown_target_return_in_one_line(tmp_path, capsys):
     assert errors[0].startswith("offline-plugins: error: text-dt: target_return 2 is none of the return levels "
                                 "[0.0, 1.0]; condition on one of them, e.g. --set target_return=1")
     assert not (out / "summary.json").exists()
+
+
+def test_the_reward_token_steers_the_policy_when_low_returns_are_systematic(data):
+    """Learning happens through the package's build and loss: rows that earned 1 answer the sum, rows
+    that earned 0 answer the sum + 1; after relabelling and a few hundred NLL steps, the policy
+    answers the sum under the return-1 token and the sum + 1 under the return-0 token (the tiny
+    model from its random init, four prompts). On the built-in task the failures are the policy's
+    own unsystematic errors and the token steers nothing (docs/results.md, text-dt)."""
+    from offline_plugins.data.rollouts import greedy_responses
+    from offline_plugins.tokens import prompt_token_ids, response_token_ids
+
+    torch.manual_seed(0)
+    parts = build_text_dt(TextDTConfig(), data)
+    tok, loss = parts.tokenizer, parts.loss
+    problems = [("12+30=", 42), ("25+14=", 39), ("61+27=", 88), ("33+45=", 78)]
+    rows, rewards = [], []
+    for prompt, answer in problems:
+        for reward, said in ((1.0, answer), (0.0, answer + 1)):
+            p = prompt_token_ids(tok, R1 + prompt)  # sampled at the best return, as a round is
+            rows.append((p, p + response_token_ids(tok, str(said))))
+            rewards.append(reward)
+    width = max(len(r) for _, r in rows)
+    full = torch.full((len(rows), width), tok.pad_token_id)
+    attn = torch.zeros(len(rows), width, dtype=torch.bool)
+    resp = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, (p, r) in enumerate(rows):
+        full[i, : len(r)], attn[i, : len(r)], resp[i, len(p): len(r)] = torch.tensor(r), True, True
+    td = TensorDict({"tokens": {"full": full}, "masks": {"all_attention_mask": attn, "all_assistant_mask": resp},
+                     "next": {"reward": torch.tensor(rewards)[:, None]}}, [len(rows)])
+    td = loss.process_rollouts(td)
+    opt = torch.optim.Adam(parts.model.parameters(), lr=3e-3)
+    for _ in range(300):
+        opt.zero_grad()
+        loss(td)["loss_nll"].backward()
+        opt.step()
+    parts.model.eval()
+    prompts = [p for p, _ in problems]
+    at_best = greedy_responses(parts.model, tok, [R1 + p for p in prompts], max_new_tokens=4)
+    at_worst = greedy_responses(parts.model, tok, [R0 + p for p in prompts], max_new_tokens=4)
+    assert [a.strip() for a in at_best] == [str(a) for _, a in problems]
+    assert [a.strip() for a in at_worst] == [str(a + 1) for _, a in problems]

@@ -21,7 +21,7 @@ PAPER = "Nair, Gupta, Dalal & Levine 2020, AWAC: Accelerating Online Reinforceme
 class AWACConfig(TDConfig):
     actor_lr: float = config_field(3e-4, "Adam learning rate of the policy")
     critic_lr: float = config_field(3e-4, "Adam learning rate of the twin critics")
-    beta: float = config_field(1.0, "temperature of the advantage weights exp(A / beta)")
+    beta: float = config_field(1.0, "temperature of the advantage weights exp(A / beta)", bounds=">0")
     max_weight: float = config_field(100.0, "clip of the advantage weights")
 
 

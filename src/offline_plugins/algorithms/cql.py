@@ -26,7 +26,7 @@ class CQLConfig(TDConfig):
     with_lagrange: bool = config_field(False, "learn alpha' to hold the conservative gap at lagrange_thresh")
     lagrange_thresh: float = config_field(5.0, "target gap tau of the Lagrangian (with_lagrange only)")
     num_random: int = config_field(10, "sampled actions per state (uniform, current and next policy) for logsumexp")
-    temperature: float = config_field(1.0, "temperature of the logsumexp")
+    temperature: float = config_field(1.0, "temperature of the logsumexp", bounds=">0")
 
 
 @dataclass

@@ -47,11 +47,15 @@ class SamplingFields(LoRAFields):
 
     max_grad_norm: float = config_field(1.0, "clip the policy's gradient norm to this")
     max_new_tokens: int = config_field(_D["max_new_tokens"], "response budget in tokens")
-    temperature: float = config_field(_D["temperature"], "sampling temperature")
+    temperature: float = config_field(_D["temperature"], "sampling temperature", bounds=">0")
     top_p: float = config_field(_D["top_p"], "nucleus sampling threshold (1.0: off)")
     reference_sft_steps: int = config_field(_D["reference_sft_steps"],
                                             "built-in task with --model tiny: SFT steps of the cached reference")
     eval_prompts: int = config_field(_D["eval_prompts"], "held-out prompts scored by greedy exact match")
+    reward_timeout: float = config_field(_D["reward_timeout"], "seconds one call of the reward function may take; a "
+                                         "response whose call raises, exits or runs past it is counted and gets "
+                                         "reward_on_failure (0: no limit)")
+    reward_on_failure: float = config_field(_D["reward_on_failure"], "reward of a response its reward call failed on")
 
 
 @dataclass

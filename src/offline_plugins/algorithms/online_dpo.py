@@ -63,14 +63,14 @@ class _PreferenceRolloutFields(SamplingFields):
     max_attempts: int = config_field(ROLLOUT_DEFAULTS["max_attempts"],
                                      "dynamic_sampling: batches of prompts sampled to fill a round with pairs")
     beta: Optional[float] = config_field(None, "inner dpo, robust-dpo, rpo: inverse temperature (unset 0.1); "
-                                               "simpo: reward scale (unset 2.0)")
+                                               "simpo: reward scale (unset 2.0)", bounds=">0")
     label_smoothing: Optional[float] = config_field(None, "inner dpo (cDPO, unset 0.0), robust-dpo (unset 0.1): "
                                                           "assumed label-flip rate")
     tau: Optional[float] = config_field(None, "inner ipo: regularisation, target gap 1 / (2 tau) (unset 0.1)")
     length_normalize: Optional[bool] = config_field(None, "inner ipo: average log-probs over tokens (unset true)")
     alpha: Optional[float] = config_field(None, "inner rpo: weight of the NLL term on the chosen (unset 1.0)")
     lam: Optional[float] = config_field(None, "inner orpo: weight of the odds-ratio term (unset 0.1)")
-    gamma: Optional[float] = config_field(None, "inner simpo: target reward margin (unset 1.0)")
+    gamma: Optional[float] = config_field(None, "inner simpo: target reward margin (unset 1.0)", bounds=">=0")
 
 
 @dataclass

@@ -95,7 +95,7 @@ class DPOConfig:
     lr: Optional[float] = config_field(None, _lr_help(pretrained_lr))
     batch_size: int = config_field(16, "preference pairs per gradient step")
     max_grad_norm: float = config_field(1.0, "clip the policy's gradient norm to this")
-    beta: float = config_field(0.1, "inverse temperature of the implicit reward beta * log(pi / pi_ref)")
+    beta: float = config_field(0.1, "inverse temperature of the implicit reward beta * log(pi / pi_ref)", bounds=">0")
     label_smoothing: float = config_field(0.0, "assumed label-flip rate (conservative DPO); 0 is DPO")
 
 
@@ -106,7 +106,7 @@ class RobustDPOConfig:
     lr: Optional[float] = config_field(None, _lr_help(pretrained_lr))
     batch_size: int = config_field(16, "preference pairs per gradient step")
     max_grad_norm: float = config_field(1.0, "clip the policy's gradient norm to this")
-    beta: float = config_field(0.1, "inverse temperature of the implicit reward")
+    beta: float = config_field(0.1, "inverse temperature of the implicit reward", bounds=">0")
     label_smoothing: float = config_field(0.1, "label-flip rate the loss is unbiased under, in [0, 0.5)")
 
 
@@ -117,7 +117,7 @@ class RPOConfig:
     lr: Optional[float] = config_field(None, _lr_help(pretrained_lr))
     batch_size: int = config_field(16, "preference pairs per gradient step")
     max_grad_norm: float = config_field(1.0, "clip the policy's gradient norm to this")
-    beta: float = config_field(0.1, "inverse temperature of the implicit reward")
+    beta: float = config_field(0.1, "inverse temperature of the implicit reward", bounds=">0")
     alpha: float = config_field(1.0, "weight of the length-normalised NLL term on the chosen response")
 
 
@@ -139,7 +139,7 @@ class KTOConfig:
     lr: Optional[float] = config_field(None, _lr_help(pretrained_lr))
     batch_size: int = config_field(16, "unpaired rows per gradient step")
     max_grad_norm: float = config_field(1.0, "clip the policy's gradient norm to this")
-    beta: float = config_field(0.1, "implicit-reward scale")
+    beta: float = config_field(0.1, "implicit-reward scale", bounds=">0")
     desirable_weight: float = config_field(1.0, "weight of desirable (label true) rows")
     undesirable_weight: float = config_field(1.0, "weight of undesirable (label false) rows")
 
@@ -161,8 +161,8 @@ class SimPOConfig:
     lr: Optional[float] = config_field(None, _lr_help(pretrained_lr))
     batch_size: int = config_field(16, "preference pairs per gradient step")
     max_grad_norm: float = config_field(1.0, "clip the policy's gradient norm to this")
-    beta: float = config_field(2.0, "scale of the length-averaged log-prob reward")
-    gamma: float = config_field(1.0, "absolute target reward margin")
+    beta: float = config_field(2.0, "scale of the length-averaged log-prob reward", bounds=">0")
+    gamma: float = config_field(1.0, "absolute target reward margin", bounds=">=0")
 
 
 @dataclass

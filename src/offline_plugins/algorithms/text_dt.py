@@ -262,5 +262,9 @@ def offline_plugins_register_algorithms(registry):
                   "arXiv:2106.01345; Zheng et al. 2022, Online Decision Transformer, arXiv:2202.05607; Lu et al. "
                   "2022, Quark: Controllable Text Generation with Reinforced Unlearning, arXiv:2205.13636",
             action_spaces=("tokens",),
+            experimental="on the built-in task the reward token steers nothing (asked for return 0 the policy answers "
+                         "as asked for 1) and the default low_return_weight=1 degrades the reference; the token is "
+                         "learnt when low returns differ systematically (docs/results.md, 'Return-conditioned "
+                         "generation')",
         )
     )

@@ -71,7 +71,9 @@ def cmd_list(args) -> int:
         data_w = max(len(s.data) for s in algos)
         print(f"{'NAME':<{width}}  {'FAMILY':<{fam_w}}  {'DATA':<{data_w}}  PROVIDER  SUMMARY")
         for s in algos:
-            print(f"{s.name:<{width}}  {s.family:<{fam_w}}  {s.data:<{data_w}}  {s.provider} {s.version}  {s.summary}")
+            mark = "[experimental] " if s.experimental else ""
+            print(f"{s.name:<{width}}  {s.family:<{fam_w}}  {s.data:<{data_w}}  {s.provider} {s.version}  "
+                  f"{mark}{s.summary}")
     if registry.broken:
         print("\nplugins that failed to load (the others work):")
         for b in registry.broken:
@@ -92,6 +94,8 @@ def cmd_info(args) -> int:
     print(f"  loss:     {info['loss']}")
     print(f"  paper:    {spec.paper}")
     print(f"  provider: {spec.provider} {spec.version} (plugin {spec.plugin!r})")
+    if spec.experimental:
+        print(f"  status:   experimental: {spec.experimental}")
     print("  config (override with --set key=value):")
     fields = info["config"]
     if fields:

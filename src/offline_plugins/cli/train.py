@@ -149,7 +149,7 @@ def cmd_train(args) -> int:
     """``offline-plugins train``: the run's settings (checked as they are made), the plan (the algorithm,
     dataset and config, checked and loaded), then the run; prints the final evaluation."""
     from offline_plugins.lightning.plan import plan_run
-    from offline_plugins.lightning.run import RunSettings, train
+    from offline_plugins.lightning.run import RunSettings, check_run_inputs, train
 
     # what the machine and the file system can refuse is refused here, before a dataset is loaded or made
     settings = RunSettings(
@@ -175,11 +175,14 @@ def cmd_train(args) -> int:
         compile=args.compile,
         verbose=args.verbose,
     )
+    # an input inside what --overwrite removes (or the run replaces) is refused before it is loaded
+    check_run_inputs(settings, {"--config": args.config, "--model": args.model, "--reward": args.reward,
+                                "--dataset": args.dataset})
     # a bare --resume continues with the run's own config and data options (the checkpoint is read once)
     plan = plan_run(args.algorithm, args.dataset, config=args.config, overrides=args.overrides, model=args.model,
                     reward=args.reward, drop_nonfinite=args.drop_nonfinite, drop_empty=args.drop_empty,
                     registry=_registry(args), progress=settings.progress, resumed=settings.resumed_run())
-    summary = train(plan, settings)
+    summary = train(plan, settings, inputs={"--config": args.config} if args.config else None)
     if not summary:  # a DDP rank other than 0
         return 0
     if args.json:

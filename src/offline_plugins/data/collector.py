@@ -37,7 +37,14 @@ from typing import Any, Callable, Optional
 import torch
 from tensordict import TensorDict
 
-from offline_plugins.data.prompts import PromptSource, RolloutError, _prompt_ids, rollout_seed, score_responses
+from offline_plugins.data.prompts import (
+    PromptSource,
+    RewardGuard,
+    RolloutError,
+    _prompt_ids,
+    rollout_seed,
+    score_responses,
+)
 from offline_plugins.envs.text import TextEnv
 from offline_plugins.modules.generation import model_context
 
@@ -80,8 +87,11 @@ class RolloutEnv(TextEnv):
     def sample_rows(self, n: int, seed: int) -> list[dict]:
         return self.source.sample(n, seed)
 
+    #: how the reward function is called (the collector's: its time limit, failure reward, stop signal)
+    guard: Optional[RewardGuard] = None
+
     def score(self, rows: list[dict], responses: list[str]) -> list[float]:
-        return score_responses(self.source, rows, responses)
+        return score_responses(self.source, rows, responses, guard=self.guard)
 
 
 class RolloutCollector:
@@ -100,12 +110,16 @@ class RolloutCollector:
         seed (int): the run's seed; round ``r`` of rank ``k`` samples with ``rollout_seed(seed, k, r, ...)``.
         max_attempts (int): dynamic sampling (``process`` asks for it): sample up to this many
             batches of prompts to find groups whose rewards differ.
+        reward_timeout (float), reward_on_failure (float): the reward function's time limit per call
+            (0/None: none) and the reward of a response its call failed on (:class:`RewardGuard`,
+            ``reward_guard``; the run sets its ``should_stop``).
     """
 
     def __init__(self, source: PromptSource, tokenizer: Any, reference: Optional[torch.nn.Module], *,
                  group_size: int = 8, prompts_per_round: int = 16, max_new_tokens: int = 6,
                  temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, max_attempts: int = 4,
-                 context: Optional[int] = None, min_group_size: int = 2) -> None:
+                 context: Optional[int] = None, min_group_size: int = 2, reward_timeout: Optional[float] = 60.0,
+                 reward_on_failure: float = 0.0) -> None:
         # the algorithm declares its minimum: GRPO-style losses compare G >= 2 responses to one prompt,
         # PPO-RLHF (a value baseline) needs no group (min_group_size=1)
         if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < int(min_group_size):
@@ -134,6 +148,7 @@ class RolloutCollector:
         self.top_p = float(top_p)
         self.seed = int(seed)
         self.max_attempts = int(max_attempts)
+        self.reward_guard = RewardGuard(time_limit=reward_timeout, on_failure=float(reward_on_failure))
         self.context = context if context is not None else model_context(reference)
         longest = max((len(_prompt_ids(tokenizer, p)) for p in source.longest_prompts), default=1)
         self.max_prompt_tokens = longest
@@ -161,6 +176,7 @@ class RolloutCollector:
                           seed=self.seed, device=device)
             self._text_env, self._text_env_key = env, key
         env.source = self.source  # a plain attribute here: whoever set it last is read
+        env.guard = self.reward_guard
         return env
 
     @torch.no_grad()
@@ -210,6 +226,7 @@ class RolloutCollector:
         spare: list[TensorDict] = []
         first_stats = None
         sampled = 0
+        failures_before = self.reward_guard.counts()
         for attempt in range(self.max_attempts if dynamic_sampling else 1):
             # "group" (the env's): prompt ids unique within the run and rank: round, attempt, position
             td = self._round(model, round=round, rank=rank, attempt=attempt)
@@ -237,6 +254,8 @@ class RolloutCollector:
             td = kept[0]
         stats = dict(first_stats or {})
         stats["sampled_prompts"] = float(sampled)
+        # responses whose reward call raised, exited or hung this round (they got reward_on_failure)
+        stats.update({k: float(v - failures_before[k]) for k, v in self.reward_guard.counts().items()})
         if dynamic_sampling:
             signal = td.get("has_signal")
             stats["kept_groups_without_signal"] = float(1 - signal.float().mean())

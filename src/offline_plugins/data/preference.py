@@ -28,7 +28,6 @@ reference forward.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,15 +136,9 @@ def load_jsonl(path: Union[str, Path], *, fields: Sequence[str] = PAIR_FIELDS) -
     p = Path(path)
     if not p.is_file():
         raise PreferenceDataError(f"preference file {str(p)!r} does not exist")
-    rows = []
-    with p.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise PreferenceDataError(f"{p}: line {n} is not valid JSON ({exc.msg}); one JSON object per line") from None
+    from offline_plugins.data.jsonl import jsonl_objects
+
+    rows = [row for _, row in jsonl_objects(p, error=PreferenceDataError, shape="one JSON object per line")]
     return validate_rows(rows, fields, source=str(p))
 
 

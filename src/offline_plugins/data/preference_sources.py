@@ -157,8 +157,6 @@ def _layout(columns) -> str:
 
 def _rows_from(source: str) -> tuple[list[dict], str]:
     """``(rows, "pairs"|"unpaired")`` of a JSONL file or ``hf:`` dataset, fields checked."""
-    import json
-
     from offline_plugins.data.preference import PAIR_FIELDS, UNPAIRED_FIELDS, load_hf_dataset, load_jsonl
 
     if source.startswith("hf:"):
@@ -185,14 +183,15 @@ def _rows_from(source: str) -> tuple[list[dict], str]:
         path = Path(source)
         if not path.is_file():
             raise PreferenceSourceError(f"preference file {source!r} does not exist; give a path to a .jsonl file")
-        first = next((line for line in path.open(encoding="utf-8") if line.strip()), None)
-        if first is None:
+        from offline_plugins.data.jsonl import jsonl_objects
+
+        try:
+            head = next((row for _, row in jsonl_objects(path, error=PreferenceSourceError)), None)
+        except PreferenceSourceError:
+            head = {}  # load_jsonl names the bad line
+        if head is None:
             raise PreferenceSourceError(
                 f"{source} holds no rows; it needs prompt/chosen/rejected (or prompt/completion/label) rows")
-        try:
-            head = json.loads(first)
-        except json.JSONDecodeError:
-            head = {}  # load_jsonl names the bad line
         layout = _layout(head if isinstance(head, dict) else {})
         rows = load_jsonl(path, fields=PAIR_FIELDS if layout == "pairs" else UNPAIRED_FIELDS)
         if layout == "pairs":
@@ -202,21 +201,15 @@ def _rows_from(source: str) -> tuple[list[dict], str]:
 
 def _keep_optional_jsonl(path: Path, rows: list[dict]) -> None:
     """Copy the checked optional fields of a JSONL file's rows onto ``rows`` (``load_jsonl`` drops them)."""
-    import json
+    from offline_plugins.data.jsonl import jsonl_objects
 
-    text = path.read_text(encoding="utf-8")
+    text = path.read_text(encoding="utf-8-sig")  # load_jsonl read it: it is UTF-8
     if not any(f'"{f}"' in text for f in OPTIONAL_PAIR_FIELDS):
         return  # most files carry neither: no second parse
-    i = 0
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        if any(f'"{f}"' in line for f in OPTIONAL_PAIR_FIELDS):
-            raw = json.loads(line)  # load_jsonl parsed it already
-            for f in OPTIONAL_PAIR_FIELDS:
-                if f in raw:
-                    _keep_optional(rows[i], f, raw[f], f"{path}: row {i} (line {n})")
-        i += 1
+    for i, (n, raw) in enumerate(jsonl_objects(path, error=PreferenceSourceError)):
+        for f in OPTIONAL_PAIR_FIELDS:
+            if f in raw:
+                _keep_optional(rows[i], f, raw[f], f"{path}: row {i} (line {n})")
 
 
 def _keep_optional(row: dict, field: str, value: Any, where: str) -> None:

@@ -13,21 +13,29 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import json
+import logging
 import math
 import random
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from offline_plugins.errors import UserError
 
-__all__ = ["RolloutError", "rollout_seed", "PromptSource", "task_prompt_source", "jsonl_prompt_source",
+__all__ = ["RolloutError", "RolloutInterrupted", "RewardGuard", "rollout_seed", "PromptSource", "task_prompt_source", "jsonl_prompt_source",
            "load_reward_function", "score_responses", "greedy_responses", "read_jsonl_rows"]
 
 
 class RolloutError(UserError, ValueError):
     """A reward function, prompt file or rollout setting that cannot be used."""
+
+
+class RolloutInterrupted(RolloutError):
+    """SIGINT/SIGTERM arrived while a reward function was still running: the run stops there."""
+
+    exit_code = 130
 
 
 def rollout_seed(*parts: int) -> int:
@@ -127,39 +135,148 @@ def load_reward_function(spec: str) -> Callable[..., Sequence[float]]:
     return fn
 
 
-def score_responses(source: PromptSource, rows: Sequence[dict], responses: Sequence[str]) -> list[float]:
-    """The source's rewards of ``responses`` to ``rows``, checked: one finite number per response."""
+@dataclass
+class RewardGuard:
+    """How a reward function is called: under a time limit, with a defined reward for a call that fails.
+
+    A call of ``fn(prompts, responses, **columns)`` that raises, calls ``sys.exit`` or runs past
+    ``time_limit`` seconds is a failed call. A failed call over a whole round is retried one
+    response at a time, so only the responses it fails on get ``on_failure`` (0 by default) and
+    are counted (``failed``, ``timed_out``); it never gets the reward of a success. A function
+    that fails on every response it is given (or on the first ``give_up_after`` in a row) is the
+    function's bug: the run stops with one line naming it. A call over its time limit is left
+    running in a daemon thread (a Python thread cannot be killed) and the run goes on;
+    ``max_running`` such calls still running stop the run. ``should_stop()`` (the run's
+    SIGINT/SIGTERM) ends a wait at once with :class:`RolloutInterrupted`.
+
+    Attributes:
+        time_limit: seconds one call may take; 0 or None: no limit (a signal still ends the wait).
+        on_failure: the reward of a response its call failed on.
+        should_stop: a callable, true once the run was asked to stop; None: never.
+    """
+
+    time_limit: Optional[float] = 60.0
+    on_failure: float = 0.0
+    should_stop: Optional[Callable[[], bool]] = None
+    give_up_after: int = 4
+    max_running: int = 8
+    failed: int = 0
+    timed_out: int = 0
+    _running: list = field(default_factory=list, repr=False)
+
+    def counts(self) -> dict[str, int]:
+        return {"reward_failed": self.failed, "reward_timed_out": self.timed_out}
+
+    def call(self, fn: Callable, args: tuple, kwargs: dict, *, name: str) -> tuple[Any, Optional[str]]:
+        """``(value, None)``, or ``(None, what went wrong)`` when the call failed."""
+        self._running = [t for t in self._running if t.is_alive()]
+        if len(self._running) >= self.max_running:
+            raise RolloutError(f"reward function {name}: {len(self._running)} calls are still running past their "
+                               f"time limit of {self.time_limit:g} s; fix the function (it hangs), or raise the "
+                               "limit with --set reward_timeout=SECONDS")
+        box: dict[str, Any] = {}
+        worker = threading.Thread(target=lambda: box.update(zip(("value", "error"), _run_call(fn, args, kwargs))),
+                                  name=f"offline-plugins-reward[{name}]", daemon=True)
+        worker.start()
+        deadline = time.monotonic() + float(self.time_limit) if self.time_limit else math.inf
+        while worker.is_alive():
+            if self.should_stop is not None and self.should_stop():
+                self._running.append(worker)
+                raise RolloutInterrupted(f"interrupted while reward function {name} was running; the run stopped "
+                                         "there: --resume continues from its last saved checkpoint, if it saved one")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._running.append(worker)
+                self.timed_out += 1
+                return None, f"ran past its time limit of {self.time_limit:g} s"
+            worker.join(min(left, 0.05))
+        return box.get("value"), box.get("error")
+
+
+def _run_call(fn: Callable, args: tuple, kwargs: dict) -> tuple[Any, Optional[str]]:
+    try:
+        return fn(*args, **kwargs), None
+    except KeyboardInterrupt:
+        raise
+    except SystemExit as exc:  # a reward function's sys.exit() is a failed call, not the run's end
+        return None, f"called sys.exit({exc.code!r})"
+    except Exception as exc:  # noqa: BLE001 - the user's function failed: the guard says which and how
+        return None, f"raised {type(exc).__name__}: {str(exc)[:200]}"
+
+
+def _checked(name: str, v: Any, i: int, prompt: str, response: str) -> float:
     import torch
 
+    if isinstance(v, bool) or not isinstance(v, (int, float)) and not (torch.is_tensor(v) and v.numel() == 1):
+        raise RolloutError(f"reward function {name} returned {v!r:.60} ({type(v).__name__}) for response {i} "
+                           f"({response!r:.40} to {prompt!r:.40}); return floats")
+    v = float(v)
+    if not math.isfinite(v):
+        raise RolloutError(f"reward function {name} returned {v} for response {i} ({response!r:.40} to "
+                           f"{prompt!r:.40}); rewards must be finite numbers")
+    return v
+
+
+def score_responses(source: PromptSource, rows: Sequence[dict], responses: Sequence[str], *,
+                    guard: Optional[RewardGuard] = None) -> list[float]:
+    """The source's rewards of ``responses`` to ``rows``, checked: one finite number per response.
+
+    The function is called through ``guard`` (a :class:`RewardGuard`; default: a 60 s limit,
+    reward 0 for a failed call): a call that raises, exits or hangs costs the responses it failed
+    on their reward, and a function that fails on every response stops the run with one line.
+    What a successful call returns must be one finite float per response, in order, or the run
+    stops naming the function and the response.
+    """
+    guard = RewardGuard() if guard is None else guard
     prompts = [r["prompt"] for r in rows]
     columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"} if rows else {}
     name = source.reward_name
-    try:
-        values = source.reward_fn(prompts, list(responses), **columns)
-    except UserError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the user's function failed: say which and how
-        raise RolloutError(f"reward function {name} raised {type(exc).__name__}: {exc} (on prompt "
-                           f"{prompts[0]!r:.60} and {len(prompts) - 1} more); fix the function, it is called as "
-                           "fn(prompts, responses, **columns) -> list[float]") from None
-    try:
-        values = list(values)
-    except TypeError:
-        raise RolloutError(f"reward function {name} returned a {type(values).__name__}, expected a list of "
-                           f"{len(prompts)} floats (one per response)") from None
-    if len(values) != len(prompts):
-        raise RolloutError(f"reward function {name} returned {len(values)} rewards for {len(prompts)} responses; "
-                           "return one float per response, in order")
-    out = []
-    for i, v in enumerate(values):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) and not (torch.is_tensor(v) and v.numel() == 1):
-            raise RolloutError(f"reward function {name} returned {v!r} ({type(v).__name__}) for response {i} "
-                               f"({responses[i]!r:.40} to {prompts[i]!r:.40}); return floats")
-        v = float(v)
-        if not math.isfinite(v):
-            raise RolloutError(f"reward function {name} returned {v} for response {i} ({responses[i]!r:.40} to "
-                               f"{prompts[i]!r:.40}); rewards must be finite numbers")
-        out.append(v)
+    values, failure = guard.call(source.reward_fn, (prompts, list(responses)), columns, name=name)
+    if failure is None:
+        try:
+            values = list(values)
+        except TypeError:
+            raise RolloutError(f"reward function {name} returned a {type(values).__name__}, expected a list of "
+                               f"{len(prompts)} floats (one per response)") from None
+        if len(values) != len(prompts):
+            raise RolloutError(f"reward function {name} returned {len(values)} rewards for {len(prompts)} "
+                               "responses; return one float per response, in order")
+        return [_checked(name, v, i, prompts[i], responses[i]) for i, v in enumerate(values)]
+    # the call over all of them failed: one response at a time, so only those it fails on lose their reward
+    out: list[float] = []
+    failures: list[int] = []
+    first = failure
+    for i in range(len(prompts) if len(prompts) > 1 else 0):
+        one = {k: [v[i]] for k, v in columns.items()}
+        value, failed = guard.call(source.reward_fn, ([prompts[i]], [responses[i]]), one, name=name)
+        if failed is None:
+            try:
+                value = list(value)
+            except TypeError:
+                failed = f"returned a {type(value).__name__}, not a list"
+        if failed is None and len(value) != 1:
+            failed = f"returned {len(value)} rewards for 1 response"
+        if failed is None:
+            out.append(_checked(name, value[0], i, prompts[i], responses[i]))
+            continue
+        failures.append(i)
+        out.append(float(guard.on_failure))
+        if len(failures) == i + 1 and len(failures) >= min(guard.give_up_after, len(prompts)):
+            break
+    if len(prompts) == 1:
+        failures = [0]
+    if len(out) < len(prompts) or len(failures) == len(prompts):
+        tried = ("its only response" if len(prompts) == 1 else "every response" if len(failures) == len(prompts)
+                 else f"each of the first {len(failures)} responses")
+        raise RolloutError(f"reward function {name} {first} (on prompt {prompts[0]!r:.60} and {len(prompts) - 1} "
+                           f"more), and failed on {tried} scored one at a time; fix the function, it is called as "
+                           "fn(prompts, responses, **columns) -> list[float]")
+    if not failures:  # the round's call failed (e.g. too slow), each response on its own did not
+        return out
+    guard.failed += len(failures)
+    logging.getLogger(__name__).warning(
+        "reward function %s failed on %d of %d responses (%s on response %r to %.40r); they got reward %g",
+        name, len(failures), len(prompts), first, responses[failures[0]][:40], prompts[failures[0]], guard.on_failure)
     return out
 
 
@@ -170,14 +287,10 @@ def read_jsonl_rows(path: str, *, what: str, shape: str, check: Callable[[dict],
     p = Path(path)
     if not p.is_file():
         raise RolloutError(f"file {str(path)!r} does not exist; give a .jsonl file of {what}")
+    from offline_plugins.data.jsonl import jsonl_objects
+
     rows = []
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise RolloutError(f"{path}: line {n} is not JSON ({exc.msg}); each line must be an object {shape}") from None
+    for n, row in jsonl_objects(p, error=RolloutError, shape=f"each line must be an object {shape}"):
         wrong = "is not an object" if not isinstance(row, dict) else check(row)
         if wrong:
             raise RolloutError(f"{path}: line {n} {wrong}; each line must be an object {shape}")

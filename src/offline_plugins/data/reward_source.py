@@ -66,21 +66,65 @@ def save_reward_model(reward: Any, tokenizer: Any, out: Path) -> Path:
 
 def load_reward_model(path: Any):
     """``(CausalLMReward, tokenizer)`` from a folder :func:`save_reward_model` wrote (eval mode, frozen)."""
-    import torch
-
-    from offline_plugins.modules.causal_lm import CausalLMReward
+    from offline_plugins.modules.causal_lm import ENSEMBLE_AGGREGATES, CausalLMReward
     from offline_plugins.modules.tiny_lm import load_causal_lm
 
     folder = _folder(path)
-    meta = json.loads((folder / REWARD_MODEL_FILE).read_text())
+    meta_file = folder / REWARD_MODEL_FILE
+    try:
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise RewardModelError(f"{meta_file} is not a JSON object ({type(exc).__name__}); the folder is damaged: "
+                               "export the reward model again (offline-plugins train reward-model)") from None
+    heads, aggregate = meta.get("heads", 1) if isinstance(meta, dict) else None, None
+    if isinstance(meta, dict):
+        aggregate = meta.get("aggregate", "mean")
+    if (isinstance(heads, bool) or not isinstance(heads, int) or heads < 1 or aggregate not in ENSEMBLE_AGGREGATES
+            or not isinstance(meta.get("uncertainty_coef", 1.0), (int, float))):
+        raise RewardModelError(f"{meta_file} must hold heads (a whole number >= 1), aggregate (one of "
+                               f"{', '.join(ENSEMBLE_AGGREGATES)}) and uncertainty_coef (a number), got "
+                               f"{str(meta)[:120]}; export the reward model again")
     backbone, tokenizer = load_causal_lm(folder, seed=0)
-    reward = CausalLMReward(backbone, heads=int(meta.get("heads", 1)), aggregate=meta.get("aggregate", "mean"),
+    reward = CausalLMReward(backbone, heads=heads, aggregate=aggregate,
                             uncertainty_coef=float(meta.get("uncertainty_coef", 1.0)))
-    reward.head.load_state_dict(torch.load(folder / "reward_head.pt", map_location="cpu"))
+    reward.head.load_state_dict(_read_head(folder, reward.head))
     reward.eval()
     for p in reward.parameters():
         p.requires_grad_(False)
     return reward, tokenizer
+
+
+def _read_head(folder: Path, head: Any) -> dict:
+    """``reward_head.pt`` opened with ``weights_only=True`` (tensors only, never code), checked
+    against the head the metadata describes; a missing, unreadable or mismatched file is a
+    :class:`RewardModelError` naming it."""
+    import pickle
+
+    import torch
+
+    path = folder / "reward_head.pt"
+    if not path.is_file():
+        raise RewardModelError(f"reward model {str(folder)!r} has no reward_head.pt; the folder is incomplete: "
+                               "export it again with offline-plugins train reward-model")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        raise RewardModelError(f"{path} could not be read as tensors ({first}); nothing in it ran. It may be "
+                               "truncated or not written by offline-plugins: export the reward model again") from None
+    expected = head.state_dict()
+    if not isinstance(state, dict) or set(state) != set(expected):
+        got = sorted(state)[:4] if isinstance(state, dict) else type(state).__name__
+        raise RewardModelError(f"{path} holds {got}, expected the score head's tensors {sorted(expected)}; "
+                               f"is {REWARD_MODEL_FILE} (heads) from the same export?")
+    for name, want in expected.items():
+        got = state[name]
+        if not torch.is_tensor(got) or got.shape != want.shape:
+            shape = tuple(got.shape) if torch.is_tensor(got) else type(got).__name__
+            raise RewardModelError(f"{path}: {name} has shape {shape}, the backbone and {REWARD_MODEL_FILE} "
+                                   f"expect {tuple(want.shape)}; the head belongs to another model: export the "
+                                   "reward model again")
+    return state
 
 
 def check_reward_tokenizer(path: Any, policy_tokenizer: Any) -> None:

@@ -9,6 +9,8 @@ SFT (:func:`load_completion_data`).
 
 from __future__ import annotations
 
+import logging
+
 from pathlib import Path
 from typing import Any, Optional
 
@@ -155,13 +157,15 @@ class RolloutData(TextTaskData):
             pick(self.reference, getattr(plan, "reference", None)), group_size=c.group_size,
             prompts_per_round=c.prompts_per_round, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
             top_p=c.top_p, seed=seed, max_attempts=c.max_attempts,
-            min_group_size=int(getattr(plan, "min_group_size", 1)))
+            min_group_size=int(getattr(plan, "min_group_size", 1)), reward_timeout=c.reward_guard.time_limit,
+            reward_on_failure=c.reward_guard.on_failure)
 
     @torch.no_grad()
-    def held_out_scores(self, model, *, plan: Any = None, n: Optional[int] = None,
-                        batch_size: int = 100) -> dict[str, Optional[float]]:
+    def held_out_scores(self, model, *, plan: Any = None, n: Optional[int] = None, batch_size: int = 100,
+                        guard: Any = None) -> dict[str, Optional[float]]:
         """Greedy responses to the held-out prompts (``plan``'s source and tokenizer where it names
-        them): ``exact_match`` (None without answers) and ``heldout_reward``."""
+        them): ``exact_match`` (None without answers) and ``heldout_reward``, the reward called through
+        ``guard`` (a run's :class:`~offline_plugins.data.prompts.RewardGuard`; default: the data's)."""
         source = getattr(plan, "source", None) or self.source
         tokenizer = getattr(plan, "tokenizer", None) or self.tokenizer
         rows = source.held_out[: n or len(source.held_out)]
@@ -169,15 +173,16 @@ class RolloutData(TextTaskData):
             return {"exact_match": None, "heldout_reward": None}
         responses, em = self.greedy_answers(model, tokenizer, rows, "answer" if source.has_answers else None,
                                             max_new_tokens=self.collector.max_new_tokens, batch_size=batch_size)
-        rewards = score_responses(source, rows, responses)
+        rewards = score_responses(source, rows, responses, guard=guard or self.collector.reward_guard)
         return {"exact_match": em, "heldout_reward": sum(rewards) / len(rewards)}
 
 
 def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[str] = None, seed: int = 0,
                       group_size: int = 8, prompts_per_round: int = 16, max_new_tokens: int = 6,
                       temperature: float = 1.0, top_p: float = 1.0, reference_sft_steps: int = 2000,
-                      eval_prompts: int = 200, max_attempts: int = 4, cache_dir: Optional[Path] = None,
-                      progress: bool = False, finetune: Optional[Any] = None) -> RolloutData:
+                      eval_prompts: int = 200, max_attempts: int = 4, reward_timeout: Optional[float] = 60.0,
+                      reward_on_failure: float = 0.0, cache_dir: Optional[Path] = None, progress: bool = False,
+                      finetune: Optional[Any] = None) -> RolloutData:
     """Load a rollout task (:func:`resolve_rollout_id`) and its reference.
 
     The built-in task with ``model="tiny"`` starts from the cached SFT reference of the
@@ -185,7 +190,9 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
     ``reference_sft_steps`` steps of the ``sft`` algorithm, ``finetune``, when it is not
     cached yet); any other
     ``model`` (a ``save_pretrained`` folder such as an ``sft`` run's ``OUT/model``, or a hub
-    id) is the reference itself. A JSONL file's reference is ``model`` as given.
+    id) is the reference itself. A JSONL file's reference is ``model`` as given. The reward is
+    called under ``reward_timeout`` seconds a call, a failed call costing ``reward_on_failure``
+    (:class:`~offline_plugins.data.prompts.RewardGuard`).
     """
     from offline_plugins.data.preference_sources import cache_root
     from offline_plugins.modules.tiny_lm import load_causal_lm
@@ -218,7 +225,8 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
     collector = RolloutCollector(source, tokenizer, reference, group_size=group_size,
                                  prompts_per_round=prompts_per_round, max_new_tokens=max_new_tokens,
                                  temperature=temperature, top_p=top_p, seed=seed, max_attempts=max_attempts,
-                                 min_group_size=1)
+                                 min_group_size=1, reward_timeout=reward_timeout,
+                                 reward_on_failure=reward_on_failure)
     return RolloutData(source, reference, tokenizer, collector, dataset_id=resolved, model=str(model),
                        from_scratch=from_scratch)
 
@@ -250,9 +258,10 @@ class CompletionData(TextTaskData):
         return buffer
 
     @torch.no_grad()
-    def held_out_scores(self, model, *, plan: Any = None, batch_size: int = 100) -> dict[str, Optional[float]]:
-        """Greedy responses to the held-out rows: ``exact_match`` against their completions (``plan``:
-        ignored, SFT samples no rollouts)."""
+    def held_out_scores(self, model, *, plan: Any = None, batch_size: int = 100,
+                        guard: Any = None) -> dict[str, Optional[float]]:
+        """Greedy responses to the held-out rows: ``exact_match`` against their completions (``plan``
+        and ``guard``: ignored, SFT samples no rollouts and calls no reward)."""
         if not self.held_out_rows:
             return {"exact_match": None}
         _, em = self.greedy_answers(model, self.tokenizer, self.held_out_rows, "completion",
@@ -291,8 +300,36 @@ def load_completion_data(dataset_id: str, *, model: str = "tiny", seed: int = 0,
     reference.eval()
     for p in reference.parameters():
         p.requires_grad_(False)
-    max_length = min(max_length, model_context(reference))
-    train, _ = tokenize_completions(rows, tokenizer, max_length=max_length, source=resolved)
-    longest = max(len(tokenizer(r["completion"], add_special_tokens=False)["input_ids"]) for r in rows + held)
+    context = model_context(reference)
+    max_length = min(max_length, context)
+    train, report = tokenize_completions(rows, tokenizer, max_length=max_length, source=resolved)
+    if report.dropped or report.truncated_responses:  # as the preference loaders say it
+        logging.getLogger(__name__).warning("%s: %s", resolved, report.summary())
+    held, longest = _held_out_within(held, tokenizer, context, source=resolved)
     return CompletionData(train, held, reference, tokenizer, dataset_id=resolved, model=str(model),
                           max_new_tokens=longest + 1, from_scratch=str(model) == "tiny")
+
+
+def _held_out_within(held: list[dict], tokenizer: Any, context: int, *, source: str) -> tuple[list[dict], int]:
+    """The held-out rows whose prompt, completion and eos fit the model's ``context`` (greedy
+    decoding of a longer one would run past the position table), and their longest completion in
+    tokens; the rows left out are counted in a warning, none left is an error."""
+    from offline_plugins.tokens import prompt_token_ids
+
+    kept, longest, over = [], 0, []
+    for r in held:
+        n_completion = len(tokenizer(r["completion"], add_special_tokens=False)["input_ids"])
+        if len(prompt_token_ids(tokenizer, r["prompt"])) + n_completion + 1 > context:
+            over.append(r)
+            continue
+        kept.append(r)
+        longest = max(longest, n_completion)
+    if over:
+        logging.getLogger(__name__).warning(
+            "%s: %d held-out row(s) are longer than the model's context of %d tokens (e.g. prompt %.40r); they are "
+            "left out of the exact-match evaluation", source, len(over), context, over[0]["prompt"])
+    if held and not kept:
+        raise RolloutError(f"{source}: every held-out row's prompt and completion is longer than the model's "
+                           f"context of {context} tokens; shorten the completions or use a model with a longer "
+                           "context")
+    return kept, longest

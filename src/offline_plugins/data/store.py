@@ -8,6 +8,11 @@ Datasets are made by :func:`build_atomically`: under a per-dataset lock file
 ``STORE/.building/ID+PID-RANDOM/store`` and its finished folder is renamed into place,
 so a killed or failed build never leaves a partial dataset and a rebuild never loses
 the old one. Hidden (``.``) folders are skipped by Minari and by :func:`local_dataset_ids`.
+
+A recipe's size is estimated before it runs (:func:`estimated_dataset_bytes`) and a make is
+refused when the store's free space (or the process's file-size limit) is below it; a
+write that fails anyway (disk full, quota, file too large, read-only, I/O error) ends in one
+line, with the partial build removed, instead of HDF5's tracebacks.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ __all__ = [
     "build_atomically",
     "open_minari_dataset",
     "dataset_size_bytes",
+    "estimated_dataset_bytes",
 ]
 
 
@@ -197,7 +203,119 @@ def make_dataset(
                 f"dataset recipe {minari_id!r}: unknown option(s) {', '.join(unknown)}; known: {', '.join(known)}"
             )
     target = options.get("save_as") or minari_id
+    if not (exist_ok and is_local(target)):
+        _check_room(target, estimated_dataset_bytes(recipe, steps=options.get("steps"),
+                                                    episodes=options.get("episodes")))
     return build_atomically(target, lambda: make(recipe, **kwargs), force=force, exist_ok=exist_ok)
+
+
+#: bytes a Minari HDF5 file takes per value stored, measured on the recipes (pendulum: about 4x the
+#: raw float32 payload, with Minari's per-episode groups and HDF5 chunk overhead); and a floor
+_BYTES_PER_VALUE = 16
+_BYTES_PER_STEP = 24
+_MIN_ESTIMATE = 1 << 20
+
+
+def estimated_dataset_bytes(recipe, *, steps: Optional[int] = None, episodes: Optional[int] = None) -> Optional[int]:
+    """About how many bytes the dataset of ``recipe`` takes on disk (an upper estimate: the flat sizes
+    of its environment's observation and action spaces per step, at HDF5's measured overhead), or None
+    when it cannot be told (an environment that cannot be made here: the build says why)."""
+    try:
+        import gymnasium as gym
+
+        env = gym.make(recipe.env_id)
+        try:
+            per_step = gym.spaces.flatdim(env.observation_space) * 2 + gym.spaces.flatdim(env.action_space)
+            limit = getattr(env.spec, "max_episode_steps", None) if env.spec is not None else None
+        finally:
+            env.close()
+    except Exception:
+        return None
+    options = dict(getattr(recipe, "options", ()) or ())
+    n = int(steps if steps is not None else options.get("steps", 100_000))
+    if recipe.tier == "medium-replay":  # the size of the training buffer it replays, not --steps
+        try:
+            from offline_plugins.data.behaviour import load_policy_file
+
+            n = sum(int(seg["steps"]) for seg in load_policy_file(recipe.env_id).payload["replay"])
+        except Exception:
+            pass
+    if episodes is not None and limit:
+        n = min(n, int(episodes) * int(limit))
+    return max(_MIN_ESTIMATE, n * (per_step * _BYTES_PER_VALUE + _BYTES_PER_STEP))
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+def _check_room(dataset_id: str, needed: Optional[int]) -> None:
+    """Refuse a make that cannot fit: the store's free space, or this process's file-size limit
+    (``ulimit -f``), below the estimate ``needed``."""
+    if needed is None:
+        return
+    root = store_path()
+    probe = root
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    fix = ("free some space, or set MINARI_DATASETS_PATH to a folder on a disk with room, then run "
+           f"'offline-plugins data make {dataset_id}' again (fewer --steps make a smaller dataset)")
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        free = None
+    if free is not None and free < needed:
+        raise DatasetError(f"dataset {dataset_id!r} needs about {_human(needed)} in {root}, which has {_human(free)} "
+                           f"free; nothing was written; {fix}")
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    except (ImportError, OSError, ValueError, AttributeError):  # pragma: no cover - not POSIX
+        return
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        raise DatasetError(f"dataset {dataset_id!r} needs a file of about {_human(needed)}, but this process may write "
+                           f"files of at most {_human(soft)} (ulimit -f); nothing was written; raise the limit "
+                           "(ulimit -f unlimited) or make a smaller dataset with fewer --steps")
+
+
+def _write_errno(exc: BaseException) -> Optional[int]:
+    """The errno of a write that failed for lack of room or a broken file system, also when HDF5
+    reports it only in its message (``errno = 28``); None for other errors."""
+    import re
+
+    from offline_plugins.data.files import WRITE_ERRNOS, is_write_error
+
+    seen = 0
+    while exc is not None and seen < 8:
+        if is_write_error(exc) and isinstance(exc, OSError):
+            return exc.errno
+        found = re.search(r"errno = (\d+)", str(exc))
+        if found and int(found.group(1)) in WRITE_ERRNOS:
+            return int(found.group(1))
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
+
+
+@contextlib.contextmanager
+def _quiet_unraisable() -> Iterator[list]:
+    """Collect the errors raised in destructors meanwhile (h5py prints one per object it cannot
+    close once a write failed), and show them when the block ends as Python would; a build that
+    failed on a full disk clears them first (its one line says it)."""
+    caught: list = []
+    previous = sys.unraisablehook
+    sys.unraisablehook = caught.append
+    try:
+        yield caught
+    finally:
+        sys.unraisablehook = previous
+        for unraisable in caught:
+            previous(unraisable)
 
 
 _BUILDING = ".building"
@@ -337,7 +455,21 @@ def build_atomically(dataset_id: str, build: Callable[[], object], *, force: boo
             saved = os.environ.get("MINARI_DATASETS_PATH")
             os.environ["MINARI_DATASETS_PATH"] = str(private)
             try:
-                build()
+                with _quiet_unraisable() as caught:
+                    try:
+                        build()
+                    except BaseException as exc:
+                        code = _write_errno(exc)
+                        if code is None:
+                            raise
+                        # drop the failed HDF5 objects now, while destructor errors are still collected
+                        import gc
+
+                        exc.__traceback__ = None
+                        del exc
+                        gc.collect()
+                        caught.clear()  # HDF5's complaints about the full disk: the one line below says it
+                        raise _build_write_error(dataset_id, root, code) from None
             finally:
                 if saved is None:
                     os.environ.pop("MINARI_DATASETS_PATH", None)
@@ -360,6 +492,20 @@ def build_atomically(dataset_id: str, build: Callable[[], object], *, force: boo
             raise
         shutil.rmtree(folder, ignore_errors=True)
     return open_minari_dataset(dataset_id)
+
+
+def _build_write_error(dataset_id: str, root: Path, code: int) -> DatasetError:
+    import errno
+
+    cause = {errno.ENOSPC: "no space left on device", errno.EFBIG: "a file grew past the file-size limit",
+             errno.EROFS: "the file system is read-only", errno.EIO: "an input/output error of the device",
+             getattr(errno, "EDQUOT", -1): "disk quota exceeded"}.get(code, os.strerror(code))
+    return DatasetError(
+        f"could not make dataset {dataset_id!r} in {root}: {cause} ({errno.errorcode.get(code, code)}) while "
+        "writing it; "
+        "the partial build was removed and the store is as it was (an earlier copy of the dataset is intact); "
+        "free some space, or set MINARI_DATASETS_PATH to a folder on a disk with room, and make it again"
+    )
 
 
 def _copy_namespaces(private: Path, root: Path, dataset_id: str) -> None:

@@ -75,6 +75,17 @@ class PreferenceText(DataKind):
     def reload_options(self, run: dict) -> DataOptions:
         return DataOptions(model=run.get("model", "tiny"))
 
+    def check_scale(self, config, data, layout, *, accumulate: int = 1, device: Any = None) -> None:
+        """No batch larger than the training rows, and a micro-batch of pairs (two sequences each;
+        unpaired feedback: one) whose forward and backward fit in memory."""
+        from offline_plugins.kinds._scale import check_lm_batch
+
+        train = data.train
+        paired = train.batch_dims == 2
+        check_lm_batch(config, data.reference, batch_size=layout.batch_size, rows=int(train.batch_size[0]),
+                       what="training pairs" if paired else "training rows", per_row=2 if paired else 1,
+                       length=int(train.get(("tokens", "full")).shape[-1]), accumulate=accumulate, device=device)
+
     def evaluation(self, data, *, every: int, episodes: int, seed: int):
         from offline_plugins.lightning.callbacks import PreferenceEvaluation
 
@@ -102,7 +113,11 @@ class PreferenceText(DataKind):
     def export(self, parts, out: Path) -> dict[str, Any]:
         """The trained policy's language model and tokenizer as a ``save_pretrained`` folder ``out/model``;
         a LoRA run also writes its adapters to ``out/adapter`` (``peft.PeftModel.from_pretrained``)
-        and ``out/model`` holds the merged weights."""
+        and ``out/model`` holds the merged weights. Each folder is written beside its place and swapped
+        in whole (:func:`~offline_plugins.data.files.atomic_folder`): a full disk leaves the previous one."""
+        from offline_plugins.data.files import atomic_folder
+        from offline_plugins.lightning.files import RESUME_FIX
+
         model = parts.model
         if model is None or not hasattr(model, "save_pretrained"):
             from offline_plugins.modules.causal_lm import CausalLMReward
@@ -110,30 +125,35 @@ class PreferenceText(DataKind):
             if isinstance(parts.policy, CausalLMReward):  # a reward model: backbone, tokenizer, head, json
                 from offline_plugins.data.reward_source import save_reward_model
 
-                return {"reward_model_dir": str(save_reward_model(parts.policy, parts.tokenizer,
-                                                                  out / "reward_model"))}
+                with atomic_folder(out / "reward_model", fix=RESUME_FIX) as folder:
+                    save_reward_model(parts.policy, parts.tokenizer, folder)
+                return {"reward_model_dir": str(out / "reward_model")}
             return {}
         # transformers shows a progress bar per shard; a run's one small file needs none
         from transformers.utils import logging as hf_logging
 
         bars = hf_logging.is_progress_bar_enabled()
         hf_logging.disable_progress_bar()
-        written = {"model_dir": str(out / "model")}
+        written = {}
+        tokenizer = parts.tokenizer if hasattr(parts.tokenizer, "save_pretrained") else None
         try:
             if hasattr(model, "merge_and_unload"):  # LoRA (peft): the adapters, and the merged model
                 import copy
 
-                model.save_pretrained(out / "adapter")
+                with atomic_folder(out / "adapter", fix=RESUME_FIX) as folder:
+                    model.save_pretrained(folder)
+                    if tokenizer is not None:
+                        tokenizer.save_pretrained(folder)
                 written["adapter_dir"] = str(out / "adapter")
                 model = copy.deepcopy(model).merge_and_unload()
-            model.save_pretrained(out / "model")
+            with atomic_folder(out / "model", fix=RESUME_FIX) as folder:
+                model.save_pretrained(folder)
+                if tokenizer is not None:
+                    tokenizer.save_pretrained(folder)
         finally:
             if bars:
                 hf_logging.enable_progress_bar()
-        if hasattr(parts.tokenizer, "save_pretrained"):
-            for key in written:
-                parts.tokenizer.save_pretrained(written[key])
-        return written
+        return {"model_dir": str(out / "model"), **written}
 
     def evaluate(self, module, data, *, episodes: int, seed: int, device: str) -> dict[str, Any]:
         from offline_plugins.eval.preference import evaluate_preference_model

@@ -39,7 +39,7 @@ __all__ = ["TextRollouts", "TextCompletions"]
 #: the settings the kind reads at load: the prompts, the reference and how responses are sampled
 #: (how a round is trained on is the algorithm's: its RolloutPlan)
 _LOAD_SETTINGS = ("group_size", "prompts_per_round", "max_new_tokens", "temperature", "top_p", "reference_sft_steps",
-                  "eval_prompts", "max_attempts")
+                  "eval_prompts", "max_attempts", "reward_timeout", "reward_on_failure")
 
 
 class TextRollouts(DataKind):
@@ -62,6 +62,8 @@ class TextRollouts(DataKind):
         "top_p": "nucleus sampling (default 1.0: off)",
         "reference_sft_steps": "built-in task with --model tiny: SFT steps of the cached reference (default 2000)",
         "eval_prompts": "held-out prompts scored by greedy exact match (default 200)",
+        "reward_timeout": "seconds one call of the reward function may take (default 60; 0: no limit)",
+        "reward_on_failure": "reward of a response its reward call raised, exited or hung on (default 0)",
     }
 
     def claims(self, dataset: str) -> bool:
@@ -99,6 +101,23 @@ class TextRollouts(DataKind):
         from offline_plugins.plugins.datakind import BatchLayout
 
         return BatchLayout(int(config_value(config, "batch_size", ROLLOUT_DEFAULTS["batch_size"])))
+
+    def check_scale(self, config, data, layout, *, accumulate: int = 1, device: Any = None) -> None:
+        """A round (``prompts_per_round * group_size`` responses generated and scored by the
+        reference at once) and a micro-batch of rollouts whose forward and backward fit in memory."""
+        from offline_plugins.modules.causal_lm import forward_memory_bytes
+        from offline_plugins.kinds._scale import check_lm_batch
+        from offline_plugins.plugins.datakind import check_memory
+
+        c = data.collector
+        rows = c.rows
+        check_memory(forward_memory_bytes(data.reference, rows, c.width, backward=False, optimizer=False),
+                     device=device, what=f"a round of {rows} responses (prompts_per_round {c.prompts_per_round} x "
+                     f"group_size {c.group_size}, {c.width} tokens each)",
+                     fix="lower --set prompts_per_round or --set group_size")
+        # (that a batch divides the round is the data module's check, with the algorithm's rows per round)
+        check_lm_batch(config, data.reference, batch_size=layout.batch_size, rows=None, what="rollouts",
+                       per_row=1, length=c.width, accumulate=accumulate, device=device)
 
     def run_settings(self, data, options: DataOptions) -> dict[str, Any]:
         return {"model": getattr(data, "model", None) or options.model or "tiny", "reward": options.reward}
@@ -207,6 +226,13 @@ class TextCompletions(TextRollouts):
 
     def datamodule(self, data, parts, *, batch_size: int, seed: int):
         return None  # the shell's ReplayDataModule over the rows
+
+    def check_scale(self, config, data, layout, *, accumulate: int = 1, device: Any = None) -> None:
+        from offline_plugins.kinds._scale import check_lm_batch
+
+        check_lm_batch(config, data.reference, batch_size=layout.batch_size, rows=int(data.train.batch_size[0]),
+                       what="training rows", per_row=1, length=int(data.train.get(("tokens", "full")).shape[-1]),
+                       accumulate=accumulate, device=device)
 
     def summary_fields(self, evaluation, data, *, eval_episodes: int) -> dict[str, Any]:
         last = evaluation.history[-1] if evaluation.history else {}

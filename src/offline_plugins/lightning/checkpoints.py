@@ -5,7 +5,8 @@
 checked); :class:`ResumedRun` is what a checkpoint says about the run it belongs to, which
 a bare ``--resume`` continues; :func:`load_trained_run` and :func:`evaluate_checkpoint`
 rebuild a run's trained policy (``offline-plugins eval``). The metrics of a resumed run
-are merged across the cut here too (:func:`merge_metrics`).
+are cut at its checkpoint here too (:func:`trim_metrics`); a checkpoint whose tensors do
+not fit the networks its config builds is refused naming the first that differs.
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ import os
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from offline_plugins.lightning.guards import RunError, algorithm_of_checkpoint, check_checkpoint, read_checkpoint
+from offline_plugins.lightning.guards import (
+    RunError,
+    algorithm_of_checkpoint,
+    check_checkpoint,
+    read_checkpoint,
+    state_dict_mismatch,
+)
 from offline_plugins.lightning.plan import RunPlan, _as_overrides, build_parts, plan_run
 
 __all__ = [
@@ -27,6 +34,7 @@ __all__ = [
     "resume_path",
     "resume_summary",
     "merge_metrics",
+    "trim_metrics",
 ]
 
 
@@ -126,33 +134,62 @@ def resume_summary(record: Optional[dict], ckpt: dict, plan: RunPlan) -> dict:
     return record
 
 
-def merge_metrics(earlier: Path, current: Path, *, before_step: int) -> None:
-    """Prepend the rows of ``earlier`` logged before ``before_step`` to ``current``."""
+def _read_metrics(path: Path) -> tuple[list[str], list[dict]]:
     import csv
 
-    def read(path: Path) -> tuple[list[str], list[dict]]:
-        if not path.is_file():
-            return [], []
-        with path.open(newline="") as fh:
-            reader = csv.DictReader(fh)
-            return list(reader.fieldnames or []), list(reader)
+    if not path.is_file():
+        return [], []
+    with path.open(newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        return list(reader.fieldnames or []), list(reader)
 
-    old_keys, old_rows = read(earlier)
-    new_keys, new_rows = read(current)
+
+def _logged_before(row: dict, step: int) -> bool:
     # evaluation rows carry the 0-based index of the last step, training rows (logged after the
-    # optimiser step) the 1-based count; rows after the checkpoint's step were redone
-    def kept(row: dict) -> bool:
-        if not row.get("step"):
-            return False
-        trained = any(k.startswith("train/") and row.get(k) not in ("", None) for k in row)
-        return int(float(row["step"])) < before_step + (1 if trained else 0)
+    # optimiser step) the 1-based count; rows after the checkpoint's step are redone by the resumed run
+    if not row.get("step"):
+        return False
+    trained = any(k.startswith("train/") and row.get(k) not in ("", None) for k in row)
+    return int(float(row["step"])) < step + (1 if trained else 0)
 
-    old_rows = [r for r in old_rows if kept(r)]
-    keys = sorted(set(old_keys) | set(new_keys))
-    with current.open("w", newline="") as fh:
+
+def _write_metrics(path: Path, keys: list[str], rows: list[dict]) -> None:
+    import csv
+
+    from offline_plugins.data.files import atomic_write
+    from offline_plugins.lightning.files import RESUME_FIX
+
+    def write(fh) -> None:
         writer = csv.DictWriter(fh, fieldnames=keys)
         writer.writeheader()
-        writer.writerows(old_rows + new_rows)
+        writer.writerows(rows)
+
+    atomic_write(path, write, fix=RESUME_FIX, mode="w")
+
+
+def trim_metrics(path: Path, *, before_step: int, earlier: Optional[Path] = None) -> None:
+    """Keep in ``path`` (a run's ``metrics.csv``) the rows logged before ``before_step``, the step a
+    resumed run starts from, which then appends its own; ``earlier`` (the ``metrics.before-resume.csv``
+    an older version left when a resume failed) is merged in first and removed. The file is rewritten
+    beside itself and renamed over, so a full disk leaves it as it was."""
+    path, earlier = Path(path), Path(earlier) if earlier is not None else None
+    old_keys, old_rows = _read_metrics(earlier) if earlier is not None else ([], [])
+    keys, rows = _read_metrics(path)
+    if not old_rows and not rows and not path.is_file():
+        return
+    kept = [r for r in old_rows + rows if _logged_before(r, before_step)]
+    _write_metrics(path, sorted(set(old_keys) | set(keys)), kept)
+    if earlier is not None and earlier.is_file():
+        earlier.unlink()
+
+
+def merge_metrics(earlier: Path, current: Path, *, before_step: int) -> None:
+    """Prepend the rows of ``earlier`` logged before ``before_step`` to ``current`` (written beside it and
+    renamed over), then remove ``earlier``."""
+    old_keys, old_rows = _read_metrics(earlier)
+    new_keys, new_rows = _read_metrics(current)
+    old_rows = [r for r in old_rows if _logged_before(r, before_step)]
+    _write_metrics(current, sorted(set(old_keys) | set(new_keys)), old_rows + new_rows)
     earlier.unlink()
 
 
@@ -226,12 +263,18 @@ def load_trained_run(
     if hasattr(plan.data, "load_state_dict") and info.get("data_state"):
         plan.data.load_state_dict(info["data_state"])
     module = AlgorithmModule(build_parts(plan, seed), algorithm=plan.spec.name, dataset=plan.dataset_id, seed=seed)
-    try:
-        module.load_state_dict(ckpt["state_dict"])
-    except RuntimeError as exc:  # hand-edited or another version's tensors
-        first = str(exc).splitlines()[0][:200]
+    # compared before loading: a shape that differs fails deep in TorchRL's functional parameters
+    # (a ValueError printing every tensor), not in load_state_dict's own check
+    first = state_dict_mismatch(ckpt["state_dict"], module.state_dict())
+    if first is None:
+        try:
+            module.load_state_dict(ckpt["state_dict"])
+        except (RuntimeError, ValueError) as exc:  # what the comparison did not foresee
+            first = " ".join(str(exc).split())[:200]
+    if first is not None:
         raise RunError(f"checkpoint {str(path)!r} ({plan.spec.name} on {plan.dataset_id}) does not fit the networks "
-                       f"its own config builds ({first}); the file was edited or written by another version") from None
+                       f"its own config builds: {first}; the file was edited or written by another version: "
+                       "evaluate the run's own OUT/checkpoints/last.ckpt, or train the run again") from None
     module.to(device)
     return TrainedRun(module, plan, ckpt, Path(path))
 

@@ -11,7 +11,8 @@ started run from leaving something broken behind:
   ``OUT/.run.lock``, released by the kernel if the process dies).
 - :func:`read_checkpoint` / :func:`check_resume`: checkpoints open with
   ``torch.load(weights_only=True)`` only, their metadata is validated before use, and a
-  resume that does not fit the run says what differs.
+  resume that does not fit the run says what differs, also when the data file it was
+  trained on changed since (:func:`data_fingerprint`).
 - :class:`GracefulInterrupt`: SIGINT/SIGTERM stop training at the next step boundary,
   save ``last.ckpt`` there and let ``train`` write a partial summary.
 - :func:`quiet_lightning`: Lightning's banner lines at warning level unless ``verbose``.
@@ -44,6 +45,8 @@ __all__ = [
     "read_checkpoint",
     "check_checkpoint",
     "check_resume",
+    "data_fingerprint",
+    "state_dict_mismatch",
     "GracefulInterrupt",
     "quiet_lightning",
 ]
@@ -392,8 +395,34 @@ def _config_differences(old: dict, new: dict) -> list[str]:
             for k in keys if old.get(k) != new.get(k)]
 
 
-def check_resume(ckpt: dict, path, *, algorithm: str, dataset: str, config: dict, module) -> None:
-    """Refuse a resume whose checkpoint belongs to another run, naming the run and what differs."""
+def state_dict_mismatch(saved: dict, own: dict) -> Optional[str]:
+    """The first way the tensors ``saved`` (a checkpoint's) do not fit ``own`` (the networks built now),
+    as a phrase, or None when they fit: a shape (``name is (48,) in the checkpoint, (16, 3) here``),
+    then missing and unexpected names.
+
+    >>> import torch
+    >>> state_dict_mismatch({"w": torch.zeros(48)}, {"w": torch.zeros(16, 3)})
+    'w is (48,) in the checkpoint, (16, 3) here'
+    >>> state_dict_mismatch({"w": torch.zeros(2)}, {"w": torch.zeros(2), "b": torch.zeros(1)})
+    '1 tensor(s) missing (first: b), 0 unexpected'
+    """
+    for key, tensor in own.items():
+        if key in saved and hasattr(saved[key], "shape") and hasattr(tensor, "shape") \
+                and tuple(saved[key].shape) != tuple(tensor.shape):
+            return f"{key} is {tuple(saved[key].shape)} in the checkpoint, {tuple(tensor.shape)} here"
+    missing = [k for k in own if k not in saved]
+    extra = [k for k in saved if k not in own]
+    if missing or extra:
+        first = f" (first: {(missing or extra)[0]})"
+        return f"{len(missing)} tensor(s) missing{first if missing else ''}, {len(extra)} unexpected" \
+               f"{first if extra and not missing else ''}"
+    return None
+
+
+def check_resume(ckpt: dict, path, *, algorithm: str, dataset: str, config: dict, module,
+                 data_fingerprint: Optional[dict] = None) -> None:
+    """Refuse a resume whose checkpoint belongs to another run, naming the run and what differs;
+    ``data_fingerprint`` (:func:`data_fingerprint` of the data now) must match the one the run saved."""
     info = ckpt["offline_plugins"]
     run = f"{info['algorithm']} on {info['dataset']}, step {ckpt.get('global_step', '?')}"
     if info["algorithm"] != algorithm:
@@ -407,20 +436,103 @@ def check_resume(ckpt: dict, path, *, algorithm: str, dataset: str, config: dict
             f"cannot resume: checkpoint {str(path)!r} was trained on dataset {info['dataset']!r} ({run}), this run "
             f"reads {dataset!r}; pass --dataset {info['dataset']}, or start a new run without --resume"
         )
-    own = module.state_dict()
-    saved = ckpt["state_dict"]
-    missing = [k for k in own if k not in saved]
-    extra = [k for k in saved if k not in own]
-    shapes = [k for k in own if k in saved and hasattr(saved[k], "shape") and tuple(saved[k].shape) != tuple(own[k].shape)]
-    if missing or extra or shapes:
+    changed = _fingerprint_difference((info.get("run") or {}).get("data_fingerprint"), data_fingerprint)
+    if changed:
+        raise RunError(
+            f"cannot resume: the data of checkpoint {str(path)!r} ({run}) changed since it was saved: {changed}; "
+            "restore the data the run was trained on, or start a new run on the new data without --resume"
+        )
+    first = state_dict_mismatch(ckpt["state_dict"], module.state_dict())
+    if first:
         diffs = _config_differences(info.get("config") or {}, config)
-        first = (f"{shapes[0]} is {tuple(saved[shapes[0]].shape)} there, {tuple(own[shapes[0]].shape)} here"
-                 if shapes else f"{len(missing)} tensor(s) missing, {len(extra)} unexpected")
         differ = f"; config differs in {', '.join(diffs[:6])}" if diffs else ""
+        first = first.replace(" in the checkpoint, ", " there, ")
         raise RunError(
             f"cannot resume: checkpoint {str(path)!r} ({run}) does not fit this run's networks ({first}){differ}; "
             "resume with the run's own --config/--set, or start a new run without --resume"
         )
+
+
+#: files up to this size are hashed whole; larger ones by size, modification time and their first and last MiB
+_HASH_WHOLE_BYTES = 32 * 2**20
+_EDGE_BYTES = 2**20
+
+
+def _file_fingerprint(path: Path) -> dict[str, Any]:
+    import hashlib
+
+    stat = path.stat()
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        if stat.st_size <= _HASH_WHOLE_BYTES:
+            for block in iter(lambda: fh.read(2**20), b""):
+                digest.update(block)
+            return {"size": stat.st_size, "sha256": digest.hexdigest()}
+        digest.update(fh.read(_EDGE_BYTES))
+        fh.seek(-_EDGE_BYTES, os.SEEK_END)
+        digest.update(fh.read(_EDGE_BYTES))
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256_first_last_mib": digest.hexdigest()}
+
+
+def data_fingerprint(dataset_id: str) -> Optional[dict[str, Any]]:
+    """What identifies the data a run reads, to tell on ``--resume`` whether it changed: for a dataset
+    that is a file or folder (a ``.jsonl`` path, a Minari dataset in the local store), each file's size
+    and SHA-256 (files over 32 MiB: size, modification time and a hash of their first and last MiB); None
+    for a built-in or remote id, which its id and version already name.
+
+    >>> import tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> _ = (Path(folder) / "pairs.jsonl").write_text('{"prompt": "1+1=", "chosen": "2", "rejected": "3"}\\n')
+    >>> fp = data_fingerprint(str(Path(folder) / "pairs.jsonl"))
+    >>> sorted(fp), sorted(fp["files"][""])
+    (['files', 'path'], ['sha256', 'size'])
+    >>> data_fingerprint("offline-plugins/arithmetic/v0") is None
+    True
+    """
+    if not isinstance(dataset_id, str) or not dataset_id or dataset_id.startswith("hf:"):
+        return None
+    path = Path(dataset_id).expanduser()
+    if not path.exists():
+        from offline_plugins.data.store import is_local, store_path
+
+        if not is_local(dataset_id):
+            return None
+        path = store_path() / dataset_id / "data"
+    path = path.resolve()
+    if path.is_file():
+        files = {"": _file_fingerprint(path)}
+    else:
+        files = {}
+        for dirpath, dirnames, names in os.walk(path):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for name in sorted(names):
+                if not name.startswith("."):
+                    full = Path(dirpath) / name
+                    files[str(full.relative_to(path))] = _file_fingerprint(full)
+    return {"path": str(path), "files": files}
+
+
+def _fingerprint_difference(saved: Optional[dict], now: Optional[dict]) -> Optional[str]:
+    """How the data changed between the fingerprints ``saved`` and ``now``, or None (also when the
+    checkpoint recorded none: it was written before fingerprints were)."""
+    if not isinstance(saved, dict) or not isinstance(saved.get("files"), dict):
+        return None
+    if now is None:
+        return f"{saved.get('path', '?')} is gone"
+    root = now.get("path") or saved.get("path", "?")  # where it is read now (a moved copy of the same data is fine)
+    named = lambda rel: str(Path(root) / rel) if rel else root  # noqa: E731
+    for rel, was in saved["files"].items():
+        found = now["files"].get(rel)
+        if found is None:
+            return f"{named(rel)} is missing"
+        if found != was:
+            if found.get("size") != was.get("size"):
+                return f"{named(rel)} is {found.get('size')} bytes now, {was.get('size')} when the run started"
+            return f"{named(rel)} has changed since the run started (same size, {was.get('size')} bytes)"
+    for rel in now["files"]:
+        if rel not in saved["files"]:
+            return f"{named(rel)} is new"
+    return None
 
 
 # -- interruption -----------------------------------------------------------------

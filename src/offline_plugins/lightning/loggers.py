@@ -1,7 +1,9 @@
 """The loggers of a ``train`` run (``--logger``): Lightning's own, the optional ones as extras.
 
 Lightning's ``CSVLogger`` always logs (the run folder's ``metrics.csv`` and
-``learning_curve.png`` are made from it); ``--logger`` adds others beside it:
+``learning_curve.png`` are made from it), as
+:class:`~offline_plugins.lightning.files.RunCSVLogger`, whose file survives a full disk and
+a resume; ``--logger`` adds others beside it:
 
 =============  ======================================  ==========================================
 ``--logger``   Lightning logger, where it writes       needs
@@ -80,13 +82,13 @@ def logger_names(logger: Union[None, str, Sequence[str]]) -> tuple[str, ...]:
 def make_loggers(logger: Union[None, str, Sequence[str]], out: Union[str, os.PathLike], *, run_name: str) -> list:
     """The Lightning loggers of a run writing to ``out``: ``CSVLogger`` first (``out/metrics.csv``),
     then the others ``logger`` names (see the module's table), each run named ``run_name``."""
-    from lightning.pytorch.loggers import CSVLogger
+    from offline_plugins.lightning.files import RunCSVLogger
 
     out = Path(out)
     loggers: list[Any] = []
     for name in logger_names(logger):
         if name == "csv":
-            loggers.append(CSVLogger(save_dir=str(out), name="", version=""))
+            loggers.append(RunCSVLogger(save_dir=str(out), name="", version=""))
         elif name == "tensorboard":
             from lightning.pytorch.loggers import TensorBoardLogger
 

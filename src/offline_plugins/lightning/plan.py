@@ -186,6 +186,10 @@ def plan_run(
 
         registry = shared_registry()
     spec = algorithm if isinstance(algorithm, AlgorithmSpec) else registry.algorithm(algorithm)
+    if spec.experimental:
+        import logging
+
+        logging.getLogger(__name__).warning("%s is experimental: %s", spec.name, spec.experimental)
     kind = registry.kind_of(spec)
     options = DataOptions(model=model, drop_nonfinite=drop_nonfinite, drop_empty=drop_empty, reward=reward)
     kind.check_options(spec, options)

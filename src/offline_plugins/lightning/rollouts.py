@@ -72,6 +72,8 @@ class RolloutDataModule(LightningDataModule):
         self.seed = int(seed)
         self.batch_size = int(batch_size)
         self.collector = data.collector_for(plan, seed=self.seed)
+        # SIGINT/SIGTERM end a wait on a reward function at once (the trainer's flag, set by both)
+        self.collector.reward_guard.should_stop = self._stop_requested
         self.rows_per_round = self.collector.rows if plan.rows_per_round is None else int(plan.rows_per_round)
         n, what = self.rows_per_round, (plan.rows_what if plan.training_rows is not None else
                                         f"rollouts (prompts_per_round {self.collector.prompts_per_round} x "
@@ -88,6 +90,10 @@ class RolloutDataModule(LightningDataModule):
         self.rollouts: Optional[TensorDict] = None
         self.history: list[dict] = []
         self._pending: Optional[dict] = None
+
+    def _stop_requested(self) -> bool:
+        trainer = self.trainer
+        return bool(trainer is not None and trainer.received_sigterm)
 
     # -- what evaluation reads -------------------------------------------------------------------
     @property
@@ -247,10 +253,14 @@ class RolloutEvaluation(ScheduledEvaluation):
         if self.before is None and trainer.global_rank == 0:
             plan = self._plan(pl_module)
             reference = self.rounds.reference if self.rounds is not None else self.data.reference
-            self.before = self.data.held_out_scores(reference, plan=plan)
+            self.before = self.data.held_out_scores(reference, plan=plan, guard=self._guard())
+
+    def _guard(self):
+        """The run's reward guard (its time limit and its stop signal), where the rounds have one."""
+        return self.rounds.collector.reward_guard if self.rounds is not None else None
 
     def _score(self, trainer, pl_module):
-        scores = self.data.held_out_scores(pl_module.parts.model, plan=self._plan(pl_module))
+        scores = self.data.held_out_scores(pl_module.parts.model, plan=self._plan(pl_module), guard=self._guard())
         last = self.rounds.history[-1] if self.rounds is not None and self.rounds.history else {}
         fields = {**scores, **{k: last.get(k) for k in ("reward_mean", "kl_to_reference", "response_length",
                                                         "groups_without_signal")}}

@@ -23,7 +23,11 @@ exported. Checkpoints (reading, resuming, evaluating) live in
 What a run guarantees (see docs/training.md): checkpoints are read with
 ``weights_only=True`` only; one run per output folder at a time; SIGINT/SIGTERM stop at
 a step boundary with ``last.ckpt`` and a partial ``summary.json`` saved; a resume that
-does not fit the checkpoint is refused naming what differs. The guards live in
+does not fit the checkpoint (or whose data file changed) is refused naming what differs; a
+run's inputs (``--model``, ``--dataset``, ``--config``...) may not lie where it writes. Every
+file a run rewrites is written beside its target and renamed over it, so a full disk stops
+the run with one line and leaves the previous files intact (:mod:`offline_plugins.data.files`,
+:mod:`offline_plugins.lightning.files`). The guards live in
 :mod:`offline_plugins.lightning.guards`.
 """
 
@@ -39,6 +43,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 from offline_plugins.config import RUN_DEFAULTS as _NEW_RUN
+from offline_plugins.data.files import WriteError, atomic_path, atomic_write_text
 from offline_plugins.errors import UserError
 from offline_plugins.lightning.checkpoints import (
     ResumedRun,
@@ -46,9 +51,9 @@ from offline_plugins.lightning.checkpoints import (
     evaluate_checkpoint,
     load_checkpoint,
     load_trained_run,
-    merge_metrics,
     resume_path,
     resume_summary,
+    trim_metrics,
 )
 from offline_plugins.lightning.guards import (
     GracefulInterrupt,
@@ -60,16 +65,19 @@ from offline_plugins.lightning.guards import (
     check_precision,
     check_resume,
     check_strategy,
+    data_fingerprint,
     peak_memory_mb,
     quiet_lightning,
     restored_process_state,
 )
 from offline_plugins.lightning.plan import RunPlan, plan_run
+from offline_plugins.plugins.datakind import BatchLayout
 
 __all__ = [
     "RunSettings",
     "RUN_DEFAULTS",
     "train",
+    "check_run_inputs",
     "train_algorithm",
     "plot_learning_curve",
     # planned in lightning.plan, checkpoints in lightning.checkpoints; importable here as before
@@ -82,6 +90,7 @@ __all__ = [
     "TrainedRun",
     "RunError",
     "RunInterrupted",
+    "WriteError",
 ]
 
 
@@ -295,14 +304,17 @@ def train_algorithm(
         The summary :func:`train` writes to ``summary.json``.
     """
     run_settings = RunSettings(**settings)
+    check_run_inputs(run_settings, {"--config": config, "--model": model, "--reward": reward, "--dataset": dataset})
     with _process_state(run_settings):
         plan = plan_run(algorithm, dataset, config=config, overrides=overrides, registry=registry,
                         progress=run_settings.progress, model=model, reward=reward, drop_nonfinite=drop_nonfinite,
                         drop_empty=drop_empty, resumed=run_settings.resumed_run())
-        return train(plan, run_settings)
+        inputs = {"--config": config} if isinstance(config, (str, os.PathLike)) else None
+        return train(plan, run_settings, inputs=inputs)
 
 
-def train(plan: RunPlan, settings: Optional[RunSettings] = None) -> dict[str, Any]:
+def train(plan: RunPlan, settings: Optional[RunSettings] = None, *,
+          inputs: Optional[Mapping[str, Union[None, str, os.PathLike]]] = None) -> dict[str, Any]:
     """Train ``plan`` (:func:`~offline_plugins.lightning.plan.plan_run`) as ``settings`` say, evaluate it,
     and write the run to ``settings.out_dir``.
 
@@ -317,7 +329,14 @@ def train(plan: RunPlan, settings: Optional[RunSettings] = None) -> dict[str, An
         plan: the checked :class:`~offline_plugins.lightning.plan.RunPlan`.
         settings: the run's :class:`RunSettings` (default: ``RunSettings()``).
 
+    Keyword Args:
+        inputs: files the run read that the plan does not record, by flag (``{"--config": path}``);
+            like the plan's model, reward folder and dataset file they may not lie inside what the
+            run writes or ``--overwrite`` removes (:data:`_RUN_FILES`).
+
     Raises:
+        WriteError: a file could not be written (disk full, quota, file size limit); the previous
+            files are intact and the message says how to go on (:mod:`offline_plugins.data.files`).
         RunInterrupted: SIGINT or SIGTERM stopped the run at a step boundary, after
             ``last.ckpt`` and a partial ``summary.json`` (``"interrupted": true``) were written;
             the message says how to resume.
@@ -357,6 +376,9 @@ def train(plan: RunPlan, settings: Optional[RunSettings] = None) -> dict[str, An
         raise RunError(f"--accumulate {accumulate} must divide the {windows} windows of {plan.slice_len} steps in "
                        f"a batch of {plan.batch_size} (micro-batches hold whole windows); pick a divisor of "
                        f"{windows}, or --set batch_size to a multiple of {accumulate * plan.slice_len}")
+    # a batch, round or budget that cannot fit is refused here, before a byte of it is allocated
+    plan.kind.check_scale(plan.config, plan.data, BatchLayout(plan.batch_size, plan.sampler, plan.slice_len),
+                          accumulate=accumulate, device=_scale_device(settings.accelerator))
     with _process_state(settings):
         launched = _is_launched_rank()
         if settings.out_dir is not None:
@@ -376,6 +398,8 @@ def train(plan: RunPlan, settings: Optional[RunSettings] = None) -> dict[str, An
             out = lock.folder if lock is not None else out
             # DDP's launcher re-runs this command for the other ranks: they must use the same folder
             os.environ["OFFLINE_PLUGINS_RUN_DIR"] = str(out)
+            if not launched:
+                _check_inputs_outside(out, _run_inputs(plan, inputs), overwrite=settings.overwrite)
             if ckpt_path is None and not launched:
                 _check_fresh(out, overwrite=settings.overwrite)
             with quiet_lightning(settings.verbose):
@@ -392,6 +416,13 @@ def train(plan: RunPlan, settings: Optional[RunSettings] = None) -> dict[str, An
         finally:
             if lock is not None:
                 lock.release()
+
+
+def _scale_device(accelerator: str) -> str:
+    """Where the run's batches will live, for the memory check: the GPU when it will use one."""
+    import torch
+
+    return "cuda" if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available() else "cpu"
 
 
 def _lock_run_folder(out: Path, *, default: Optional[tuple]) -> RunFolderLock:
@@ -428,21 +459,26 @@ def _fit(plan: RunPlan, settings: RunSettings, out: Path, ckpt_path: Optional[Pa
         StepProgressBar,
         TokenThroughput,
     )
+    from offline_plugins.lightning.files import RESUME_FIX, RunCheckpointIO
     from offline_plugins.lightning.loggers import close_loggers, make_loggers
 
     seed_everything(seed, workers=False, verbose=False)
     if eval_every is None:
         eval_every = max(1, steps // 5)
+    # what --resume checks the data against (a file or folder dataset; None for a built-in id)
+    fingerprint = data_fingerprint(plan.dataset_id) if not _is_launched_rank() else None
     # the module, data module and the callbacks the algorithm needs: what build() hands a user's Trainer
     built = build(plan.spec, plan.data, plan=plan, seed=seed, eval_every=eval_every, eval_episodes=eval_episodes,
                   steps_per_call=steps_per_call, accumulate=accumulate, compile=settings.compile,
                   # what a bare --resume continues with (ResumedRun)
                   run={"steps": steps, "checkpoint_every": checkpoint_every, "log_every": log_every,
-                       "precision": precision, "logger": [n for n in loggers if n != "csv"] or None})
+                       "precision": precision, "logger": [n for n in loggers if n != "csv"] or None,
+                       **({"data_fingerprint": fingerprint} if fingerprint is not None else {})})
     module, datamodule, evaluation, parts = built.module, built.datamodule, built.evaluation, built.module.parts
     if ckpt is not None:
         check_resume(ckpt, ckpt_path, algorithm=plan.spec.name, dataset=plan.dataset_id,
-                     config=config_to_dict(plan.config), module=module)
+                     config=config_to_dict(plan.config), module=module,
+                     data_fingerprint=fingerprint if not _is_launched_rank() else None)
     every_ckpt = checkpoint_every or eval_every or steps
     last_ckpt = out / "checkpoints" / "last.ckpt"
     checkpoint = ModelCheckpoint(
@@ -450,20 +486,22 @@ def _fit(plan: RunPlan, settings: RunSettings, out: Path, ckpt_path: Optional[Pa
     )
     interrupt = GracefulInterrupt()
     out.mkdir(parents=True, exist_ok=True)
-    earlier_metrics = None
     start_step = int(ckpt.get("global_step", 0)) if ckpt is not None else 0
-    if ckpt_path is not None and (out / "metrics.csv").is_file() and not _is_launched_rank():
-        # CSVLogger deletes an existing metrics.csv; keep the earlier rows and merge them back
-        earlier_metrics = out / "metrics.before-resume.csv"
-        (out / "metrics.csv").replace(earlier_metrics)
+    if ckpt_path is not None and not _is_launched_rank():
+        # the rows logged up to the checkpoint stay; this run appends its own (RunCSVLogger continues the file)
+        trim_metrics(out / "metrics.csv", before_step=start_step, earlier=out / "metrics.before-resume.csv")
     tokens = TokenThroughput()
     devices, num_nodes, progress = settings.devices, settings.num_nodes, settings.progress
+    strategy = _strategy(devices, num_nodes, parts, settings.strategy)
     trainer = Trainer(
         accelerator=settings.accelerator,
         devices=devices,
         num_nodes=num_nodes,
-        strategy=_strategy(devices, num_nodes, parts, settings.strategy),
+        strategy=strategy,
         precision=precision,
+        # checkpoints written beside last.ckpt and renamed over it: a full disk leaves the previous one
+        # (a strategy object that brings its own CheckpointIO keeps it: Lightning refuses two)
+        plugins=[] if getattr(strategy, "_checkpoint_io", None) is not None else [RunCheckpointIO()],
         max_steps=steps,
         max_epochs=-1,
         # CSV always (metrics.csv, the learning curve), then those --logger names
@@ -516,8 +554,6 @@ def _fit(plan: RunPlan, settings: RunSettings, out: Path, ckpt_path: Optional[Pa
         if interrupted:
             raise RunInterrupted(f"rank {trainer.global_rank} interrupted by {interrupted}")
         return {}
-    if earlier_metrics is not None:
-        merge_metrics(earlier_metrics, out / "metrics.csv", before_step=start_step)
     summary = {
         "algorithm": plan.spec.name,
         "dataset": plan.dataset_id,
@@ -555,7 +591,7 @@ def _fit(plan: RunPlan, settings: RunSettings, out: Path, ckpt_path: Optional[Pa
         summary.update(plan.kind.export(parts, out))
     plot_learning_curve(out / "metrics.csv", out / "learning_curve.png", title=f"{plan.spec.name} on {plan.dataset_id}",
                         panels=plan.kind.curve_panels())
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n", fix=RESUME_FIX)
     if interrupted:
         raise RunInterrupted(_interrupted_message(summary, plan, out))
     return summary
@@ -574,7 +610,63 @@ def _interrupted_message(summary: dict, plan: RunPlan, out: Path) -> str:
 
 
 #: what a run writes in its folder: what ``overwrite=True`` removes, and nothing else
-_RUN_FILES = ("summary.json", "metrics.csv", "metrics.before-resume.csv", "learning_curve.png", "checkpoints", "model")
+_RUN_FILES = ("summary.json", "metrics.csv", "metrics.before-resume.csv", "learning_curve.png", "hparams.yaml",
+              "checkpoints", "model", "adapter", "reward_model")
+
+
+def check_run_inputs(settings: RunSettings, inputs: Mapping[str, Any]) -> None:
+    """Refuse, before any data or model is loaded, a run with ``settings.out_dir`` one of whose
+    ``inputs`` (flag -> path: ``--config``, ``--model``, ``--reward``, ``--dataset``) lies inside what
+    the run replaces or ``--overwrite`` removes; :func:`train` checks again with the plan's paths."""
+    if settings.out_dir is not None:
+        _check_inputs_outside(Path(settings.out_dir), _existing_inputs(inputs), overwrite=settings.overwrite)
+
+
+def _run_inputs(plan: RunPlan, given: Optional[Mapping[str, Any]]) -> dict[str, Path]:
+    """The files and folders the run reads, by flag: ``given`` (the ``--config`` file) and what the plan
+    names as a path (``--model`` and ``--reward`` folders, a ``--dataset`` file)."""
+    return _existing_inputs({**(given or {}), "--model": plan.options.model, "--reward": plan.options.reward,
+                             "--dataset": plan.dataset_id})
+
+
+def _existing_inputs(candidates: Mapping[str, Any]) -> dict[str, Path]:
+    """Those of ``candidates`` (flag -> value) that name an existing file or folder."""
+    found: dict[str, Path] = {}
+    for flag, value in candidates.items():
+        if isinstance(value, (str, os.PathLike)) and str(value) and os.path.lexists(value):
+            path = Path(value)
+            if flag == "--reward" and path.is_dir() and (path / "reward_model").is_dir():
+                path = path / "reward_model"  # a reward-model run's OUT names the reward model inside it
+            found[flag] = path
+    return found
+
+
+def _within(path: Path, folder: Path) -> bool:
+    """Whether ``path`` is ``folder`` or lies inside it, by the path as written and through symlinks."""
+    ways = [(os.path.abspath(path), os.path.abspath(folder))]
+    if not folder.is_symlink():  # a symlinked run file is unlinked, not followed, by --overwrite
+        ways.append((os.path.realpath(path), os.path.realpath(folder)))
+    return any(p == f or p.startswith(f.rstrip(os.sep) + os.sep) for p, f in ways)
+
+
+#: what any run replaces in its folder (the exported folders are swapped in whole)
+_RUN_WRITES = ("summary.json", "metrics.csv", "learning_curve.png", "hparams.yaml", "checkpoints/last.ckpt", "model",
+               "adapter", "reward_model")
+
+
+def _check_inputs_outside(out: Path, inputs: Mapping[str, Path], *, overwrite: bool) -> None:
+    """Refuse a run one of whose ``inputs`` lies inside a file or folder of ``out`` that the run replaces
+    (:data:`_RUN_WRITES`: its exported model, summary, metrics...) or ``--overwrite`` removes (:data:`_RUN_FILES`)."""
+    for flag, path in inputs.items():
+        for name in (_RUN_FILES if overwrite else _RUN_WRITES):
+            target = out / name
+            if not _within(path, target):
+                continue
+            doing = "--overwrite removes with the earlier run" if overwrite else "this run replaces with its own"
+            raise RunError(
+                f"{flag} {str(path)!r} lies inside {str(target)!r}, which {doing}: the run would destroy its own "
+                f"input; copy it elsewhere (cp -r {str(path)!r} OTHER) and pass {flag} OTHER, or choose another --out"
+            )
 
 
 def _check_fresh(out: Path, *, overwrite: bool = False) -> None:
@@ -703,6 +795,9 @@ def plot_learning_curve(metrics_csv: Union[str, os.PathLike], out_png: Union[str
         axes[0, 0].set_title(title)
     fig.tight_layout()
     out = Path(out_png)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    try:
+        with atomic_path(out) as partial:  # a full disk leaves the previous plot
+            fig.savefig(partial, dpi=100, format=out.suffix.lstrip(".") or "png")
+    finally:
+        plt.close(fig)
     return out

@@ -39,7 +39,7 @@ from tensordict import NestedKey, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
 __all__ = ["CausalLMLogProbs", "CausalLMReward", "AdaptersOff", "token_log_probs", "chunked_token_log_probs",
-           "sequence_log_probs", "aggregate_rewards", "ENSEMBLE_AGGREGATES"]
+           "sequence_log_probs", "aggregate_rewards", "ENSEMBLE_AGGREGATES", "forward_memory_bytes"]
 
 
 def _is_hf_like(model: torch.nn.Module) -> bool:
@@ -137,6 +137,44 @@ def _split_head(model: torch.nn.Module) -> Optional[tuple[torch.nn.Module, torch
     if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None) not in (None, 1, 1.0):
         return None
     return base, head
+
+
+def _config_sizes(model: torch.nn.Module) -> tuple[int, int, int, int]:
+    """``(vocab, hidden, layers, heads)`` of a transformers config (GPT-2's or Llama's names), or
+    what the module's own parameters say when it has no config."""
+    config = getattr(model, "config", None)
+    get = lambda *names: next((int(getattr(config, n)) for n in names if getattr(config, n, None)), 0)  # noqa: E731
+    emb = model.get_input_embeddings().weight if hasattr(model, "get_input_embeddings") else None
+    if emb is None:  # the first matrix stands for the embedding
+        emb = next((p for p in model.parameters() if p.dim() == 2), torch.zeros(1, 1))
+    vocab = get("vocab_size") or int(emb.shape[0])
+    hidden = get("hidden_size", "n_embd", "d_model") or int(emb.shape[1])
+    return vocab, hidden, get("num_hidden_layers", "n_layer", "num_layers") or 1, get("num_attention_heads", "n_head") or 1
+
+
+def forward_memory_bytes(model: torch.nn.Module, rows: int, length: int, *, backward: bool = True,
+                         logprob_chunk: int = 0, optimizer: bool = True) -> int:
+    """A rough upper estimate of the memory one forward (and backward) of ``rows`` sequences of
+    ``length`` tokens takes, in bytes, float32: the logits (``[rows, length, vocab]``, with their
+    log-softmax and gradient; per chunk of ``logprob_chunk`` positions when set), the activations
+    a backward keeps (Korthikanti et al. 2022's per-layer count, doubled for float32), and with
+    ``optimizer`` the trained copy's weights, gradients and Adam moments (16 bytes a parameter).
+    It is what a run checks before it starts, to refuse a batch that cannot fit with one line
+    instead of meeting the out-of-memory killer.
+
+    >>> lm = torch.nn.Embedding(100, 100)  # no config: vocab = hidden = 100, one layer, one head
+    >>> forward_memory_bytes(lm, 8, 16, backward=False, optimizer=False)  # logits 102400 + layer 204800 + scores 8192
+    315392
+    """
+    vocab, hidden, layers, heads = _config_sizes(model)
+    positions = min(length, logprob_chunk) if logprob_chunk else length
+    logits = rows * positions * vocab * 4 * (3 if backward else 2)
+    if backward:  # per layer: 34 bytes per hidden unit and 5 per attention score in fp16 (Korthikanti et al.)
+        acts = layers * rows * length * (68 * hidden + 10 * heads * length)
+    else:  # what one layer holds at a time
+        acts = rows * length * hidden * 4 * 4 + rows * heads * length * length * 4
+    params = sum(p.numel() for p in model.parameters()) * 16 if optimizer else 0
+    return int(logits + acts + params)
 
 
 def sequence_log_probs(log_probs: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

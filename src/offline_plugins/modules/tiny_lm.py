@@ -199,15 +199,34 @@ def load_causal_lm(
         return tiny_causal_lm(tokenizer, seed=seed).to(dtype), tokenizer
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from transformers.utils import logging as hf_logging
+
+    _check_model_folder(name_or_path)
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()  # its load reports are multi-line; a failure is said in one line below
+    hf_logging.disable_progress_bar()  # a bar per load of a few-MB model is noise in a run's output
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(name_or_path))
         model = AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=dtype)
-    except OSError as exc:
+    except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, RuntimeError, safetensors'
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")[:200]
+        if "ignore_mismatched_sizes" in first:
+            first = "a weight's shape differs from what config.json describes (e.g. vocab_size or n_embd)"
         raise ModelLoadError(
-            f"cannot load model {str(name_or_path)!r}: {exc.__class__.__name__}: {str(exc).splitlines()[0]}; "
-            f"pass 'tiny' for the built-in model, a directory written by save_pretrained, or a hub id "
-            f"(needs a network)"
+            f"cannot load model {str(name_or_path)!r}: {exc.__class__.__name__}: {first}; "
+            f"pass 'tiny' for the built-in model, a directory written by save_pretrained (the model's and the "
+            f"tokenizer's, from a transformers causal LM), or a hub id (needs a network)"
         ) from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+    rows = model.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) > rows:
+        raise ModelLoadError(
+            f"model {str(name_or_path)!r}: its tokenizer has {len(tokenizer)} tokens but the model's embedding has "
+            f"{rows} rows, so some token ids have no embedding; save the tokenizer the model was trained with, or "
+            "resize the embeddings (model.resize_token_embeddings(len(tokenizer))) before save_pretrained")
     if getattr(model.config, "offline_plugins_tiny", None) and type(model).__name__ == "GPT2LMHeadModel":
         model.__class__ = _tiny_gpt2_class()  # a saved tiny model: the same positional signature again
     n_before = len(tokenizer)
@@ -217,6 +236,27 @@ def load_causal_lm(
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model",
+                    "spiece.model")
+
+
+def _check_model_folder(name_or_path: Union[str, Path]) -> None:
+    """A local ``--model`` path must be a folder holding a ``config.json`` and a tokenizer's files
+    (transformers would otherwise fall back to a default tokenizer, or read a hub id)."""
+    p = Path(str(name_or_path))
+    if not p.exists():
+        return  # a hub id (or a mistyped path: the load error names it)
+    if not p.is_dir():
+        raise ModelLoadError(f"model {str(p)!r} is a file; give the folder save_pretrained wrote (config.json, "
+                             "the weights and the tokenizer's files), or 'tiny'")
+    if not (p / "config.json").is_file():
+        raise ModelLoadError(f"model folder {str(p)!r} has no config.json; give a folder written by "
+                             "model.save_pretrained(folder) and tokenizer.save_pretrained(folder), or 'tiny'")
+    if not any((p / name).is_file() for name in _TOKENIZER_FILES):
+        raise ModelLoadError(f"model folder {str(p)!r} has no tokenizer files ({', '.join(_TOKENIZER_FILES[:3])}, "
+                             "...); save the model's tokenizer into it with tokenizer.save_pretrained(folder)")
 
 
 def model_fingerprint(model: torch.nn.Module, tokenizer: Any = None) -> str:

@@ -11,6 +11,7 @@ the one object per data kind that an algorithm's ``AlgorithmSpec.data`` names:
 ``check_options``             refuse run options that do not apply (``--model``...)
 ``load``                      the loaded dataset (it makes the TorchRL replay buffer)
 ``batch_layout``              batch size, sampler (``random``/``slice``), window length
+``check_scale``               refuse a batch that cannot fit in memory, before it is made
 ``datamodule``                the kind's own ``LightningDataModule`` (default: the shell's)
 ``run_settings``              what a checkpoint must remember to rebuild the data
 ``reload_options``            the options to reload the data from those settings
@@ -40,7 +41,67 @@ from typing import Any, ClassVar, Optional
 from offline_plugins.errors import UserError
 
 __all__ = ["DataKind", "DataOptions", "LoadedData", "BatchLayout", "CurvePanel", "LOSS_PANEL", "config_value",
-           "result_line", "figures", "pct"]
+           "result_line", "figures", "pct", "ScaleError", "available_memory_bytes", "check_memory", "check_rows"]
+
+
+class ScaleError(UserError, ValueError):
+    """A batch, a round or a response budget too large for the data or for this machine's memory."""
+
+
+def available_memory_bytes(device: Any = None) -> Optional[int]:
+    """Memory a run can still take: a CUDA device's free memory, else the host's ``MemAvailable``
+    (Linux ``/proc/meminfo``), else None (unknown: nothing is refused)."""
+    import torch
+
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cuda" and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _size(n: float) -> str:
+    """``1.5 GB``, ``320 MB``.
+
+    >>> _size(1.5e9), _size(3.2e8)
+    ('1.5 GB', '320 MB')
+    """
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
+def check_memory(need: int, *, what: str, fix: str, device: Any = None, available: Optional[int] = None) -> None:
+    """Refuse with a :class:`ScaleError` when ``need`` bytes exceed what is free on ``device``.
+
+    >>> check_memory(10**12, what="batch_size=100000 (rows of 32 tokens)", fix="lower --set batch_size",
+    ...              available=10**9)
+    Traceback (most recent call last):
+    ...
+    offline_plugins.plugins.datakind.ScaleError: batch_size=100000 (rows of 32 tokens) needs about 1000.0 GB, but 1.0 GB of memory is free on cpu; lower --set batch_size
+    """
+    free = available if available is not None else available_memory_bytes(device)
+    if free is not None and need > free:
+        raise ScaleError(f"{what} needs about {_size(need)}, but {_size(free)} of memory is free on "
+                         f"{device or 'cpu'}; {fix}")
+
+
+def check_rows(batch_size: int, rows: int, *, what: str) -> None:
+    """Refuse a batch of more ``what`` than the data holds (each step would repeat rows to fill it).
+
+    >>> check_rows(100000, 300, what="training pairs")
+    Traceback (most recent call last):
+    ...
+    offline_plugins.plugins.datakind.ScaleError: batch_size=100000 is larger than the 300 training pairs of the dataset; use at most --set batch_size=300
+    """
+    if batch_size > rows:
+        raise ScaleError(f"batch_size={batch_size} is larger than the {rows} {what} of the dataset; use at most "
+                         f"--set batch_size={rows}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,6 +307,21 @@ class DataKind(abc.ABC):
         if batch_size < 1:
             raise UserError(f"batch_size must be at least 1, got {batch_size}; fix it with --set batch_size=256")
         return BatchLayout(batch_size)
+
+    def check_scale(self, config, data, layout: BatchLayout, *, accumulate: int = 1, device: Any = None) -> None:
+        """Refuse a run whose batches cannot fit (:class:`ScaleError`, one line with the fix), before
+        any is made. Default: a micro-batch (``layout.batch_size / accumulate`` elements of the
+        data's rows, with room for the networks' activations) against the free memory."""
+        td = getattr(data, "td", None)
+        if td is None or not hasattr(td, "numel") or td.numel() == 0:
+            return
+        row = sum(v[0].numel() * v.element_size() for v in td.values(include_nested=True, leaves_only=True))
+        micro = -(-layout.batch_size // max(1, accumulate))
+        # a batch is copied a few times on its way (sample, device, normalise) and each network
+        # keeps its activations for the backward: a few kB per element at the usual widths
+        check_memory(micro * (3 * row + 16_384), device=device,
+                     what=f"batch_size={layout.batch_size} ({micro} elements of {row} bytes per step)",
+                     fix="lower --set batch_size")
 
     # -- what a checkpoint remembers ---------------------------------------------
     def run_settings(self, data, options: DataOptions) -> dict[str, Any]:

@@ -121,6 +121,9 @@ class AlgorithmSpec:
         paper: citation of the method.
         action_spaces: the action spaces it supports (``continuous``, ``discrete``,
             ``tokens``); empty means any.
+        experimental: why the method is not yet shown to do what its paper says on a task
+            this package can run (one sentence, pointing at docs/results.md); empty when it
+            is. ``list`` marks it, ``info`` prints the reason, ``train`` warns.
         provider: distribution that registered it (filled in by the host).
         version: that distribution's version (filled in by the host).
         plugin: the plugin name (what ``OFFLINE_PLUGINS_DISABLE`` takes).
@@ -135,6 +138,7 @@ class AlgorithmSpec:
     config: type
     paper: str = ""
     action_spaces: tuple[str, ...] = ()
+    experimental: str = ""
     provider: str = ""
     version: str = ""
     plugin: str = ""
@@ -182,6 +186,7 @@ class AlgorithmSpec:
             "action_spaces": list(self.action_spaces),
             "loss": self.loss_path,
             "paper": self.paper,
+            "experimental": self.experimental or None,
             **provenance(self),
             "config": describe_config(self.config),
         }
@@ -198,6 +203,7 @@ def builtin_algorithm(
     family: str = "offline-rl",
     data: str = "transitions",
     action_space: str = "continuous",
+    experimental: str = "",
 ) -> AlgorithmSpec:
     """The :class:`AlgorithmSpec` of an algorithm this package ships: ``loss`` and ``build`` are
     import paths relative to ``offline_plugins.objectives`` and ``offline_plugins.algorithms``,
@@ -218,11 +224,13 @@ def builtin_algorithm(
         config=config,
         paper=paper,
         action_spaces=(action_space,),
+        experimental=experimental,
     )
 
 
 
-def builtin_sequence_model(name: str, summary: str, config: type, paper: str, *, loss: str, build: str) -> AlgorithmSpec:
+def builtin_sequence_model(name: str, summary: str, config: type, paper: str, *, loss: str, build: str,
+                           experimental: str = "") -> AlgorithmSpec:
     """:func:`builtin_algorithm` for a sequence model this package ships (family ``sequence-model``,
     trained on ``trajectories``): ``loss`` and ``build`` are relative to
     ``offline_plugins.objectives.sequence`` and ``offline_plugins.algorithms.sequence``.
@@ -234,7 +242,7 @@ def builtin_sequence_model(name: str, summary: str, config: type, paper: str, *,
     ('offline_plugins.objectives.sequence.decision_transformer:DecisionTransformerLoss', 'offline_plugins.algorithms.sequence.dt:build', 'sequence-model', 'trajectories')
     """
     return builtin_algorithm(name, summary, config, paper, loss=f"sequence.{loss}", build=f"sequence.{build}",
-                             family="sequence-model", data="trajectories")
+                             family="sequence-model", data="trajectories", experimental=experimental)
 
 
 def builtin_hook(*specs: AlgorithmSpec) -> Callable:

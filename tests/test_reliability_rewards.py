@@ -1,0 +1,153 @@
+"""A reward function that raises, exits or hangs: a defined reward for what it failed on, one line
+when it fails on everything, and a run that SIGINT/SIGTERM always stop (reliability pass 2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from offline_plugins.cli import main
+from offline_plugins.data.prompts import PromptSource, RewardGuard, RolloutError, RolloutInterrupted, score_responses
+
+HERE = Path(__file__).resolve().parent
+
+
+def length_reward(prompts, responses, **_):
+    return [float(len(r)) for r in responses]
+
+
+def hangs_on_bad(prompts, responses, **_):
+    if "bad" in responses:
+        time.sleep(3600)
+    return [float(len(r)) for r in responses]
+
+
+def raises_on_bad(prompts, responses, **_):
+    if "bad" in responses:
+        raise ValueError("cannot score 'bad'")
+    return [float(len(r)) for r in responses]
+
+
+def exits_on_bad(prompts, responses, **_):
+    if "bad" in responses:
+        sys.exit(0)
+    return [float(len(r)) for r in responses]
+
+
+def always_hangs(prompts, responses, **_):
+    if os.environ.get("REWARD_CALLED"):  # tells a test the run is inside its reward call
+        Path(os.environ["REWARD_CALLED"]).touch()
+    time.sleep(3600)
+
+
+def always_exits(prompts, responses, **_):
+    sys.exit(0)
+
+
+def _source(fn) -> PromptSource:
+    return PromptSource("t", [], fn, fn.__name__, train=[{"prompt": "p"}])
+
+
+ROWS = [{"prompt": f"q{i}"} for i in range(4)]
+RESPONSES = ["aa", "bad", "c", "dddd"]
+
+
+@pytest.mark.parametrize("fn", [hangs_on_bad, raises_on_bad, exits_on_bad])
+def test_only_the_response_the_function_fails_on_loses_its_reward(fn):
+    guard = RewardGuard(time_limit=0.3, on_failure=-1.0)
+    assert score_responses(_source(fn), ROWS, RESPONSES, guard=guard) == [2.0, -1.0, 1.0, 4.0]
+    assert guard.failed == 1
+    # the round's call and the bad response's own call ran past the limit
+    assert guard.timed_out == (2 if fn is hangs_on_bad else 0)
+
+
+def test_a_function_that_works_is_called_once_per_round():
+    calls = []
+
+    def counted(prompts, responses, **_):
+        calls.append(len(responses))
+        return length_reward(prompts, responses)
+
+    guard = RewardGuard(time_limit=5)
+    assert score_responses(_source(counted), ROWS, RESPONSES, guard=guard) == [2.0, 3.0, 1.0, 4.0]
+    assert calls == [4] and guard.counts() == {"reward_failed": 0, "reward_timed_out": 0}
+
+
+@pytest.mark.parametrize("fn, says", [(always_hangs, "ran past its time limit of 0.2 s"),
+                                      (always_exits, "called sys.exit(0)")])
+def test_a_function_that_fails_on_everything_stops_with_one_line(fn, says):
+    started = time.monotonic()
+    with pytest.raises(RolloutError, match="failed on each of the first 4 responses") as info:
+        score_responses(_source(fn), ROWS * 5, RESPONSES * 5, guard=RewardGuard(time_limit=0.2))
+    assert says in str(info.value) and fn.__name__ in str(info.value)
+    assert "\n" not in str(info.value)
+    # the round's call and 4 single calls, not one per response
+    assert time.monotonic() - started < 0.2 * 5 + 2
+
+
+def test_a_stop_request_ends_the_wait_at_once():
+    stop = {"now": False}
+    guard = RewardGuard(time_limit=0, should_stop=lambda: stop["now"])  # no limit: only a signal ends it
+    import threading
+
+    threading.Timer(0.3, lambda: stop.update(now=True)).start()
+    started = time.monotonic()
+    with pytest.raises(RolloutInterrupted) as info:
+        score_responses(_source(always_hangs), ROWS, RESPONSES, guard=guard)
+    assert time.monotonic() - started < 3
+    assert info.value.exit_code == 130
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("rewards") / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"{a}{b}:"}) + "\n" for a in "abcdefghij" for b in "abcdefghij"))
+    return path
+
+
+_SMALL = ["--set", "group_size=2", "--set", "prompts_per_round=2", "--set", "batch_size=4", "--set",
+          "max_new_tokens=2", "--set", "eval_prompts=4", "--steps", "2", "--threads", "1", "--no-progress"]
+
+
+@pytest.mark.parametrize("fn, says", [("always_exits", "called sys.exit(0)"),
+                                      ("always_hangs", "ran past its time limit of 0.3 s")])
+def test_the_cli_stops_a_run_whose_reward_always_fails(prompt_file, tmp_path, capsys, monkeypatch, fn, says):
+    monkeypatch.syspath_prepend(str(HERE))
+    code = main(["train", "grpo", "--dataset", str(prompt_file), "--reward", f"test_reliability_rewards:{fn}",
+                 "--set", "reward_timeout=0.3", "--out", str(tmp_path / "run"), *_SMALL])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2, err
+    assert len(err) == 1 and err[0].startswith("offline-plugins: error:") and says in err[0], err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_one_signal_stops_a_run_hung_in_its_reward(prompt_file, tmp_path, sig):
+    """No time limit and a function that never returns: one SIGTERM or Ctrl-C still stops the run."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "REWARD_CALLED": str(tmp_path / "called")}
+    proc = subprocess.Popen([sys.executable, "-m", "offline_plugins.cli", "train", "grpo", "--dataset", str(prompt_file),
+                             "--reward", "test_reliability_rewards:always_hangs", "--set", "reward_timeout=0",
+                             "--out", str(tmp_path / "run"), *_SMALL], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        # wait until the run is inside its first reward call, then signal once
+        while proc.poll() is None and time.monotonic() < deadline and not (tmp_path / "called").exists():
+            time.sleep(0.1)
+        assert (tmp_path / "called").exists(), "the run never called its reward"
+        time.sleep(0.5)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [line for line in err.strip().splitlines() if line.startswith("offline-plugins")]
+    assert proc.returncode == 130, err[-2000:]
+    assert lines and "interrupted while reward function" in lines[-1], err[-2000:]
