@@ -45,6 +45,7 @@ class Case:
     limit: float = 180.0
     before: Optional[Callable[[], None]] = None
     signal_after: Optional[Path] = None  # send SIGTERM once this file exists
+    fsize: Optional[int] = None  # a file-size limit (ulimit -f) in bytes: a full disk for this process
 
 
 def _jsonl(path: Path, rows) -> Path:
@@ -164,6 +165,10 @@ def fixtures(root: Path) -> dict:
     f["list_yaml"] = root / "list.yaml"
     (root / "bad.yaml").write_text("a: [1, 2\n")
     f["bad_yaml"] = root / "bad.yaml"
+    torch.save({"state_dict": {"w": Payload()}}, root / "pickle.ckpt")
+    f["pickle_ckpt"] = root / "pickle.ckpt"
+    (root / "junk.ckpt").write_bytes(b"PK\x03\x04" + b"\x00" * 100)
+    f["junk_ckpt"] = root / "junk.ckpt"
     return f
 
 
@@ -211,11 +216,11 @@ def cases(f: dict, work: Path) -> list[Case]:
     out.append(Case("dpo missing file", ["train", "dpo", "--dataset", str(work / "nope.jsonl"), "--out", run("nf"),
                                          *small], says="does not exist"))
     # settings
-    for key, value, says in (("beta", "-5", "must be > 0"), ("beta", "nan", "must be > 0"), ("lora_r", "-1", "must be >= 0"),
+    for key, value, says in (("beta", "-5", "must be > 0"), ("beta", "nan", "expects float"), ("lora_r", "-1", "must be >= 0"),
                              ("lora_alpha", "0", "must be > 0"), ("lr", "0", "must be > 0"),
                              ("label_smoothing", "0.7", "must be in [0, 0.5)"), ("batch_size", "0", "must be >= 1"),
                              ("batch_size", "100000", "is larger than the"), ("logprob_chunk", "-3", "must be >= 0"),
-                             ("max_grad_norm", "-1", "must be >= 0"), ("lr", "abc", "expects float"),
+                             ("max_grad_norm", "-1", "must be >= 0"), ("lr", "abc", "lr must be a positive number"),
                              ("no_such_key", "1", "unknown config key")):
         out.append(Case(f"dpo --set {key}={value}", ["train", "dpo", "--dataset", str(f["pairs"]), "--set",
                                                      f"{key}={value}", "--out", run(f"set-{key}-{value}"), *small],
@@ -272,7 +277,31 @@ def cases(f: dict, work: Path) -> list[Case]:
     out.append(Case("--out is a file", ["train", "dpo", "--dataset", str(f["pairs"]), "--out", str(f["model_file"]),
                                         *small]))
     out.append(Case("eval of a missing checkpoint", ["eval", str(work / "none.ckpt")], says="does not exist"))
+    out.append(Case("eval of a checkpoint carrying code", ["eval", str(f["pickle_ckpt"])], says="nothing in it ran",
+                    marker=f["marker"], env={"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}))
+    out.append(Case("eval of a truncated checkpoint", ["eval", str(f["junk_ckpt"])], says="could not be read"))
+    # a full disk (a file-size limit): a dataset build, then a run that cannot write its checkpoint
+    store = {"MINARI_DATASETS_PATH": str(work / "store"), "OFFLINE_PLUGINS_OFFLINE": "1"}
+    out.append(Case("data make on a full disk", ["data", "make", "pendulum/medium-v0", "--steps", "2000",
+                                                 "--no-progress"], env=store, fsize=50_000, says="nothing was written"))
+    def make_store():  # the dataset itself, made without the limit
+        subprocess.run([sys.executable, "-m", "offline_plugins.cli", "data", "make", "pendulum/medium-v0", "--steps",
+                        "2000", "--no-progress"], env={**os.environ, **store}, capture_output=True, timeout=600)
+
+    out.append(Case("train on a full disk", ["train", "iql", "--dataset", "pendulum/medium-v0", "--steps", "4",
+                                             "--out", run("full"), "--no-progress", "--threads", "1"],
+                    env=store, fsize=20_000, says="could not write", before=make_store))
     return out
+
+
+def _file_size_limit(limit: int) -> Callable[[], None]:
+    def apply() -> None:
+        import resource
+        import signal
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
 
 
 def classify(case: Case, code: Optional[int], err: str) -> str:
@@ -311,7 +340,8 @@ def main() -> None:
             env["PYTHONPATH"] = os.pathsep.join([case.env["PYTHONPATH"], os.environ.get("PYTHONPATH", "")])
         started = time.monotonic()
         proc = subprocess.Popen([sys.executable, "-m", "offline_plugins.cli", *case.args], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=work)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=work,
+                                preexec_fn=_file_size_limit(case.fsize) if case.fsize else None)
         if case.signal_after is not None:
             while proc.poll() is None and time.monotonic() - started < case.limit and not case.signal_after.exists():
                 time.sleep(0.1)
