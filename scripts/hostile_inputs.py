@@ -88,11 +88,12 @@ def fixtures(root: Path) -> dict:
     tok.save_pretrained(good)
     f["model"] = good
 
-    def damaged(name, fn):
-        d = root / f"model_{name}"
-        shutil.copytree(good, d)
+    def damaged(name, fn, source=good, kind="model"):
+        """A copy of the good ``source`` folder, damaged by ``fn``, as ``f["KIND_NAME"]``."""
+        d = root / f"{kind}_{name}"
+        shutil.copytree(source, d)
         fn(d)
-        f[f"model_{name}"] = d
+        f[f"{kind}_{name}"] = d
 
     def config(d, **kw):
         c = json.loads((d / "config.json").read_text())
@@ -118,10 +119,7 @@ def fixtures(root: Path) -> dict:
     f["rm"] = rm
 
     def rm_damaged(name, fn):
-        d = root / f"rm_{name}"
-        shutil.copytree(rm, d)
-        fn(d)
-        f[f"rm_{name}"] = d
+        damaged(name, fn, source=rm, kind="rm")
 
     marker = root / "CODE_RAN"
     f["marker"] = marker

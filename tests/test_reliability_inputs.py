@@ -245,3 +245,21 @@ def test_held_out_rows_longer_than_the_context_are_left_out_and_counted(caplog):
     assert "1 held-out row(s) are longer than the model's context of 64 tokens" in caplog.text
     with pytest.raises(RolloutError, match="every held-out row"):
         _held_out_within(rows[1:], tok, 64, source="f.jsonl")
+
+
+def test_a_transition_batch_that_cannot_fit_is_refused(monkeypatch):
+    """The environment kinds' check: batch_size elements of the data's row size, with room for the
+    networks' activations, against the free memory."""
+    import offline_plugins.plugins.datakind as datakind
+    from _synthetic import synthetic_transitions
+    from offline_plugins.plugins import shared_registry
+
+    data, _ = synthetic_transitions(40, obs_dim=3, action_dim=2, seed=0)
+    kind = shared_registry().data_kind("transitions")
+    layout = datakind.BatchLayout(10_000_000)
+    monkeypatch.setattr(datakind, "available_memory_bytes", lambda device=None: 2**30)  # 1 GB free
+    with pytest.raises(datakind.ScaleError, match=r"batch_size=10000000 \(10000000 elements of \d+ bytes per step\) "
+                                                  r"needs about \d+\.\d GB, but 1\.1 GB of memory is free"):
+        kind.check_scale(None, data, layout)
+    kind.check_scale(None, data, datakind.BatchLayout(256))  # the default fits
+    kind.check_scale(None, data, layout, accumulate=1000)  # split into micro-batches, it fits too
