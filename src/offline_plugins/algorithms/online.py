@@ -124,6 +124,40 @@ class GSPOConfig(_PolicyGradientFields):
 
 
 @dataclass
+class SAPOConfig(_PolicyGradientFields):
+    tau_pos: float = config_field(1.0, "gate temperature where the advantage is positive (verl's and ms-swift's "
+                                       "SAPO default)", bounds=">0")
+    tau_neg: float = config_field(1.05, "gate temperature where the advantage is not positive (verl's and "
+                                        "ms-swift's SAPO default)", bounds=">0")
+    beta: float = config_field(0.0, "weight of the k3 KL to the reference")
+
+
+@dataclass
+class GMPOConfig(_PolicyGradientFields):
+    clip_low: float = config_field(0.4, "log-ratio clipped below at -clip_low where the advantage is negative "
+                                        "(log space: ratios down to e^-0.4, the paper's sec. 4)")
+    clip_high: float = config_field(0.4, "log-ratio clipped above at clip_high where the advantage is positive "
+                                         "(log space: ratios up to e^0.4)")
+    beta: float = config_field(0.0, "weight of the k3 KL to the reference")
+
+
+@dataclass
+class DPPOConfig(_PolicyGradientFields):
+    tv_low: float = config_field(0.15, "a token counts where its probability fell by at most this (advantage "
+                                       "< 0); verl's DPPO-TV recipe", bounds="(0,1)")
+    tv_high: float = config_field(0.15, "a token counts where its probability rose by at most this (advantage "
+                                        "> 0); verl's DPPO-TV recipe", bounds=">0")
+    cap: float = config_field(20.0, "the detached importance weight is truncated at this", bounds=">=1")
+    beta: float = config_field(0.0, "weight of the k3 KL to the reference")
+
+
+@dataclass
+class REINFORCEPPConfig(_ClippedRatioFields):
+    beta: float = config_field(0.01, "weight of the k1 KL to the reference in the reward (token by token for "
+                                     "reinforce-pp, per response for reinforce-pp-baseline)")
+
+
+@dataclass
 class ExpertIterationConfig(_RolloutFields):
     pretrained_lr: ClassVar[float] = 3e-4
     lr: Optional[float] = config_field(None, _lr_help(3e-4))
@@ -224,6 +258,31 @@ def build_gspo(config: GSPOConfig, data: Any):
                   {"clip_epsilon": (config.clip_low, config.clip_high), "beta": config.beta})
 
 
+def build_sapo(config: SAPOConfig, data: Any):
+    return _parts(config, data, "sapo", "TextSAPOLoss",
+                  {"tau_pos": config.tau_pos, "tau_neg": config.tau_neg, "beta": config.beta})
+
+
+def build_gmpo(config: GMPOConfig, data: Any):
+    return _parts(config, data, "gmpo", "TextGMPOLoss",
+                  {"clip_epsilon": (config.clip_low, config.clip_high), "beta": config.beta})
+
+
+def build_dppo(config: DPPOConfig, data: Any):
+    return _parts(config, data, "dppo", "TextDPPOLoss",
+                  {"clip_epsilon": (config.tv_low, config.tv_high), "cap": config.cap, "beta": config.beta})
+
+
+def build_reinforce_pp(config: REINFORCEPPConfig, data: Any):
+    return _parts(config, data, "reinforce-pp", "REINFORCEPPLoss",
+                  {"clip_epsilon": config.clip_epsilon, "beta": config.beta})
+
+
+def build_reinforce_pp_baseline(config: REINFORCEPPConfig, data: Any):
+    return _parts(config, data, "reinforce-pp-baseline", "REINFORCEPPBaselineLoss",
+                  {"clip_epsilon": config.clip_epsilon, "beta": config.beta})
+
+
 def build_expert_iteration(config: ExpertIterationConfig, data: Any):
     return _parts(config, data, "expert-iteration", "ExpertIterationLoss", {"threshold": config.threshold})
 
@@ -247,6 +306,20 @@ _SPECS = (
      "Attention, arXiv:2506.13585"),
     ("gspo", "GSPO: one clipped importance ratio per response (geometric mean of its tokens')", "TextGSPOLoss",
      "build_gspo", GSPOConfig, "Zheng et al. 2025, Group Sequence Policy Optimization, arXiv:2507.18071"),
+    ("sapo", "SAPO: a soft, temperature-controlled gate of the ratio in place of the hard clip", "TextSAPOLoss",
+     "build_sapo", SAPOConfig, "Soft Adaptive Policy Optimization (Qwen team), 2025, arXiv:2511.20347"),
+    ("gmpo", "GMPO: the geometric mean of the tokens' ratios, clipped token by token in log space",
+     "TextGMPOLoss", "build_gmpo", GMPOConfig,
+     "Zhao et al. 2025, Geometric-Mean Policy Optimization, arXiv:2507.20673"),
+    ("dppo", "DPPO (Binary-TV): the trust region on each token's probability change, not its ratio",
+     "TextDPPOLoss", "build_dppo", DPPOConfig,
+     "Rethinking the Trust Region in LLM Reinforcement Learning, 2026, arXiv:2602.04879"),
+    ("reinforce-pp", "REINFORCE++: token-level KL in the reward, advantages normalised over the round, no critic",
+     "REINFORCEPPLoss", "build_reinforce_pp", REINFORCEPPConfig,
+     "Hu et al. 2025, REINFORCE++, arXiv:2501.03262"),
+    ("reinforce-pp-baseline", "REINFORCE++-baseline: the group's mean reward as baseline, the round's std as scale",
+     "REINFORCEPPBaselineLoss", "build_reinforce_pp_baseline", REINFORCEPPConfig,
+     "Hu et al. 2025, REINFORCE++, arXiv:2501.03262 (the baseline variant)"),
     ("expert-iteration", "Expert iteration / STaR: fine-tune on sampled responses that pass, repeat",
      "ExpertIterationLoss", "build_expert_iteration", ExpertIterationConfig,
      "Zelikman et al. 2022, STaR: Bootstrapping Reasoning With Reasoning, arXiv:2203.14465"),

@@ -1,4 +1,5 @@
-"""Online RL on text: GRPO, DAPO, Dr. GRPO, RLOO, CISPO, GSPO and expert iteration as TorchRL loss modules.
+"""Online RL on text: GRPO, DAPO, Dr. GRPO, RLOO, CISPO, GSPO, SAPO, GMPO, DPPO, REINFORCE++ and expert
+iteration as TorchRL loss modules.
 
 Every loss reads one batch of rollouts in the TED text layout (DESIGN.md), the rows a
 rollout collector (:mod:`offline_plugins.data.rollouts`) writes into a TorchRL replay
@@ -52,6 +53,11 @@ __all__ = [
     "overlong_penalty",
     "k3_kl",
     "TextGRPOLoss",
+    "TextSAPOLoss",
+    "TextGMPOLoss",
+    "TextDPPOLoss",
+    "REINFORCEPPLoss",
+    "REINFORCEPPBaselineLoss",
     "DAPOLoss",
     "DrGRPOLoss",
     "RLOOLoss",
@@ -268,8 +274,11 @@ class TextGRPOLoss(GroupAdvantageLoss):
         """``log(pi / pi_sample)`` per response token, 0 elsewhere: GRPO's token-level ratio."""
         return torch.where(mask, log_probs - sample_log_probs, torch.zeros_like(log_probs))
 
-    def surrogate(self, log_ratio: torch.Tensor, advantage: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """PPO's clipped surrogate per token and whether each token was clipped."""
+    def surrogate(self, log_ratio: torch.Tensor, advantage: torch.Tensor, mask: Optional[torch.Tensor] = None,
+                  log_probs: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """PPO's clipped surrogate per token and whether each token was clipped. ``mask`` (the response
+        tokens) and ``log_probs`` (the current per-token log-probs) are there for the variants whose
+        objective needs them (GMPO's sequence mean, DPPO's probabilities)."""
         ratio = log_ratio.exp()
         clipped = ratio.clamp(1 - self.clip_low, 1 + self.clip_high)
         gain = torch.minimum(ratio * advantage, clipped * advantage)
@@ -290,7 +299,7 @@ class TextGRPOLoss(GroupAdvantageLoss):
                                "with rollout_correction)")
             old_lp = self._get(tensordict, "trainer_log_probs", "the trainer's log-probs of the round")
         log_ratio = self.importance_log_ratio(lp, sample_lp if weight is None else old_lp, mask)
-        gain, clipped = self.surrogate(log_ratio, advantage)
+        gain, clipped = self.surrogate(log_ratio, advantage, mask=mask, log_probs=lp)
         if weight is not None:
             gain = gain * weight.detach()
         m = mask.to(lp.dtype)
@@ -385,14 +394,7 @@ class RLOOLoss(TextGRPOLoss):
     kl_as_term = False
 
     def rollout_rewards(self, td: TensorDictBase) -> torch.Tensor:
-        reward = super().rollout_rewards(td)
-        ref = td.get(self.tensor_keys.ref_log_probs, None)
-        if ref is None:
-            return reward
-        mask = self._get(td, "response_mask", "the response-token mask").to(reward.dtype)
-        sample = self._get(td, "sample_log_probs", "the sampling policy's log-probs")
-        kl = ((sample - ref) * mask).sum(-1)
-        return reward - self.beta * kl
+        return _minus_sequence_kl(self, td, super().rollout_rewards(td))
 
     def advantages(self, rewards, groups):
         return group_advantages(rewards, groups, leave_one_out=True)
@@ -418,7 +420,7 @@ class TextCISPOLoss(TextGRPOLoss):
     default_beta = 0.0
     aggregate = DAPOLoss.aggregate
 
-    def surrogate(self, log_ratio, advantage):
+    def surrogate(self, log_ratio, advantage, mask=None, log_probs=None):
         """``sg(clip(rho)) * A * log_ratio`` and whether each token's weight was clipped."""
         ratio = log_ratio.detach().exp()
         weight = ratio.clamp(1 - self.clip_low, 1 + self.clip_high)
@@ -447,6 +449,177 @@ class TextGSPOLoss(TextGRPOLoss):
         m = mask.to(per_token.dtype)
         per_row = per_token.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1)
         return per_row * m
+
+
+class TextSAPOLoss(TextGRPOLoss):
+    """SAPO: a soft gate of the ratio in place of PPO's hard clip.
+
+    Soft Adaptive Policy Optimization (Qwen team, 2025), arXiv:2511.20347. Per response token
+    ``f(rho) A`` with ``f(rho) = 4 / tau * sigmoid(tau (rho - 1))``, ``tau = tau_pos`` where
+    ``A > 0`` and ``tau_neg`` elsewhere; GRPO's aggregation and advantages. The gate's gradient
+    weight ``4 sigma (1 - sigma) rho`` is 1 on-policy (GRPO's gradient) and falls smoothly as the
+    ratio moves away, where PPO's clip cuts it to 0 at a fixed edge. Defaults ``tau_pos = 1.0``,
+    ``tau_neg = 1.05``, ``beta = 0`` (the values verl and ms-swift ship for SAPO). ``clip_epsilon``
+    is unused; ``clip_fraction`` counts the tokens whose gradient weight fell below one half.
+    """
+
+    default_beta = 0.0
+
+    def __init__(self, actor_network, *, tau_pos: float = 1.0, tau_neg: float = 1.05, **kwargs) -> None:
+        super().__init__(actor_network, **kwargs)
+        for name, tau in (("tau_pos", tau_pos), ("tau_neg", tau_neg)):
+            if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not tau > 0:
+                raise ValueError(f"{type(self).__name__}: {name} must be a positive temperature, got {tau!r}")
+        self.register_buffer("tau_pos", torch.tensor(float(tau_pos)))
+        self.register_buffer("tau_neg", torch.tensor(float(tau_neg)))
+
+    def surrogate(self, log_ratio, advantage, mask=None, log_probs=None):
+        """``4 / tau * sigmoid(tau (rho - 1)) * A`` and whether the gate's gradient weight is below 1/2."""
+        ratio = log_ratio.exp()
+        tau = torch.where(advantage > 0, self.tau_pos, self.tau_neg)
+        gate = torch.sigmoid(tau * (ratio - 1))
+        weight = 4 * gate * (1 - gate) * ratio
+        return gate * (4 / tau) * advantage, weight.detach() < 0.5
+
+
+class TextGMPOLoss(TextGRPOLoss):
+    """GMPO: the geometric mean of the tokens' clipped ratios, one per response.
+
+    Zhao et al. 2025, Geometric-Mean Policy Optimization, arXiv:2507.20673. Each token's log-ratio
+    ``l_t = log(pi / pi_sample)`` is clipped in log space on the side the advantage's sign makes
+    PPO's trust region (above ``clip_high`` where ``A > 0``, below ``-clip_low`` where ``A < 0``),
+    and the response's objective is ``A * exp(mean_t l_t)``: the geometric mean of its ratios,
+    which one outlier token moves far less than GRPO's arithmetic mean. Written on each response
+    token, GRPO's aggregation (token mean per response, then mean) gives that per-response value.
+    Defaults: ``clip_epsilon = (0.4, 0.4)`` in log space (ratios in ``(e^-0.4, e^0.4)``, the paper's
+    section 4, as TRL's ``GMPOConfig``), ``beta = 0``.
+    """
+
+    default_clip = (0.4, 0.4)
+    default_beta = 0.0
+
+    def surrogate(self, log_ratio, advantage, mask=None, log_probs=None):
+        """``A * exp(mean_t l_t)`` with the one-sided clip in log space, on each response token."""
+        m = (log_ratio != 0) if mask is None else mask
+        m = m.to(log_ratio.dtype)
+        sign = torch.sign(advantage)
+        clipped_l = log_ratio.clamp(-self.clip_low, self.clip_high)
+        kept = sign * torch.minimum(sign * log_ratio, sign * clipped_l)
+        mean_l = (kept * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1)
+        # the response's advantage is the same on each of its tokens: its mean over them
+        adv = (advantage * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1)
+        return (adv * mean_l.exp()) * m, kept != log_ratio
+
+
+class TextDPPOLoss(TextGRPOLoss):
+    """DPPO (Binary-TV): a trust region on the change of each token's probability, not its ratio.
+
+    Rethinking the Trust Region in LLM Reinforcement Learning (2026), arXiv:2602.04879
+    (verl's ``dppo_tv`` policy loss). A token counts where its probability moved less than the
+    threshold in the direction the advantage pushes it (``p - p_sample <= tv_high`` where ``A > 0``,
+    ``>= -tv_low`` where ``A < 0``); the objective is ``sg(min(rho, cap)) * A * log pi`` on the tokens
+    that count and 0 on the others. Where the ratio clip of PPO over-penalises rare tokens
+    (1e-5 -> 1e-3 is a ratio of 100) and under-penalises frequent ones (0.99 -> 0.8 is a ratio of
+    0.81), the probability change is what the trust region bounds. The value uses
+    ``log(pi / pi_sample)`` for ``log pi`` (the same gradient, 0 on-policy), as CISPO here.
+    Defaults: ``clip_epsilon = (0.15, 0.15)`` the TV thresholds, ``cap = 20`` (verl's recipe and its loss's
+    default), ``beta = 0``; GRPO's advantages and aggregation.
+    """
+
+    default_clip = (0.15, 0.15)
+    default_beta = 0.0
+
+    def __init__(self, actor_network, *, cap: float = 20.0, **kwargs) -> None:
+        super().__init__(actor_network, **kwargs)
+        if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap >= 1:
+            raise ValueError(f"{type(self).__name__}: cap truncates the importance weight, a number >= 1, got {cap!r}")
+        self.register_buffer("cap", torch.tensor(float(cap)))
+
+    def surrogate(self, log_ratio, advantage, mask=None, log_probs=None):
+        """``sg(min(rho, cap)) * A * l`` on the tokens inside the TV region, and which were outside."""
+        if log_probs is None:
+            raise ValueError(f"{type(self).__name__} needs the current log-probs (forward passes them)")
+        p = log_probs.detach().exp()
+        p_sample = (log_probs.detach() - log_ratio.detach()).exp()
+        moved = p - p_sample
+        inside = torch.where(advantage > 0, moved <= self.clip_high, moved >= -self.clip_low)
+        weight = log_ratio.detach().exp().clamp(max=self.cap)
+        return torch.where(inside, weight * advantage * log_ratio, torch.zeros_like(log_ratio)), ~inside
+
+
+class REINFORCEPPLoss(TextGRPOLoss):
+    """REINFORCE++: no critic, the KL in the reward token by token, advantages normalised over the round.
+
+    Hu et al. 2025, REINFORCE++, arXiv:2501.03262. Each response token's return is
+    ``r * 1[t is the last] - beta * sum_{s >= t} KL_s`` with ``KL_s = log pi_sample - log pi_ref``
+    (k1), so a token is charged the divergence of what follows it; the returns are standardised
+    over every response token of the round (the global batch, not the prompt's group), and the
+    update is PPO's clipped ratio (0.2). ``beta = 0.01``. With no reference log-probs the return is
+    the reward. ``has_signal`` still says whether the prompt's group had different rewards.
+    """
+
+    default_beta = 0.01
+    kl_as_term = False
+
+    def process_rollouts(self, td: TensorDictBase) -> TensorDictBase:
+        td = super().process_rollouts(td)
+        k = self.tensor_keys
+        mask = self._get(td, "response_mask", "the response-token mask").bool()
+        td.set(k.advantage, self.token_advantages(td, mask).unsqueeze(-1))
+        return td
+
+    def token_advantages(self, td: TensorDictBase, mask: torch.Tensor) -> torch.Tensor:
+        """``[B, T]`` standardised returns on the response tokens, 0 elsewhere."""
+        reward = self.rollout_rewards(td)
+        ref = td.get(self.tensor_keys.ref_log_probs, None)
+        if ref is not None:
+            sample = self._get(td, "sample_log_probs", "the sampling policy's log-probs")
+            kl = torch.where(mask, sample - ref, torch.zeros_like(sample)).to(torch.float32)
+            to_go = kl.flip(-1).cumsum(-1).flip(-1)  # sum_{s >= t} KL_s
+            returns = reward.unsqueeze(-1) - self.beta * to_go
+        else:
+            returns = reward.unsqueeze(-1).expand(mask.shape)
+        return _standardised(returns, mask)
+
+    def advantages(self, rewards, groups):
+        # per-row values the base writes first: only has_signal is kept (token_advantages replaces them)
+        return group_advantages(rewards, groups, scale=False)
+
+
+class REINFORCEPPBaselineLoss(REINFORCEPPLoss):
+    """REINFORCE++-baseline: the group's mean reward as the baseline, the round's std as the scale.
+
+    Hu et al. 2025, arXiv:2501.03262 (the variant for several responses per prompt): each response's
+    reward minus the sequence-level KL, ``r - beta * sum_t KL_t`` (as RLOO here), minus the mean of
+    its group, divided by the standard deviation of those differences over the round's responses
+    (not the group's: GRPO's per-group std up-weights groups that nearly agree). PPO's clipped ratio.
+    """
+
+    def token_advantages(self, td: TensorDictBase, mask: torch.Tensor) -> torch.Tensor:
+        reward = _minus_sequence_kl(self, td, self.rollout_rewards(td))
+        centred, _ = group_advantages(reward, self._get(td, "group", "the prompt ids"), scale=False)
+        per_row = centred / centred.std(unbiased=False).clamp_min(1e-6)
+        return per_row.unsqueeze(-1) * mask.to(per_row.dtype)
+
+
+def _minus_sequence_kl(loss: TextGRPOLoss, td: TensorDictBase, reward: torch.Tensor) -> torch.Tensor:
+    """``r - beta * sum_t (log pi_sample - log pi_ref)`` over each response's tokens (the reward as is
+    without reference log-probs): RLOO's and REINFORCE++-baseline's KL in the reward."""
+    ref = td.get(loss.tensor_keys.ref_log_probs, None)
+    if ref is None:
+        return reward
+    mask = loss._get(td, "response_mask", "the response-token mask").to(reward.dtype)
+    sample = loss._get(td, "sample_log_probs", "the sampling policy's log-probs")
+    return reward - loss.beta * ((sample - ref) * mask).sum(-1)
+
+
+def _standardised(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``(v - mean) / std`` over the entries where ``mask`` holds (population std), 0 elsewhere."""
+    m = mask.to(values.dtype)
+    n = m.sum().clamp_min(1)
+    mean = (values * m).sum() / n
+    std = (((values - mean) * m) ** 2).sum().div(n).sqrt()
+    return (values - mean) / std.clamp_min(eps) * m
 
 
 class ExpertIterationLoss(GroupAdvantageLoss):
