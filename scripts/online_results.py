@@ -21,7 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-ALGOS = ("grpo", "dapo", "dr-grpo", "rloo", "cispo", "gspo", "expert-iteration")
+ALGOS = ("grpo", "dapo", "dr-grpo", "rloo", "cispo", "gspo", "sapo", "gmpo", "dppo", "reinforce-pp",
+         "reinforce-pp-baseline", "expert-iteration")
 
 
 def run(args) -> None:
