@@ -52,7 +52,8 @@ def test_make_then_info_then_list(store, capsys):
 
     assert main(["data", "list", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
-    assert [r["id"] for r in listed["preference_datasets"]] == ["offline-plugins/arithmetic/preference-v0"]
+    assert [r["id"] for r in listed["preference_datasets"]] == ["offline-plugins/arithmetic/preference-v0",
+                                                                "offline-plugins/arithmetic-length/preference-v0"]
     rows = {r["id"]: r for r in listed["datasets"]}
     assert rows["offline-plugins/pendulum/expert-v0"]["local"] and rows["offline-plugins/pendulum/expert-v0"]["steps"] == 400
     assert not rows["offline-plugins/pendulum/medium-expert-v0"]["local"]

@@ -7,6 +7,9 @@ Three kinds of ``ID``:
   ``--model`` after supervised fine-tuning on the task's exact answers; pairs are
   sampled from that reference (a correct against an incorrect answer), held-out pairs
   from test prompts, and exact-match accuracy is scored on held-out prompts;
+  ``offline-plugins/arithmetic-length/preference-v0`` (short ``arithmetic-length``): the same
+  prompts and reference, pairs of its samples ranked by a gold length reward
+  (:class:`~offline_plugins.envs.tasks.LengthTask`), for the RLHF over-optimisation study;
 * a JSONL file (``*.jsonl``) of ``{"prompt", "chosen", "rejected"}`` pairs or
   ``{"prompt", "completion", "label"}`` unpaired rows;
 * a Hugging Face dataset, ``hf:NAME`` or ``hf:NAME:SPLIT`` (needs ``datasets``, and a
@@ -29,6 +32,8 @@ of a study share one reference and training runs no reference forward.
 
 >>> resolve_preference_id("arithmetic")
 'offline-plugins/arithmetic/preference-v0'
+>>> resolve_preference_id("arithmetic-length")
+'offline-plugins/arithmetic-length/preference-v0'
 >>> resolve_preference_id("pendulum/medium-v0") is None
 True
 """
@@ -60,16 +65,28 @@ class PreferenceSourceError(UserError, ValueError):
     """A preference dataset id that names nothing, or data that does not suit the algorithm."""
 
 
-#: built-in preference datasets: id -> (summary, task settings, data settings)
+#: built-in preference datasets: id -> (summary, task settings (``task``: a name in
+#: :data:`offline_plugins.envs.tasks.TASKS`, default arithmetic), data settings of
+#: :func:`offline_plugins.data.text_tasks.task_preference_data`)
 BUILTIN_PREFERENCE_DATASETS: dict[str, tuple[str, dict, dict]] = {
     "offline-plugins/arithmetic/preference-v0": (
         "2-digit addition: correct vs incorrect answers sampled from the SFT reference",
         {"digits": 2, "ops": "+"},
         {"n_train": 4096, "n_test": 500},
     ),
+    # the gold reward is a known function of the text (length against 6 characters); the
+    # reference's samples cut to 1-5 tokens (under the target), ranked by it: "longer is better" on
+    # every pair, so a reward model learns it, and a policy allowed past 6 characters over-optimises
+    "offline-plugins/arithmetic-length/preference-v0": (
+        "2-digit addition prompts: SFT-reference samples ranked by a gold length reward (target 6 characters)",
+        {"task": "arithmetic-length", "target": 6, "digits": 2, "ops": "+"},
+        {"n_train": 512, "n_test": 200, "pairs": "gold", "num_samples": 2, "temperature": 1.0,
+         "max_new_tokens": 5, "vary_length": True},
+    ),
 }
 
-_ALIASES = {"arithmetic": "offline-plugins/arithmetic/preference-v0"}
+_ALIASES = {"arithmetic": "offline-plugins/arithmetic/preference-v0",
+            "arithmetic-length": "offline-plugins/arithmetic-length/preference-v0"}
 
 #: optional fields of a pair row, kept by the loaders: what the annotator saw first, and each annotator's label
 OPTIONAL_PAIR_FIELDS = ("shown_first", "annotations")
@@ -310,10 +327,10 @@ def load_preference_source(
     cache = Path(cache_dir) if cache_dir is not None else cache_root() / "preference"
     if resolved in BUILTIN_PREFERENCE_DATASETS:
         from offline_plugins.data.text_tasks import task_preference_data
-        from offline_plugins.envs.tasks import ArithmeticTask
+        from offline_plugins.envs.tasks import make_task
 
         _, task_settings, data_settings = BUILTIN_PREFERENCE_DATASETS[resolved]
-        task = ArithmeticTask(**task_settings)
+        task = make_task(**task_settings)
         data = task_preference_data(task, model=str(model), kind=kind, seed=seed, cache_dir=cache, progress=progress,
                                     finetune=finetune, **data_settings)
         data.dataset_id = resolved

@@ -55,11 +55,17 @@ __all__ = [
 ]
 
 
-#: the built-in online task: id -> (summary, task settings)
+#: the built-in online tasks: id -> (summary, task settings: ``task``, a name in
+#: :data:`offline_plugins.envs.tasks.TASKS` (default arithmetic), and its settings)
 BUILTIN_ROLLOUT_TASKS: dict[str, tuple[str, dict]] = {
     "offline-plugins/arithmetic/v0": ("2-digit addition, exact-match reward", {"digits": 2, "ops": "+"}),
+    "offline-plugins/arithmetic-length/v0": (
+        "2-digit addition prompts, gold reward: response length against 6 characters (the RLHF over-optimisation "
+        "study)", {"task": "arithmetic-length", "target": 6, "digits": 2, "ops": "+"}),
 }
-_ALIASES = {"arithmetic": "offline-plugins/arithmetic/v0", "arithmetic/v0": "offline-plugins/arithmetic/v0"}
+_ALIASES = {"arithmetic": "offline-plugins/arithmetic/v0", "arithmetic/v0": "offline-plugins/arithmetic/v0",
+            "arithmetic-length": "offline-plugins/arithmetic-length/v0",
+            "arithmetic-length/v0": "offline-plugins/arithmetic-length/v0"}
 
 
 def resolve_rollout_id(dataset: str) -> Optional[str]:
@@ -67,6 +73,8 @@ def resolve_rollout_id(dataset: str) -> Optional[str]:
 
     >>> resolve_rollout_id("arithmetic"), resolve_rollout_id("pendulum/medium-v0")
     ('offline-plugins/arithmetic/v0', None)
+    >>> resolve_rollout_id("arithmetic-length")
+    'offline-plugins/arithmetic-length/v0'
     """
     dataset = dataset.strip()
     if dataset in BUILTIN_ROLLOUT_TASKS:
@@ -84,12 +92,12 @@ def _task_of(dataset_id: str, files: str) -> tuple[str, Any]:
     resolved = resolve_rollout_id(dataset_id)
     if resolved is None:
         raise RolloutError(f"{dataset_id!r} is not a text task; use {', '.join(BUILTIN_ROLLOUT_TASKS)} "
-                           f"(short: arithmetic) or {files}")
+                           f"(short: arithmetic, arithmetic-length) or {files}")
     if resolved not in BUILTIN_ROLLOUT_TASKS:
         return resolved, None
-    from offline_plugins.envs.tasks import ArithmeticTask
+    from offline_plugins.envs.tasks import make_task
 
-    return resolved, ArithmeticTask(**BUILTIN_ROLLOUT_TASKS[resolved][1])
+    return resolved, make_task(**BUILTIN_ROLLOUT_TASKS[resolved][1])
 
 
 class TextTaskData:
@@ -138,13 +146,27 @@ class RolloutData(TextTaskData):
             reference and sampling settings (``group_size``, ``prompts_per_round``,
             ``max_new_tokens``, ``temperature``, ``top_p``, ``max_attempts``).
         from_scratch: the reference is the tiny model at its random initialisation.
+        gold: a built-in task's own verifier, ``gold(prompts, responses) -> list[float]``, kept
+            when ``--reward`` replaced it as the rollouts' reward (None otherwise): the gold
+            score of the held-out responses, beside the proxy the policy is trained on.
+        gold_key: the held-out score the reward-hacking monitor watches as the gold:
+            ``"heldout_gold"`` (``gold`` set), ``"exact_match"`` (the reward is exact match
+            against answers), else ``"heldout_reward"``.
     """
 
     def __init__(self, source: PromptSource, reference, tokenizer, collector: RolloutCollector, *,
-                 dataset_id: str, model: str, from_scratch: bool = False) -> None:
+                 dataset_id: str, model: str, from_scratch: bool = False, gold: Optional[Any] = None,
+                 gold_key: Optional[str] = None) -> None:
         super().__init__(reference, tokenizer, dataset_id=dataset_id, model=model, from_scratch=from_scratch)
         self.source = source
         self.collector = collector
+        self.gold = gold
+        if gold_key is None:
+            gold_key = ("heldout_gold" if gold is not None else
+                        "exact_match" if source.has_answers else "heldout_reward")
+        if gold_key == "heldout_gold" and gold is None:
+            raise RolloutError("gold_key='heldout_gold' needs gold, the task's verifier; pass gold=task.rewards")
+        self.gold_key = gold_key
 
     def collector_for(self, plan: Any = None, *, seed: int = 0) -> RolloutCollector:
         """The collector of one run: these sampling settings, with the prompt source, reference
@@ -164,17 +186,28 @@ class RolloutData(TextTaskData):
     def held_out_scores(self, model, *, plan: Any = None, n: Optional[int] = None, batch_size: int = 100,
                         guard: Any = None) -> dict[str, Optional[float]]:
         """Greedy responses to the held-out prompts (``plan``'s source and tokenizer where it names
-        them): ``exact_match`` (None without answers) and ``heldout_reward``, the reward called through
-        ``guard`` (a run's :class:`~offline_plugins.data.prompts.RewardGuard`; default: the data's)."""
+        them): ``exact_match`` (None without answers), ``heldout_reward``, the reward called through
+        ``guard`` (a run's :class:`~offline_plugins.data.prompts.RewardGuard`; default: the data's),
+        ``response_chars`` (their mean length in characters, stripped) and, where ``--reward``
+        replaced a built-in task's verifier, ``heldout_gold``: the task's verifier on the same
+        responses (None when the plan samples from its own prompts, which the task did not make)."""
         source = getattr(plan, "source", None) or self.source
         tokenizer = getattr(plan, "tokenizer", None) or self.tokenizer
         rows = source.held_out[: n or len(source.held_out)]
+        empty = {"exact_match": None, "heldout_reward": None, "response_chars": None}
+        if self.gold is not None:
+            empty["heldout_gold"] = None
         if not rows:
-            return {"exact_match": None, "heldout_reward": None}
+            return empty
         responses, em = self.greedy_answers(model, tokenizer, rows, "answer" if source.has_answers else None,
                                             max_new_tokens=self.collector.max_new_tokens, batch_size=batch_size)
         rewards = score_responses(source, rows, responses, guard=guard or self.collector.reward_guard)
-        return {"exact_match": em, "heldout_reward": sum(rewards) / len(rewards)}
+        out = {**empty, "exact_match": em, "heldout_reward": sum(rewards) / len(rewards),
+               "response_chars": sum(len(r.strip()) for r in responses) / len(responses)}
+        if self.gold is not None and source is self.source:
+            gold = [float(g) for g in self.gold([r["prompt"] for r in rows], responses)]
+            out["heldout_gold"] = sum(gold) / len(gold)
+        return out
 
 
 def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[str] = None, seed: int = 0,
@@ -198,9 +231,13 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
     from offline_plugins.modules.tiny_lm import load_causal_lm
 
     resolved, task = _task_of(dataset_id, "a .jsonl file of prompt/answer rows")
+    gold, gold_key = None, None
     if task is not None:
+        if not task.scores_exact_match:  # its held-out rows carry answers, but its verifier is not exact match
+            gold_key = "heldout_reward"
         source = task_prompt_source(task, n_held_out=eval_prompts)
-        if reward is not None:
+        if reward is not None:  # the task's verifier stays the gold score of the held-out responses
+            gold, gold_key = task.rewards, "heldout_gold"
             fn = load_reward_function(reward)
             source.reward_fn, source.reward_name = fn, reward
         if str(model) == "tiny":
@@ -228,7 +265,7 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
                                  min_group_size=1, reward_timeout=reward_timeout,
                                  reward_on_failure=reward_on_failure)
     return RolloutData(source, reference, tokenizer, collector, dataset_id=resolved, model=str(model),
-                       from_scratch=from_scratch)
+                       from_scratch=from_scratch, gold=gold, gold_key=gold_key)
 
 
 class CompletionData(TextTaskData):

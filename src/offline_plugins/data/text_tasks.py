@@ -11,6 +11,10 @@ The offline preference pipeline on a built-in task, with no network:
    :func:`unpaired_rows` labels each sample by exact match (KTO's data).
 3. :func:`exact_match_accuracy` scores greedy answers on held-out prompts.
 
+A task whose verifier is a graded gold reward (:class:`~offline_plugins.envs.tasks.LengthTask`)
+gets its pairs from :func:`gold_preference_rows` instead: two samples of the reference per
+prompt, the one with the higher gold reward chosen, ties dropped.
+
 >>> from offline_plugins.envs.tasks import ArithmeticTask
 >>> sft_rows(ArithmeticTask(), 2, seed=0)
 [{'prompt': '73+46=', 'completion': '119'}, {'prompt': '37+94=', 'completion': '131'}]
@@ -29,6 +33,7 @@ __all__ = [
     "generate",
     "sample_responses",
     "preference_rows",
+    "gold_preference_rows",
     "unpaired_rows",
     "exact_match_accuracy",
     "task_preference_data",
@@ -112,6 +117,79 @@ def preference_rows(
     return rows
 
 
+def gold_preference_rows(
+    task: Any,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    n_prompts: int,
+    *,
+    split: str = "train",
+    num_samples: int = 2,
+    temperature: float = 1.0,
+    max_new_tokens: int = 8,
+    vary_length: bool = False,
+    seed: int = 0,
+    batch_size: int = 64,
+) -> list[dict]:
+    """``(prompt, chosen, rejected)`` rows labelled by the task's gold reward (``task.rewards``).
+
+    ``num_samples`` responses are sampled per prompt at ``temperature`` within ``max_new_tokens``;
+    the first two (stripped of surrounding spaces) with different gold rewards make the pair, the
+    higher chosen; a prompt whose samples all tie yields no pair. Every row's label is what the
+    gold reward says.
+
+    ``vary_length``: the model's end-of-text is suppressed for ``max_new_tokens`` tokens and each
+    sample is cut to a length drawn uniformly in ``1..max_new_tokens`` tokens (a prefix of a
+    sample is a sample of the model with its end-of-text suppressed that long). Why: the
+    arithmetic SFT reference answers in 2-3 characters at any temperature (at temperature 2, 4
+    samples of 512 prompts differed in length for 74 of them, 60 of those 3 against 2), so its
+    plain samples teach a reward model one length contrast; the cut samples span the budget.
+    With :class:`~offline_plugins.envs.tasks.LengthTask` and a budget under its target,
+    "longer is better" holds on every pair.
+    """
+    from offline_plugins.modules.generation import generate_left_padded, generation_kwargs, left_pad
+    from offline_plugins.tokens import pad_token_id, prompt_token_ids
+
+    problems = task.problems(n_prompts, split=split, seed=seed)
+    rng = random.Random(f"gold-pairs-{split}-{seed}")
+    pad, eos = pad_token_id(tokenizer), tokenizer.eos_token_id
+    rows = []
+    for start in range(0, len(problems), batch_size):
+        chunk = problems[start : start + batch_size]
+        if not vary_length:
+            samples = generate(model, tokenizer, [p.prompt for p in chunk], num_samples=num_samples,
+                               max_new_tokens=max_new_tokens, temperature=temperature, seed=seed + start)
+        else:
+            device = next(model.parameters()).device
+            ids, attn = left_pad([prompt_token_ids(tokenizer, p.prompt) for p in chunk], pad, repeat=num_samples)
+            kwargs = generation_kwargs(max_new_tokens=max_new_tokens, pad_id=pad, eos_id=eos,
+                                       temperature=temperature)
+            kwargs["generation_config"].min_new_tokens = max_new_tokens
+            was_training = model.training
+            model.eval()
+            try:
+                with torch.no_grad(), torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda"
+                                                            else []):
+                    torch.manual_seed(seed + start)
+                    out = generate_left_padded(model, ids.to(device), attn.to(device), **kwargs)
+            finally:
+                model.train(was_training)
+            gen = out[:, ids.shape[1]:].tolist()
+            cut = [rng.randint(1, max_new_tokens) for _ in gen]
+            texts = tokenizer.batch_decode([g[:k] for g, k in zip(gen, cut)], skip_special_tokens=True)
+            samples = [texts[i * num_samples:(i + 1) * num_samples] for i in range(len(chunk))]
+        for p, outs in zip(chunk, samples):
+            outs = [o.strip() for o in outs]
+            gold = task.rewards([p.prompt] * len(outs), outs)
+            pair = next(((i, j) for i in range(len(outs)) for j in range(i + 1, len(outs)) if gold[i] != gold[j]),
+                        None)
+            if pair is None:
+                continue
+            hi, lo = pair if gold[pair[0]] > gold[pair[1]] else pair[::-1]
+            rows.append({"prompt": p.prompt, "chosen": outs[hi], "rejected": outs[lo]})
+    return rows
+
+
 def unpaired_rows(
     task: Any, model: torch.nn.Module, tokenizer: Any, n_prompts: int, *, split: str = "train",
     num_samples: int = 2, seed: int = 0,
@@ -158,6 +236,8 @@ def sft_reference(task: Any, *, model: Any = "tiny", seed: int = 0, steps: int =
 
     from offline_plugins.modules.tiny_lm import load_causal_lm, model_cache_tag
 
+    # a task over another task's problems (LengthTask) shares that task's reference
+    task = getattr(task, "reference_task", task)
     tag = f"sft-{task.name}-{model_cache_tag(model)}-s{seed}-n{steps}-b{batch_size}"
     ref_dir = Path(cache_dir) / tag if cache_dir is not None else None
     if ref_dir is not None and (ref_dir / "config.json").is_file():
@@ -189,8 +269,16 @@ def task_preference_data(
     cache_dir: Optional[Any] = None,
     progress: bool = False,
     finetune: Optional[Any] = None,
+    pairs: str = "exact-match",
+    temperature: float = 1.0,
+    max_new_tokens: int = 8,
+    vary_length: bool = False,
 ):
     """The whole offline preference set-up on a verifiable task, network-free.
+
+    ``pairs="exact-match"``: a correct against an incorrect answer (:func:`preference_rows`);
+    ``pairs="gold"``: two samples ranked by the task's gold reward, ties dropped
+    (:func:`gold_preference_rows`, ``temperature``, ``max_new_tokens`` and ``vary_length`` its sampling).
 
     SFT on the task's exact answers makes the reference (``model="tiny"`` starts from
     the built-in tiny LM; a path or hub id starts from that model) with ``finetune`` (the
@@ -216,15 +304,31 @@ def task_preference_data(
 
     if kind not in ("preference-pairs", "unpaired-feedback"):
         raise ValueError(f"kind must be 'preference-pairs' or 'unpaired-feedback', got {kind!r}")
+    if pairs not in ("exact-match", "gold"):
+        from offline_plugins.errors import UserError
+
+        raise UserError(f"pairs must be 'exact-match' (correct vs incorrect answers) or 'gold' (samples ranked by "
+                        f"the task's gold reward), got {pairs!r}")
     reference, tokenizer = sft_reference(task, model=model, seed=seed, steps=sft_steps, batch_size=sft_batch_size,
                                          lr=sft_lr, rows=sft_rows_count, max_length=max_length, cache_dir=cache_dir,
                                          progress=progress, finetune=finetune)
     reference.eval()
     for p in reference.parameters():
         p.requires_grad_(False)
-    train_rows = preference_rows(task, reference, tokenizer, n_train, num_samples=num_samples, seed=seed)
-    test_rows = preference_rows(task, reference, tokenizer, n_test, split="test", num_samples=num_samples,
-                                seed=seed + 1)
+    if pairs == "gold":
+        make = lambda n, split, s: gold_preference_rows(  # noqa: E731
+            task, reference, tokenizer, n, split=split, num_samples=num_samples, temperature=temperature,
+            max_new_tokens=max_new_tokens, vary_length=vary_length, seed=s)
+    else:
+        make = lambda n, split, s: preference_rows(  # noqa: E731
+            task, reference, tokenizer, n, split=split, num_samples=num_samples, seed=s)
+    train_rows = make(n_train, "train", seed)
+    test_rows = make(n_test, "test", seed + 1)
+    if not train_rows or not test_rows:
+        from offline_plugins.errors import UserError
+
+        raise UserError(f"{task.name}: the reference's samples made {len(train_rows)} training and {len(test_rows)} "
+                        "held-out pairs (every sample of a prompt tied); raise temperature or num_samples")
     test_pairs, _ = tokenize_pairs(test_rows, tokenizer, max_length=max_length, source=f"{task.name}/test")
     if kind == "preference-pairs":
         train, report = tokenize_pairs(train_rows, tokenizer, max_length=max_length, source=task.name)

@@ -11,6 +11,12 @@ preference pairs; :class:`offline_plugins.envs.text.TextEnv` serves its prompts.
 ('73+46=', '119')
 >>> task.reward(p[0].prompt, "119"), task.reward(p[0].prompt, " 120")
 (1.0, 0.0)
+
+:class:`LengthTask` asks the same prompts but scores a response by its length against a
+target (a gold reward a small reward model can learn; the RLHF over-optimisation study):
+
+>>> LengthTask(target=6).rewards(["73+46=", "73+46="], ["119", "119119"])
+[0.5, 1.0]
 """
 
 from __future__ import annotations
@@ -18,11 +24,12 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Any, ClassVar, Literal, Sequence
 
 from offline_plugins.errors import UserError
 
-__all__ = ["CHARSET", "Problem", "ArithmeticTask", "TaskError", "exact_match"]
+__all__ = ["CHARSET", "Problem", "ArithmeticTask", "LengthTask", "TASKS", "TaskError", "exact_match", "length_reward",
+           "make_task"]
 
 #: characters a task's prompts and answers use
 CHARSET = "0123456789+-*= "
@@ -65,6 +72,8 @@ class ArithmeticTask:
     digits: int = 2
     ops: str = "+"
     test_fraction: float = 0.1
+    #: the verifier is exact match against :meth:`answer` (the held-out exact match is the gold score)
+    scores_exact_match: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if self.digits < 1 or not self.ops or set(self.ops) - set("+-*"):
@@ -73,6 +82,11 @@ class ArithmeticTask:
     @property
     def name(self) -> str:
         return f"arithmetic-{self.digits}d{''.join(sorted(self.ops))}"
+
+    @property
+    def reference_task(self) -> "ArithmeticTask":
+        """The task whose exact answers train the SFT reference: this one."""
+        return self
 
     @staticmethod
     def _solve(a: int, op: str, b: int) -> int:
@@ -122,3 +136,89 @@ class ArithmeticTask:
             if str(wrong) != answer:
                 return str(wrong)
         return str(value + 1)
+
+
+def length_reward(response: str, target: int) -> float:
+    """``max(0, 1 - |len(response.strip()) - target| / target)``: 1 at ``target`` characters, falling linearly to
+    0 at none and at twice the target.
+
+    >>> [length_reward(r, 6) for r in ("", "119", "119119", " 1191191 ", "x" * 12, "x" * 20)]
+    [0.0, 0.5, 1.0, 0.8333333333333334, 0.0, 0.0]
+    """
+    return max(0.0, 1.0 - abs(len(response.strip()) - target) / target)
+
+
+@dataclass(frozen=True)
+class LengthTask:
+    """:class:`ArithmeticTask`'s prompts, scored by the response's length against ``target`` characters.
+
+    The gold reward of the RLHF over-optimisation study (Gao et al. 2023, arXiv:2210.10760):
+    a known function of the text (:func:`length_reward`) that a small reward model can learn
+    from pairs. The SFT reference is the arithmetic task's (it answers in 1-3 characters, well
+    under the default target of 6), so "longer is better" holds on the reference's samples
+    and a policy pushed past ``target`` is over-optimising. Problems, splits and answers are
+    the arithmetic task's (the answers stay on the rows: held-out exact match is reported
+    beside the gold score).
+
+    Attributes:
+        target: the response length, in characters after stripping surrounding spaces, that scores 1.
+        digits, ops, test_fraction: the arithmetic task's.
+    """
+
+    target: int = 6
+    digits: int = 2
+    ops: str = "+"
+    test_fraction: float = 0.1
+    scores_exact_match: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.target, bool) or not isinstance(self.target, int) or self.target < 1:
+            raise TaskError(f"LengthTask target must be a whole number of characters >= 1, got {self.target!r}; "
+                            "e.g. target=6")
+        self.reference_task  # checks digits and ops
+
+    @property
+    def reference_task(self) -> ArithmeticTask:
+        """The arithmetic task: its exact answers train the SFT reference, and its problems are these."""
+        return ArithmeticTask(digits=self.digits, ops=self.ops, test_fraction=self.test_fraction)
+
+    @property
+    def name(self) -> str:
+        return f"{self.reference_task.name}-length{self.target}"
+
+    def problems(self, n: int, *, split: Split = "train", seed: int = 0) -> list[Problem]:
+        """The arithmetic task's problems (the same prompts and answers for the same ``seed``)."""
+        return self.reference_task.problems(n, split=split, seed=seed)
+
+    def answer(self, prompt: str) -> str:
+        return self.reference_task.answer(prompt)
+
+    def reward(self, prompt: str, response: str) -> float:
+        """:func:`length_reward` of the response (the prompt does not enter)."""
+        return length_reward(response, self.target)
+
+    def rewards(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
+        return [length_reward(r, self.target) for r in responses]
+
+
+#: the built-in tasks by name (``make_task``)
+TASKS: dict[str, type] = {"arithmetic": ArithmeticTask, "arithmetic-length": LengthTask}
+
+
+def make_task(task: str = "arithmetic", **settings: Any):
+    """A built-in task from its name in :data:`TASKS` and its settings.
+
+    >>> make_task("arithmetic-length", target=6).name
+    'arithmetic-2d+-length6'
+    >>> make_task("length")
+    Traceback (most recent call last):
+    ...
+    offline_plugins.envs.tasks.TaskError: unknown task 'length'; use one of arithmetic, arithmetic-length
+    """
+    cls = TASKS.get(task)
+    if cls is None:
+        raise TaskError(f"unknown task {task!r}; use one of {', '.join(TASKS)}")
+    try:
+        return cls(**settings)
+    except TypeError as exc:
+        raise TaskError(f"task {task!r}: {exc}; its settings are {', '.join(cls.__dataclass_fields__)}") from None

@@ -77,8 +77,8 @@ class TextRollouts(DataKind):
         resolved = resolve_rollout_id(dataset)
         if resolved is None:
             raise RolloutError(f"{spec.name} trains on its own rollouts of a text task, but {dataset!r} is not one; "
-                               "use arithmetic or a .jsonl file of prompt/answer rows (prompt rows with --reward "
-                               "module:function)")
+                               "use a built-in task (arithmetic, arithmetic-length) or a .jsonl file of prompt/answer "
+                               "rows (prompt rows with --reward module:function)")
         return resolved, "tokens"
 
     def check_options(self, spec, options: DataOptions) -> None:
@@ -128,9 +128,10 @@ class TextRollouts(DataKind):
     def evaluation(self, data, *, every: int, episodes: int, seed: int):
         from offline_plugins.lightning.rollouts import RolloutEvaluation
 
-        # the reward optimised (the rollouts' mean reward) against the held-out gold score: exact
-        # match where the rows carry answers, else the reward on the held-out prompts
-        return RolloutEvaluation(data, every=every, gold="exact_match" if data.source.has_answers else "heldout_reward")
+        # the reward optimised (the rollouts' mean reward) against the held-out gold score the data
+        # names: the task's own verifier where --reward replaced it, exact match where the reward is
+        # exact match against answers, else the reward on the held-out prompts
+        return RolloutEvaluation(data, every=every, gold=data.gold_key)
 
     def datamodule(self, data, parts, *, batch_size: int, seed: int):
         from offline_plugins.lightning.rollouts import RolloutDataModule
@@ -140,8 +141,8 @@ class TextRollouts(DataKind):
     def curve_panels(self) -> list:
         # held-out exact match beside the sampled responses' reward; the KL to the reference
         # beside the losses
-        return [CurvePanel("held-out accuracy / reward", ("eval/exact_match", "eval/heldout_reward",
-                                                          "rollout/reward_mean")),
+        return [CurvePanel("held-out accuracy / reward", ("eval/exact_match", "eval/heldout_gold",
+                                                          "eval/heldout_reward", "rollout/reward_mean")),
                 CurvePanel("loss / KL", (*LOSS_PANEL.columns, "rollout/kl_to_reference"),
                            prefixes=LOSS_PANEL.prefixes, log=True)]
 
@@ -156,6 +157,11 @@ class TextRollouts(DataKind):
             "exact_match_after": last.get("exact_match"),
             "heldout_reward_before": before.get("heldout_reward"),
             "heldout_reward_after": last.get("heldout_reward"),
+            # the task's verifier where --reward replaced it (the gold the proxy is judged against)
+            "heldout_gold_before": before.get("heldout_gold"),
+            "heldout_gold_after": last.get("heldout_gold"),
+            "response_chars_before": before.get("response_chars"),
+            "response_chars_after": last.get("response_chars"),
             "reward_mean": final.get("reward_mean"),
             "reward_mean_first_round": rounds[0]["reward_mean"] if rounds else None,
             "kl_to_reference": final.get("kl_to_reference"),
@@ -164,6 +170,7 @@ class TextRollouts(DataKind):
             "rounds": len(rounds),
             "heldout_prompts": len(data.source.held_out),
             "reward_hacking": evaluation.monitor.report() if evaluation.monitor is not None else None,
+            "gold_key": evaluation.monitor.gold if evaluation.monitor is not None else None,
             "model_dir": None,
         }
 
@@ -180,6 +187,12 @@ class TextRollouts(DataKind):
         three = "{:.3f}".format
         parts = (figures(result, "held-out exact match", "exact_match")
                  or figures(result, "held-out reward", "heldout_reward", fmt=three) or ["held-out reward n/a"])
+        gold = figures(result, "held-out gold", "heldout_gold", fmt=three)
+        if gold:  # --reward replaced the task's verifier: its score beside the proxy's
+            parts = [*gold, *figures(result, "held-out proxy", "heldout_reward", fmt=three), *parts[:1]]
+        elif result.get("gold_key") == "heldout_reward" and figures(result, "", "exact_match"):
+            # a graded verifier beside answers (LengthTask): the verifier's score first
+            parts = [*figures(result, "held-out reward", "heldout_reward", fmt=three), *parts[:1]]
         parts += [*figures(result, "rollout reward", "reward_mean", fmt=three),
                   *figures(result, "KL to reference", "kl_to_reference", fmt=three),
                   *figures(result, "groups without signal", "groups_without_signal")]

@@ -209,7 +209,10 @@ class RolloutDataModule(LightningDataModule):
 class RolloutEvaluation(ScheduledEvaluation):
     """Greedy responses to the held-out prompts every ``every`` steps and at the end.
 
-    Logs ``eval/exact_match`` (against the rows' answers) and ``eval/heldout_reward``; the
+    Logs ``eval/exact_match`` (against the rows' answers), ``eval/heldout_reward`` (the
+    rollouts' reward: with ``--reward DIR`` the reward model, the proxy), ``eval/response_chars``
+    and, where ``--reward`` replaced a built-in task's verifier, ``eval/heldout_gold`` (that
+    verifier on the same responses: the gold score the policy never sees); the
     record also carries the last round's rollout figures (``reward_mean``,
     ``kl_to_reference``, ``response_length``, ``groups_without_signal``), read from the run's
     :class:`RolloutDataModule` (``rounds``). ``before`` holds the reference's scores, measured
@@ -222,9 +225,10 @@ class RolloutEvaluation(ScheduledEvaluation):
 
     Keyword Args:
         every: evaluate every this many gradient steps (0: only at the end).
-        gold: the record's gold score the monitor watches: ``"exact_match"`` where the held-out
-            rows carry answers, else ``"heldout_reward"``; None: no monitor (SFT, which samples
-            no rollouts).
+        gold: the record's gold score the monitor watches (the data's ``gold_key``):
+            ``"heldout_gold"`` where a reward replaced the task's verifier, ``"exact_match"`` where
+            the reward is exact match against the rows' answers, else ``"heldout_reward"``; None:
+            no monitor (SFT, which samples no rollouts).
     """
 
     def __init__(self, data: Any, *, every: int = 0, gold: Optional[str] = "exact_match") -> None:
