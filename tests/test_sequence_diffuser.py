@@ -97,7 +97,8 @@ def test_value_guidance_moves_plans_towards_higher_return():
 
     def planner(scale):
         return DiffuserPlanner(TensorDictModule(ZeroNoise(), keys, ["model_output"]), TensorDictModule(FirstAction(), keys, ["value"]),
-                               DDPMSchedule(10), observation_dim=1, action_dim=1, horizon=H, n_samples=32, guide_scale=scale, t_stopgrad=0)
+                               DDPMSchedule(10), observation_dim=1, action_dim=1, horizon=H, n_samples=32, guide_scale=scale, t_stopgrad=0,
+                               predict_epsilon=True)
 
     obs = TensorDict({"observation": torch.zeros(1, 1)}, [1])
     torch.manual_seed(0)
@@ -143,7 +144,7 @@ def test_denoised_plans_are_clipped_to_the_data_range():
         planner = DiffuserPlanner(TensorDictModule(TemporalUnet(4, dim=8, dim_mults=(1, 2)), keys, ["model_output"]),
                                   TensorDictModule(ValueUnet(4, dim=8, dim_mults=(1, 2)), keys, ["value"]),
                                   DDPMSchedule(10), observation_dim=3, action_dim=1, horizon=8, n_samples=4,
-                                  guide_scale=0.0, **bounds)
+                                  guide_scale=0.0, predict_epsilon=True, **bounds)
         actions[clip] = planner(TensorDict({"observation": obs}, [4]))["action"]
     assert actions[False].abs().max() > 1.5
     assert actions[True].abs().max() <= 1.0 + 1e-5
@@ -160,3 +161,37 @@ def test_diffuser_build_clips_to_the_data_range_unless_told_not_to():
     assert planner._clip
     off = build(dataclasses.replace(DiffuserConfig(), slice_len=8, batch_size=16, dim=8, clip_denoised=False), make_data(lengths=(40, 40)))
     assert not off.extra["planner"]._clip
+
+
+def _first_action_errors(parts, data, n=64):
+    """Mean |a_planned - a_data| of the unguided plan's first action on ``n`` data states,
+    beside answering 0 and beside shuffled data actions."""
+    planner = parts.policy
+    g = torch.Generator().manual_seed(1)
+    idx = torch.randperm(data.td.shape[0], generator=g)[:n]
+    obs, act = data.td["observation"][idx], data.td["action"][idx]
+    planner.eval()
+    torch.manual_seed(2)
+    with torch.no_grad():
+        planned = planner(TensorDict({"observation": obs}, [n]))["action"]
+    err = lambda a: float((a - act).abs().mean())  # noqa: E731
+    return err(planned), err(torch.zeros_like(act)), err(act[torch.randperm(n, generator=g)])
+
+
+def test_unguided_denoiser_reproduces_the_data_actions():
+    # the issue-26 failure: the planned first action was as far from the data's as
+    # answering 0; here the data's actions are a fixed function of the state
+    torch.manual_seed(0)
+    data = make_data(lengths=(40, 40, 40, 40), seed=3)
+    parts = _parts(data, guide_scale=0.0, n_samples=1, n_diffusion_steps=10, dim=16, ema_tau=0.05)
+    rb = data.replay_buffer(128, sampler="slice", slice_len=8, seed=0)
+    opt = torch.optim.Adam(parts.optimizers[0].params, lr=3e-3)
+    before, zero, shuffled = _first_action_errors(parts, data)
+    for _ in range(150):
+        out = parts.loss.diffusion_loss(rb.sample())
+        opt.zero_grad()
+        out["loss_diffusion"].backward()
+        opt.step()
+        parts.target_updater.step()
+    after, zero, shuffled = _first_action_errors(parts, data)
+    assert after < 0.4 * zero and after < 0.4 * shuffled and after < 0.5 * before, (before, after, zero, shuffled)

@@ -105,7 +105,7 @@ def test_planner_prefers_the_plan_with_the_higher_predicted_return():
     net = TrajectoryTransformerNet(S + A + 2, bins, embed_dim=8, num_layers=1, num_heads=1, max_transitions=4)
 
     class Oracle(torch.nn.Module):
-        """Reward token = the action token just before it; everything else token 0."""
+        """Reward and value tokens = the action token before them; everything else token 0."""
 
         max_len = net.max_len
 
@@ -116,6 +116,9 @@ def test_planner_prefers_the_plan_with_the_higher_predicted_return():
             if (T - 1) % 4 == 1:  # next token is the reward: copy the action
                 logits[:, -1] = -5.0
                 logits[torch.arange(tokens.shape[0]), -1, tokens[:, -1]] = 5.0
+            if (T - 1) % 4 == 2:  # next token is the value (the return from this step on): the action again
+                logits[:, -1] = -5.0
+                logits[torch.arange(tokens.shape[0]), -1, tokens[:, -2]] = 5.0
             if (T - 1) % 4 == 0:  # next token is the action: uniform
                 logits[:, -1] = 0.0
             return logits
@@ -154,3 +157,78 @@ def test_plan_every_executes_the_kept_plan_between_planning_steps():
     second = planner(obs.clone())["action"]
     D = planner.D
     torch.testing.assert_close(second, planner.discretizer.decode(plan[:, D : D + 1], start=3))
+
+
+def test_planner_scores_a_plan_by_its_value_token_without_counting_the_reward_twice():
+    # the value token is the return from step t on, r_t included: a one-step plan is worth
+    # E[V_0]; with two steps, r_0 + gamma * E[V_1]
+    S, A, bins = 1, 1, 4
+    disc = Discretizer(torch.tensor([[0.0, 1, 2, 3, 4]] * 4))
+    net = TrajectoryTransformerNet(S + A + 2, bins, embed_dim=8, num_layers=1, num_heads=1, max_transitions=4)
+
+    class Fixed(torch.nn.Module):
+        """Every token is 1 (center 1.5), except value tokens: 3 (center 3.5)."""
+
+        max_len = net.max_len
+
+        def forward(self, tokens):
+            T = tokens.shape[1]
+            logits = torch.full((tokens.shape[0], T, bins), -30.0)
+            logits[..., 1] = 30.0
+            if (T - 1) % 4 == 2:
+                logits[:, -1] = -30.0
+                logits[:, -1, 3] = 30.0
+            return logits
+
+    for horizon, expected in ((1, 3.5), (2, 1.5 + 0.9 * 3.5)):
+        planner = TrajectoryTransformerPlanner(Fixed(), disc, S, A, horizon=horizon, beam_width=2, n_expand=1,
+                                               cdf_act=None, max_context_transitions=4, discount=0.9)
+        captured = []
+        topk = torch.Tensor.topk
+
+        def spy(values, *a, **kw):
+            captured.append(values.clone())
+            return topk(values, *a, **kw)
+
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(torch.Tensor, "topk", spy)
+            planner(TensorDict({"observation": torch.zeros(1, 1)}, [1]))
+        torch.testing.assert_close(captured[-1], torch.full_like(captured[-1], expected))
+
+
+def _action_errors(parts, data, n=64):
+    """Mean |a - a_data| on ``n`` data states of the action model's greedy action from the
+    state's tokens, of the planner's action, of answering 0 and of shuffled data actions."""
+    g = torch.Generator().manual_seed(1)
+    idx = torch.randperm(data.td.shape[0], generator=g)[:n]
+    obs, act = data.td["observation"][idx], data.td["action"][idx]
+    disc, net, S = parts.loss.discretizer, parts.policy.net, obs.shape[-1]
+    net.eval()
+    with torch.no_grad():
+        greedy = disc.decode(net(disc.encode(obs))[:, -1:].argmax(-1), start=S)
+        torch.manual_seed(2)
+        parts.policy.reset()
+        planned = parts.policy(TensorDict({"observation": obs}, [n]))["action"]
+    err = lambda a: float((a - act).abs().mean())  # noqa: E731
+    return err(greedy), err(planned), err(torch.zeros_like(act)), err(act[torch.randperm(n, generator=g)])
+
+
+def test_action_model_predicts_the_data_actions():
+    # the issue-26 check: the data's actions are a fixed function of the state; after a
+    # short training the action model and the planner must be far closer to them than
+    # answering 0 or a shuffled data action
+    torch.manual_seed(0)
+    data = make_data(lengths=(40, 40, 40, 40), seed=3)
+    parts = _parts(data, lr=3e-3, warmup_steps=1, bins=20, horizon=1, beam_width=4, max_context_transitions=1)
+    rb = data.replay_buffer(64, sampler="slice", slice_len=4, seed=0)
+    opt = torch.optim.Adam([p for g in parts.optimizers for p in g.params], lr=3e-3)
+    before = _action_errors(parts, data)
+    parts.policy.net.train()
+    for _ in range(150):
+        out = parts.loss(rb.sample())
+        opt.zero_grad()
+        out["loss_model"].backward()
+        opt.step()
+    greedy, planned, zero, shuffled = _action_errors(parts, data)
+    assert greedy < 0.4 * zero and greedy < 0.4 * shuffled and greedy < 0.5 * before[0], (before, greedy, zero, shuffled)
+    assert planned < 0.5 * zero and planned < 0.5 * shuffled, (planned, zero, shuffled)

@@ -4,11 +4,21 @@ Janner, Du, Tenenbaum & Levine 2022, "Planning with Diffusion for Flexible Behav
 Synthesis", arXiv:2205.09991. Training defaults are the reference's locomotion
 settings (horizon 32, 20 diffusion steps, U-Net width 32, lr 2e-4, 32 windows per
 batch, first-action weight 10, EMA decay 0.995, discount 0.99, termination penalty
--100, guide scale 0.1 with 2 guide steps) with three differences, all to plan at
-CPU speed: a smaller U-Net (multipliers (1, 2, 4): 1.0M parameters, not (1, 2, 4, 8):
-3.7M), 16 plans per step instead of 64, and a denoiser that predicts the noise
-(``predict_epsilon=false`` gives the reference's clean-window prediction). Restore
-the reference with ``--set dim_mults=[1,2,4,8] n_samples=64`` where a GPU is available.
+-100, a denoiser that predicts the clean window) with a smaller U-Net (multipliers
+(1, 2, 4): 1.0M parameters, not (1, 2, 4, 8): 3.7M), so that 5000 steps train in
+about 7 minutes on one CPU core.
+
+The planner's defaults are unguided: one plan per step, no value guidance. On
+Pendulum medium (2000 steps, seed 0, 10 episodes) the unguided planner scored 47.2,
+16 plans ranked by the return model 39.9, and 16 plans guided with the reference's
+scale 0.1 16.1 at 14 times the planning time. The return model is still trained, so
+guidance is a ``--set`` away; the reference's planner and sizes are
+``--set dim_mults=[1,2,4,8] --set n_samples=64 --set guide_scale=0.1`` (a GPU's work).
+
+The denoiser predicts the clean window, as the reference does for locomotion: at
+these budgets a noise-predicting denoiser (``predict_epsilon=true``) has not learnt
+the data's actions (Pendulum medium, 1000 steps: its unguided first action is as far
+from the data's as answering 0, 1.19 against 1.26; the clean-window one's scores as BC).
 """
 
 from __future__ import annotations
@@ -34,12 +44,12 @@ class DiffuserConfig:
     lr: float = config_field(2e-4, "learning rate of the denoiser")
     value_lr: float = config_field(2e-4, "learning rate of the return model")
     action_weight: float = config_field(10.0, "loss weight of the first step's action")
-    predict_epsilon: bool = config_field(True, "the denoiser predicts the noise (false: the clean window)")
+    predict_epsilon: bool = config_field(False, "the denoiser predicts the noise (false: the clean window, the reference; learns far faster)")
     ema_tau: float = config_field(0.005, "the planner uses an average of the denoiser: target <- (1 - tau) target + tau online (0: none)")
     gamma: float = config_field(0.99, "discount of the return model's target")
     termination_penalty: float = config_field(-100.0, "added to the reward of terminal steps in the return target")
-    n_samples: int = config_field(16, "plans sampled per action (reference: 64)")
-    guide_scale: float = config_field(0.1, "step size of the value guidance (0: unguided)")
+    n_samples: int = config_field(1, "plans sampled per action, the best by the return model acts (reference: 64)")
+    guide_scale: float = config_field(0.0, "step size of the value guidance (0: unguided, the default here; reference: 0.1)")
     n_guide_steps: int = config_field(2, "guidance steps per denoising step")
     t_stopgrad: int = config_field(2, "no guidance at the last t_stopgrad denoising steps")
     clip_denoised: bool = config_field(True, "clip each reverse step's predicted clean plan to the data's range per channel (the reference's clip_denoised)")

@@ -61,7 +61,7 @@ class DiffuserPlanner(PlannerMixin, TensorDictModuleBase):
         guide_scale: step size of the value guidance (reference: 0.1; 0 turns it off).
         n_guide_steps: guidance steps per reverse step (reference: 2).
         t_stopgrad: no guidance at diffusion steps below this (reference: 2).
-        predict_epsilon: how the denoiser was trained.
+        predict_epsilon: how the denoiser was trained (default: it predicts the clean plan).
         denoiser_params: parameters to plan with instead of the denoiser's own (the
             exponential moving average, ``DiffuserLoss.target_model_network_params``).
         plan_every: plan at every ``plan_every``-th step and execute the best plan's
@@ -85,7 +85,7 @@ class DiffuserPlanner(PlannerMixin, TensorDictModuleBase):
         guide_scale: float = 0.1,
         n_guide_steps: int = 2,
         t_stopgrad: int = 2,
-        predict_epsilon: bool = True,
+        predict_epsilon: bool = False,
         denoiser_params: Optional[TensorDictParams] = None,
         plan_every: int = 1,
     ) -> None:

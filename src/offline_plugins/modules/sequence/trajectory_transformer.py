@@ -121,7 +121,8 @@ class TrajectoryTransformerPlanner(PlannerMixin, TensorDictModuleBase):
     then the current observation's tokens) is extended ``horizon`` transitions ahead: action
     tokens are sampled (least likely ``cdf_act`` of the mass dropped), reward and value
     tokens predicted, and the ``beam_width`` plans with the highest
-    ``sum_t gamma^t E[r_t] + gamma^H E[V_H]`` kept; observation tokens are then
+    ``sum_{k<t} gamma^k E[r_k] + gamma^t E[V_t]`` kept (``V_t``, the value token, is the
+    discounted return from step ``t`` on, ``r_t`` included); observation tokens are then
     predicted greedily (``k_obs=1``). The first action of the best plan is returned.
     Every environment of the batch is planned for at once.
 
@@ -269,8 +270,10 @@ class TrajectoryTransformerPlanner(PlannerMixin, TensorDictModuleBase):
             x, probs = sample(x, 2, topk=1)
             rewards = rewards.clone()
             rewards[:, t] = self.discretizer.expectation(probs[:, 0], [S + A])
-            rewards[:, t + 1] = self.discretizer.expectation(probs[:, 1], [S + A + 1])
-            values = (rewards * discounts).sum(-1).reshape(n, b)
+            # the value token is the discounted return from step t on, r_t included
+            # (``discounted_return_to_go``), so it closes the sum at gamma^t, not gamma^(t+1)
+            value_t = self.discretizer.expectation(probs[:, 1], [S + A + 1])
+            values = ((rewards[:, :t] * discounts[:t]).sum(-1) + discounts[t] * value_t).reshape(n, b)
             values, idx = values.topk(min(self.beam_width, b), dim=-1)
             keep = (torch.arange(n, device=x.device).unsqueeze(-1) * b + idx).reshape(-1)
             x, rewards = x[keep], rewards[keep]

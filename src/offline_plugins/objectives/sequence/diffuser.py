@@ -113,7 +113,10 @@ class DiffuserLoss(_WindowLoss):
         action_weight: weight of the first step's action in the loss (reference: 10;
             it is the action the planner executes).
         predict_epsilon: the network predicts the noise (``True``, Ho et al.) or the
-            clean window (``False``, the reference's locomotion setting).
+            clean window (``False``, the default and the reference's locomotion setting;
+            a clean-window denoiser's first action learns the data's far sooner).
+            A clean-window prediction has its first state inpainted before the loss,
+            as the reference does, so only what the planner uses is fitted.
         ema: keep target parameters for an exponential moving average of the denoiser
             (stepped by TorchRL's ``SoftUpdate``; the reference plans with the average).
     """
@@ -131,7 +134,7 @@ class DiffuserLoss(_WindowLoss):
         loc: Optional[torch.Tensor] = None,
         scale: Optional[torch.Tensor] = None,
         action_weight: float = 10.0,
-        predict_epsilon: bool = True,
+        predict_epsilon: bool = False,
         ema: bool = False,
     ) -> None:
         super().__init__()
@@ -154,6 +157,8 @@ class DiffuserLoss(_WindowLoss):
         td = TensorDict({"noisy_trajectory": xt, "diffusion_step": t}, [x0.shape[0]])
         with self.model_network_params.to_module(self.model_network, preserve_module_state=False):
             out = self.model_network(td).get("model_output")
+        if not self.predict_epsilon:
+            out = apply_conditioning(out, x0[:, 0, act_dim:], act_dim)
         target = noise if self.predict_epsilon else x0
         err = (out - target).pow(2)
         weights = torch.ones_like(err[:1])
