@@ -46,6 +46,7 @@ from typing import Optional
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
 
+from offline_plugins.objectives.llm.ppo_rlhf import masked_whiten
 from offline_plugins.objectives.llm.rollout import GroupAdvantageLoss, RolloutLoss
 
 __all__ = [
@@ -500,8 +501,9 @@ class TextGMPOLoss(TextGRPOLoss):
 
     def surrogate(self, log_ratio, advantage, mask=None, log_probs=None):
         """``A * exp(mean_t l_t)`` with the one-sided clip in log space, on each response token."""
-        m = (log_ratio != 0) if mask is None else mask
-        m = m.to(log_ratio.dtype)
+        if mask is None:
+            raise ValueError(f"{type(self).__name__} needs the response mask (forward passes it)")
+        m = mask.to(log_ratio.dtype)
         sign = torch.sign(advantage)
         clipped_l = log_ratio.clamp(-self.clip_low, self.clip_high)
         kept = sign * torch.minimum(sign * log_ratio, sign * clipped_l)
@@ -579,7 +581,7 @@ class REINFORCEPPLoss(TextGRPOLoss):
             returns = reward.unsqueeze(-1) - self.beta * to_go
         else:
             returns = reward.unsqueeze(-1).expand(mask.shape)
-        return _standardised(returns, mask)
+        return masked_whiten(returns, mask)
 
     def advantages(self, rewards, groups):
         # per-row values the base writes first: only has_signal is kept (token_advantages replaces them)
@@ -611,15 +613,6 @@ def _minus_sequence_kl(loss: TextGRPOLoss, td: TensorDictBase, reward: torch.Ten
     mask = loss._get(td, "response_mask", "the response-token mask").to(reward.dtype)
     sample = loss._get(td, "sample_log_probs", "the sampling policy's log-probs")
     return reward - loss.beta * ((sample - ref) * mask).sum(-1)
-
-
-def _standardised(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """``(v - mean) / std`` over the entries where ``mask`` holds (population std), 0 elsewhere."""
-    m = mask.to(values.dtype)
-    n = m.sum().clamp_min(1)
-    mean = (values * m).sum() / n
-    std = (((values - mean) * m) ** 2).sum().div(n).sqrt()
-    return (values - mean) / std.clamp_min(eps) * m
 
 
 class ExpertIterationLoss(GroupAdvantageLoss):
