@@ -73,7 +73,8 @@ BAD_INPUTS = [
     (["iql", "--dataset", DATASET, "--out", "{tmp}/r", "--resume", "--overwrite"], "contradict each other"),
     (["iql", "--dataset", DATASET, "--reward", "m:f"], "--reward applies to algorithms trained on their own rollouts"),
     (["iql", "--dataset", DATASET, "--precision", "8"], "--precision '8' is not one of"),
-    (["dpo", "--dataset", "arithmetic", "--strategy", "fsdp", "--accelerator", "cpu"], "--strategy fsdp needs CUDA"),
+    (["dpo", "--dataset", "arithmetic", "--strategy", "deepspeed", "--accelerator", "cpu"],
+     "--strategy deepspeed needs CUDA"),
     (["iql", "--dataset", DATASET, "--strategy", "horovod"], "--strategy 'horovod' is not one of"),
     (["iql", "--dataset", DATASET, "--precision", "16-mixed", "--accelerator", "cpu"], "needs a CUDA GPU"),
 ]

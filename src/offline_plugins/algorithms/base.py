@@ -133,6 +133,10 @@ class RolloutPlan:
             data's (LoRA: the policy with its adapters off; text-DT: the reference with the
             reward tokens' embeddings); None: the data's.
         tokenizer: the tokenizer of the policy, when it is not the data's (text-DT adds tokens).
+        generator: what samples the rounds when it is not the policy's own ``generate``: an
+            engine with the same ``generate`` contract and a ``before_round(model, step)`` that
+            loads the policy's weights into it (``--generator vllm``:
+            :class:`~offline_plugins.modules.vllm_engine.VLLMGenerator`); None: ``generate``.
     """
 
     process: Callable[[Any], Any]
@@ -146,6 +150,7 @@ class RolloutPlan:
     source: Optional[Any] = None
     reference: Optional[torch.nn.Module] = None
     tokenizer: Optional[Any] = None
+    generator: Optional[Any] = None
 
     def __post_init__(self) -> None:
         from offline_plugins.errors import UserError

@@ -13,6 +13,11 @@ The config fields the kind reads (``group_size``, ``prompts_per_round``, ``ppo_e
 ``eval_prompts``) are declared here (:class:`SamplingFields` and each config), their
 defaults read from :data:`~offline_plugins.config.ROLLOUT_DEFAULTS`.
 
+``generator`` (:class:`GeneratorFields`, ``--generator``) says what samples the rounds: the
+policy's transformers ``generate`` (``hf``) or an in-process vLLM engine (``vllm``,
+:func:`rollout_generator`, which also turns the rollout correction on at
+:data:`VLLM_ROLLOUT_CORRECTION` where the config leaves it unset).
+
 ``lr`` defaults to ``None``: the algorithm's rate for a pretrained or SFT reference, and
 :data:`~offline_plugins.algorithms.preference.FROM_SCRATCH_LR` for the tiny model at its
 random initialisation (a JSONL task with ``--model tiny``).
@@ -29,7 +34,7 @@ from offline_plugins.config import config_field
 from offline_plugins.plugins.hookspecs import hookimpl
 from offline_plugins.plugins.registry import AlgorithmSpec
 
-__all__ = ["SFTConfig", "GRPOConfig", "DAPOConfig", "DrGRPOConfig", "RLOOConfig", "CISPOConfig", "GSPOConfig",
+__all__ = ["GeneratorFields", "rollout_generator", "VLLM_ROLLOUT_CORRECTION", "SFTConfig", "GRPOConfig", "DAPOConfig", "DrGRPOConfig", "RLOOConfig", "CISPOConfig", "GSPOConfig",
            "ExpertIterationConfig"]
 
 _LOSSES = "offline_plugins.objectives.llm.online"
@@ -59,6 +64,48 @@ class SamplingFields(LoRAFields):
 
 
 @dataclass
+class GeneratorFields:
+    """What samples the rounds (``--generator``): the policy's own transformers ``generate``, or an
+    in-process vLLM engine that follows the policy's weights
+    (:class:`~offline_plugins.modules.vllm_engine.VLLMGenerator`)."""
+
+    generator: str = config_field("hf", "what samples the rollouts: hf (the policy's transformers generate) or "
+                                        "vllm (an in-process vLLM engine, the weights loaded every sync_every "
+                                        "steps; pip install 'offline-plugins[vllm]')")
+    sync_every: int = config_field(1, "generator=vllm: optimiser steps between loads of the policy's weights into "
+                                      "the engine (1: every round samples from the current policy)", bounds=">=1")
+
+
+#: the rollout correction's cap when the generator is vLLM and the config leaves it unset (TRL's and
+#: verl's truncated importance sampling: the engine's kernels need not give the trainer's log-probs)
+VLLM_ROLLOUT_CORRECTION = 2.0
+
+
+def rollout_generator(config: Any, data: Any, name: str) -> Optional[Any]:
+    """The generator ``config.generator`` names: None for ``hf`` (the collector's transformers
+    ``generate``), a :class:`~offline_plugins.modules.vllm_engine.VLLMGenerator` for ``vllm``,
+    checked here (vLLM importable, the reference's architecture one it loads) so that a bad
+    ``--generator`` is refused before training; its engine starts with the first round. With
+    ``vllm`` an unset ``rollout_correction`` becomes :data:`VLLM_ROLLOUT_CORRECTION`."""
+    from offline_plugins.errors import UserError
+    from offline_plugins.modules.vllm_engine import GENERATORS
+
+    value = str(getattr(config, "generator", "hf")).strip().lower()
+    if value not in GENERATORS:
+        raise UserError(f"{name}: generator must be one of {', '.join(GENERATORS)}, got {config.generator!r}; "
+                        "fix it with --generator hf (the default) or --generator vllm")
+    config.generator = value
+    if value == "hf":
+        return None
+    from offline_plugins.modules.vllm_engine import VLLMGenerator, vllm_architecture
+
+    vllm_architecture(data.reference, f"{name}: --generator vllm")
+    if hasattr(config, "rollout_correction") and config.rollout_correction is None:
+        config.rollout_correction = VLLM_ROLLOUT_CORRECTION
+    return VLLMGenerator(sync_every=config.sync_every, name=f"{name}: --generator vllm")
+
+
+@dataclass
 class _RolloutFields(SamplingFields):
     pretrained_lr: ClassVar[float] = 1e-4
     lr: Optional[float] = config_field(None, _lr_help(1e-4))
@@ -70,10 +117,11 @@ class _RolloutFields(SamplingFields):
 
 
 @dataclass
-class _PolicyGradientFields(_RolloutFields):
+class _PolicyGradientFields(GeneratorFields, _RolloutFields):
     rollout_correction: Optional[float] = config_field(
         None, "cap of the truncated importance weight pi_trainer / pi_sampler per token when the sampler's "
-              "log-probs differ from the trainer's (e.g. 2.0, as TRL and verl); unset: off")
+              "log-probs differ from the trainer's (e.g. 2.0, as TRL and verl); unset: off, or 2.0 with "
+              "generator=vllm")
 
 
 @dataclass
@@ -158,7 +206,7 @@ class REINFORCEPPConfig(_ClippedRatioFields):
 
 
 @dataclass
-class ExpertIterationConfig(_RolloutFields):
+class ExpertIterationConfig(GeneratorFields, _RolloutFields):
     pretrained_lr: ClassVar[float] = 3e-4
     lr: Optional[float] = config_field(None, _lr_help(3e-4))
     threshold: float = config_field(1.0, "reward a sampled response must reach to be kept for fine-tuning")
@@ -209,6 +257,7 @@ def _parts(config: Any, data: Any, name: str, loss_cls: str, kwargs: dict):
     import offline_plugins.objectives.llm.online as online
 
     require_rollouts(data, name)
+    generator = rollout_generator(config, data, name)
     policy, reference = policy_and_reference(config, data, name)
     actor = policy_log_probs(config, policy, name)
     if isinstance(config, _PolicyGradientFields):
@@ -225,7 +274,8 @@ def _parts(config: Any, data: Any, name: str, loss_cls: str, kwargs: dict):
     group = OptimizerGroup("policy", list(policy.parameters()), resolve_lr(config, data, name), keys,
                            max_grad_norm=config.max_grad_norm)
     return AlgorithmParts(loss=loss, policy=actor, optimizers=[group], model=policy, tokenizer=data.tokenizer,
-                          rollout=RolloutPlan.of(loss, epochs=config.ppo_epochs, reference=reference))
+                          rollout=RolloutPlan.of(loss, epochs=config.ppo_epochs, reference=reference,
+                                                 generator=generator))
 
 
 def build_grpo(config: GRPOConfig, data: Any):

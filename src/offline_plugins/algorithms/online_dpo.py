@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from offline_plugins.algorithms.online import SamplingFields
+from offline_plugins.algorithms.online import GeneratorFields, SamplingFields
 from offline_plugins.config import ROLLOUT_DEFAULTS, config_field
 from offline_plugins.plugins.hookspecs import hookimpl
 from offline_plugins.plugins.registry import AlgorithmSpec
@@ -51,7 +51,7 @@ _HYPER = ("beta", "label_smoothing", "tau", "length_normalize", "alpha", "lam", 
 
 
 @dataclass
-class _PreferenceRolloutFields(SamplingFields):
+class _PreferenceRolloutFields(GeneratorFields, SamplingFields):
     inner: str = config_field("dpo", "the preference loss trained on the pairs: dpo, ipo, robust-dpo, rpo, orpo, "
                                      "simpo (kto is refused: it needs unpaired rows)")
     lr: Optional[float] = config_field(None, "Adam learning rate; unset: the inner algorithm's rate (dpo, ipo, "
@@ -139,8 +139,11 @@ def _build(config: Any, data: Any, name: str, *, reference: str):
     from offline_plugins.objectives.llm.online_dpo import OnlinePreferenceLoss
     from offline_plugins.algorithms._glue import require_rollouts
 
+    from offline_plugins.algorithms.online import rollout_generator
+
     require_rollouts(data, name)
     loss_cls, kwargs, terms, inner_cfg = _inner_kwargs(config, name)
+    generator = rollout_generator(config, data, name)
     lr = config.lr
     if lr is None:
         lr = FROM_SCRATCH_LR if getattr(data, "from_scratch", False) else inner_cfg.pretrained_lr
@@ -161,7 +164,7 @@ def _build(config: Any, data: Any, name: str, *, reference: str):
     rollout = RolloutPlan.of(loss, epochs=config.epochs_per_round, epochs_field="epochs_per_round",
                              training_rows=loss.pair_rollouts, rows_per_round=data.collector.prompts_per_round,
                              rows_what="preference-pair slots (one per prompt of prompts_per_round)",
-                             reference=ref_model)
+                             reference=ref_model, generator=generator)
     return AlgorithmParts(loss=loss, policy=actor, optimizers=[group], model=policy, tokenizer=data.tokenizer,
                           rollout=rollout)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from offline_plugins.algorithms.online import _RolloutFields
+from offline_plugins.algorithms.online import GeneratorFields, _RolloutFields
 from offline_plugins.config import config_field
 from offline_plugins.plugins.hookspecs import hookimpl
 from offline_plugins.plugins.registry import AlgorithmSpec
@@ -26,7 +26,7 @@ __all__ = ["PPORLHFConfig", "build"]
 
 
 @dataclass
-class PPORLHFConfig(_RolloutFields):
+class PPORLHFConfig(GeneratorFields, _RolloutFields):
     group_size: int = config_field(1, "responses sampled per prompt (PPO needs no groups)")
     batch_size: int = config_field(8, "rollouts per gradient step (must divide prompts_per_round * group_size)")
     ppo_epochs: int = config_field(4, "passes over each round's rollouts (TRL num_ppo_epochs=4)")
@@ -51,7 +51,10 @@ def build(config: PPORLHFConfig, data: Any):
     from offline_plugins.objectives.llm.ppo_rlhf import PPORLHFLoss, TokenValueHead
     from offline_plugins.algorithms._glue import require_rollouts
 
+    from offline_plugins.algorithms.online import rollout_generator
+
     require_rollouts(data, "ppo-rlhf")
+    generator = rollout_generator(config, data, "ppo-rlhf")
     # the critic is copied before LoRA (if asked) wraps the reference in place: a full trainable copy
     critic = TokenValueHead(_trainable_copy(data.reference))
     critic.train()
@@ -68,7 +71,8 @@ def build(config: PPORLHFConfig, data: Any):
                              max_grad_norm=config.max_grad_norm)]
     # the loss's min_group_size is 1: a value baseline needs no group
     return AlgorithmParts(loss=loss, policy=actor, optimizers=groups, model=policy, tokenizer=data.tokenizer,
-                          rollout=RolloutPlan.of(loss, epochs=config.ppo_epochs, reference=reference))
+                          rollout=RolloutPlan.of(loss, epochs=config.ppo_epochs, reference=reference,
+                                                 generator=generator))
 
 
 @hookimpl

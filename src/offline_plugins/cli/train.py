@@ -71,6 +71,12 @@ def add_parsers(subparsers) -> None:
         help="algorithms trained on their own rollouts: a reward function (prompts, responses, **row) -> floats, "
         "instead of the dataset's verifier",
     )
+    p.add_argument(
+        "--generator", default=None, metavar="hf|vllm",
+        help="online algorithms: what samples the rollouts: hf (the policy's transformers generate, the default) "
+        "or vllm (an in-process vLLM engine following the policy's weights; pip install 'offline-plugins[vllm]', "
+        "on a CPU machine scripts/make_vllm_env.sh); the same as --set generator=NAME",
+    )
     _run_option(p, "steps", "gradient steps", type=_positive)
     _run_option(p, "seed", "seed of initialisation, batches and evaluation", type=int)
     _run_option(p, "eval_every", "evaluate every K steps (0: only at the end)", shown="steps/5", type=_non_negative,
@@ -87,10 +93,10 @@ def add_parsers(subparsers) -> None:
                 "16-true", metavar="P")
     p.add_argument(
         "--strategy", default=None, metavar="NAME",
-        help="Lightning strategy: ddp (the default with several devices), ddp_spawn, and on GPUs fsdp (shards a "
-        "language model layer by layer) or deepspeed",
+        help="Lightning strategy: ddp (the default with several devices), ddp_spawn, fsdp (FSDP2 through "
+        "ModelParallelStrategy: shards a language model layer by layer, on GPUs or CPU ranks) or, on GPUs, deepspeed",
     )
-    p.add_argument("--num-nodes", type=_positive, default=1, help="nodes for multi-node DDP (default 1)")
+    p.add_argument("--num-nodes", type=_positive, default=1, help="nodes for multi-node DDP or FSDP (default 1)")
     p.add_argument("--config", metavar="FILE.yaml", help="YAML file of config overrides")
     p.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -179,7 +185,12 @@ def cmd_train(args) -> int:
     check_run_inputs(settings, {"--config": args.config, "--model": args.model, "--reward": args.reward,
                                 "--dataset": args.dataset})
     # a bare --resume continues with the run's own config and data options (the checkpoint is read once)
-    plan = plan_run(args.algorithm, args.dataset, config=args.config, overrides=args.overrides, model=args.model,
+    # --generator is a config field of the online algorithms (kept in checkpoints, so a resume keeps it)
+    overrides = list(args.overrides)
+    if args.generator is not None:
+        _check_generator_option(args)
+        overrides.append(f"generator={args.generator}")
+    plan = plan_run(args.algorithm, args.dataset, config=args.config, overrides=overrides, model=args.model,
                     reward=args.reward, drop_nonfinite=args.drop_nonfinite, drop_empty=args.drop_empty,
                     registry=_registry(args), progress=settings.progress, resumed=settings.resumed_run())
     summary = train(plan, settings, inputs={"--config": args.config} if args.config else None)
@@ -191,6 +202,23 @@ def cmd_train(args) -> int:
     sys.stderr.flush()
     print(plan.kind.describe(summary))
     return 0
+
+
+def _check_generator_option(args) -> None:
+    """``--generator`` names the sampler of an algorithm that samples its own rollouts (its config has a
+    ``generator`` field); elsewhere it is refused in one line (an unknown algorithm is the plan's error)."""
+    import dataclasses
+
+    from offline_plugins.errors import UserError
+
+    spec = _registry(args).algorithms.get(args.algorithm)
+    config = getattr(spec, "config", None)
+    if config is None or not dataclasses.is_dataclass(config):
+        return
+    if "generator" not in {f.name for f in dataclasses.fields(config)}:
+        raise UserError(f"--generator picks what samples the rollouts of an online algorithm (grpo, ppo-rlhf, "
+                        f"online-dpo, ...); {args.algorithm!r} has no such choice (it samples no rollouts, or only "
+                        "with the policy's own generate): drop --generator")
 
 
 def cmd_eval(args) -> int:

@@ -28,6 +28,10 @@ are recorded inside ``generate`` from the model's raw logits (:mod:`offline_plug
 before the temperature / top-p warpers), the distribution ``CausalLMLogProbs`` scores for the
 losses, so a round costs one ``generate`` and one reference forward, not a second policy
 forward. TorchRL's ``TransformersWrapper`` still scores these rows (tests/test_online_losses.py).
+
+With ``--generator vllm`` the samples come from the collector's :attr:`RolloutCollector.generator`,
+an in-process vLLM engine with the same contract (the round's seed, the sampled tokens as they
+are, the raw distribution's log-probs; :mod:`offline_plugins.modules.vllm_engine`).
 """
 
 from __future__ import annotations
@@ -159,6 +163,11 @@ class RolloutCollector:
                 f"it exceeds the model's context of {self.context} tokens; shorten the prompt or lower "
                 f"max_new_tokens (--set max_new_tokens=...)")
         self.width = longest + self.max_new_tokens
+        #: what samples the rounds: None, the policy's own ``generate`` (transformers); or an engine
+        #: with the same ``generate`` contract, holding its own copy of the policy's weights
+        #: (:class:`~offline_plugins.modules.vllm_engine.VLLMGenerator`, ``--generator vllm``; the
+        #: run's data module starts it and loads the weights before each round)
+        self.generator: Optional[Any] = None
 
     @property
     def rows(self) -> int:
@@ -182,12 +191,16 @@ class RolloutCollector:
     @torch.no_grad()
     def _act(self, model: torch.nn.Module, env: Any, td: TensorDict, seed: int) -> TensorDict:
         """The policy: ``G`` samples of each of the episode's prompts in one ``generate``, their tokens
-        the action ``("tokens", "response")``, their sampling log-probs ``("log_probs", "response")``."""
+        the action ``("tokens", "response")``, their sampling log-probs ``("log_probs", "response")``;
+        sampled by :attr:`generator` where one is set (its weights, the same contract)."""
         from offline_plugins.modules.generation import generate
 
-        out = generate(model, env.prompt_ids, pad_id=self.pad_id, eos_id=self.tokenizer.eos_token_id,
-                       max_new_tokens=self.max_new_tokens, num_samples=self.group_size,
-                       temperature=self.temperature, top_p=self.top_p, seed=seed, log_probs=True)
+        kwargs = dict(pad_id=self.pad_id, eos_id=self.tokenizer.eos_token_id, max_new_tokens=self.max_new_tokens,
+                      num_samples=self.group_size, temperature=self.temperature, top_p=self.top_p, seed=seed)
+        if self.generator is not None:
+            out = self.generator.generate(env.prompt_ids, device=next(model.parameters()).device, **kwargs)
+        else:
+            out = generate(model, env.prompt_ids, log_probs=True, **kwargs)
         td.set(("tokens", "response"), out.tokens)
         td.set(("log_probs", "response"), out.log_probs)
         return td

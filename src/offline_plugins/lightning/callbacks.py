@@ -207,14 +207,25 @@ class ScheduledEvaluation(Callback):
         return (int(self.every),) if self.every else ()
 
     def evaluate(self, trainer, pl_module) -> Optional[dict]:
-        """Evaluate now; returns the logged record on rank 0, None elsewhere."""
+        """Evaluate now; returns the logged record on rank 0, None elsewhere.
+
+        A model sharded with FSDP (``--strategy fsdp``) gathers its parameters from every rank in
+        each forward, so there every rank scores (the same held-out rows, with the same weights)
+        and rank 0 alone records and logs."""
         step = int(trainer.global_step)
         if self.history and self.history[-1]["step"] == step:
             return self.history[-1]
-        if trainer.global_rank != 0:
+        if getattr(self, "_scored_step", None) == step:
             return None
+        from offline_plugins.lightning.fsdp import is_sharded
+
+        if trainer.global_rank != 0 and not is_sharded(pl_module):
+            return None
+        self._scored_step = step
         t0 = time.perf_counter()
         fields, metrics = self._score(trainer, pl_module)
+        if trainer.global_rank != 0:
+            return None
         record = {"step": step, **fields, "eval_s": round(time.perf_counter() - t0, 3)}
         self.history.append(record)
         # Lightning writes the 0-based index of the last step in the "step" column
@@ -366,8 +377,13 @@ class PreferenceEvaluation(ScheduledEvaluation):
 
     def on_train_start(self, trainer, pl_module) -> None:
         # a reward model (no language model to generate with) has no "before" to compare to
-        if self.before is None and trainer.global_rank == 0 and pl_module.parts.model is not None:
-            self.before = self._reference_scores(pl_module)
+        if self.before is None and pl_module.parts.model is not None:
+            from offline_plugins.lightning.fsdp import is_sharded
+
+            # a LoRA reference is the policy with its adapters off: sharded, it scores on every rank
+            if trainer.global_rank == 0 or is_sharded(self.data.reference):
+                before = self._reference_scores(pl_module)
+                self.before = before if trainer.global_rank == 0 else None
 
     def _score(self, trainer, pl_module) -> tuple[dict, dict]:
         from offline_plugins.eval.preference import evaluate_preference_model, pairwise_scores

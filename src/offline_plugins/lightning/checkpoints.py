@@ -20,6 +20,7 @@ from offline_plugins.lightning.guards import (
     RunError,
     algorithm_of_checkpoint,
     check_checkpoint,
+    is_sharded_checkpoint,
     read_checkpoint,
     state_dict_mismatch,
 )
@@ -45,7 +46,7 @@ def load_checkpoint(path: Union[str, os.PathLike], *, for_resume: bool = False) 
     Opened with ``torch.load(weights_only=True)``: a file carrying pickled code is refused
     (:class:`RunError`) and nothing in it runs. Its metadata is checked before use.
     """
-    ckpt = read_checkpoint(path)
+    ckpt = read_checkpoint(path, tensors=not for_resume)
     check_checkpoint(ckpt, path, for_resume=for_resume)
     return ckpt
 
@@ -56,7 +57,7 @@ def resume_path(resume, out: Path) -> Optional[Path]:
     if resume in (None, False, ""):
         return None
     path = out / "checkpoints" / "last.ckpt" if resume is True else Path(resume)
-    if not path.is_file():
+    if not (path.is_file() or is_sharded_checkpoint(path)):
         raise RunError(f"cannot resume: checkpoint {str(path)!r} does not exist; train without --resume first")
     return path
 
@@ -83,7 +84,7 @@ class ResumedRun:
     def read(cls, path: Union[str, os.PathLike]) -> "ResumedRun":
         from offline_plugins.lightning.run import RUN_DEFAULTS
 
-        ckpt = read_checkpoint(path)
+        ckpt = read_checkpoint(path, tensors=False)
         info = check_checkpoint(ckpt, path, for_resume=True)
         run = info.get("run") or {}
         options = {k: run[k] for k in RUN_DEFAULTS if k in run}

@@ -43,6 +43,7 @@ __all__ = [
     "peak_memory_mb",
     "RunFolderLock",
     "read_checkpoint",
+    "is_sharded_checkpoint",
     "check_checkpoint",
     "check_resume",
     "data_fingerprint",
@@ -162,7 +163,7 @@ def _check_choice(flag: str, given: Any, value: str, choices: tuple, cuda_only: 
 
 #: the strategies ``train`` passes to Lightning by name, and those that need CUDA
 STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp", "deepspeed")
-_CUDA_STRATEGIES = ("fsdp", "deepspeed")
+_CUDA_STRATEGIES = ("deepspeed",)
 
 
 def check_strategy(strategy: Optional[str], accelerator: str = "auto") -> Optional[str]:
@@ -174,7 +175,7 @@ def check_strategy(strategy: Optional[str], accelerator: str = "auto") -> Option
     if strategy is None or not isinstance(strategy, str):
         return strategy
     return _check_choice("--strategy", strategy, strategy, STRATEGIES, _CUDA_STRATEGIES, accelerator, "",
-                         "CUDA GPUs (Lightning runs it on GPUs only); on a CPU use --strategy ddp with --devices N")
+                         "CUDA GPUs (Lightning runs it on GPUs only); on a CPU use --strategy ddp or fsdp with --devices N")
 
 
 def peak_memory_mb(device=None) -> dict[str, float]:
@@ -290,19 +291,80 @@ _LIGHTNING_KEYS = ("state_dict", "global_step", "epoch", "loops", "optimizer_sta
 _OUR_KEYS = ("algorithm", "dataset", "config", "seed")
 
 
-def read_checkpoint(path: Union[str, os.PathLike]) -> dict[str, Any]:
+#: the file of a distributed checkpoint folder (``--strategy fsdp``) with everything but the sharded tensors
+SHARDED_META = "meta.pt"
+
+
+def is_sharded_checkpoint(path: Union[str, os.PathLike]) -> bool:
+    """Whether ``path`` is a distributed checkpoint folder (``--strategy fsdp``: one shard file per rank,
+    ``.metadata`` and ``meta.pt``)."""
+    p = Path(path)
+    return p.is_dir() and (p / SHARDED_META).is_file() and (p / ".metadata").is_file()
+
+
+def read_checkpoint(path: Union[str, os.PathLike], *, tensors: bool = True) -> dict[str, Any]:
     """``torch.load(path, weights_only=True)``: tensors and plain containers, never code.
 
     A file carrying pickled callables or classes is refused with a :class:`RunError`
     naming what it tried to load; nothing in it runs.
+
+    A distributed checkpoint folder (``--strategy fsdp``) reads as the same dict: its ``meta.pt``
+    (``weights_only=True``) and its shards gathered into full tensors by
+    ``torch.distributed.checkpoint`` (the whole checkpoint in CPU memory); with ``tensors=False``
+    the tensors are meta-device placeholders of their saved shapes (what a resume's checks need,
+    without reading the shards: Lightning loads those into the sharded model itself).
     """
+    p = Path(path)
+    if p.is_dir() and is_sharded_checkpoint(p):
+        ckpt = _torch_load(p / SHARDED_META, shown=p)
+        if isinstance(ckpt, dict):
+            ckpt.update(_sharded_tensors(p, real=tensors))
+        return ckpt
+    if not p.is_file():
+        raise RunError(f"checkpoint {str(p)!r} does not exist; runs keep theirs in OUT/checkpoints/last.ckpt")
+    return _torch_load(p, shown=p)
+
+
+def _sharded_tensors(folder: Path, *, real: bool) -> dict[str, Any]:
+    """``{"state_dict": ..., "optimizer_0": ...}`` of a distributed checkpoint folder: gathered from its
+    shards (``real``), or meta-device tensors of the shapes its ``.metadata`` records."""
+    import torch
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    try:
+        if real:
+            from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
+            from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+            out: dict[str, Any] = {}
+            _load_state_dict(out, storage_reader=FileSystemReader(folder), planner=_EmptyStateDictLoadPlanner(),
+                             no_dist=True)
+            optimizers = sorted((k for k in out if k.startswith("optimizer_")), key=lambda k: int(k.split("_")[1]))
+            out["optimizer_states"] = [out.pop(k) for k in optimizers]
+            return out
+        metadata = FileSystemReader(folder).read_metadata()
+    except Exception as exc:
+        first = (str(exc).splitlines() or [""])[0][:300]
+        raise RunError(f"checkpoint {str(folder)!r} could not be read ({type(exc).__name__}: {first}); a shard "
+                       "may be missing or truncated") from None
+    state: dict[str, Any] = {}
+    optimizers: set[str] = set()
+    for key, item in metadata.state_dict_metadata.items():
+        where = (metadata.planner_data or {}).get(key, tuple(key.split(".", 1)))
+        if where and where[0] == "state_dict" and isinstance(item, TensorStorageMetadata):
+            state[".".join(str(w) for w in where[1:])] = torch.empty(tuple(item.size), device="meta")
+        elif where and str(where[0]).startswith("optimizer_"):
+            optimizers.add(str(where[0]))
+    # the optimisers' states stay in the shards (Lightning loads them): named, not read
+    return {"state_dict": state, "optimizer_states": [{"sharded": k} for k in sorted(optimizers)]}
+
+
+def _torch_load(p: Path, *, shown: Path) -> Any:
     import pickle
 
     import torch
 
-    p = Path(path)
-    if not p.is_file():
-        raise RunError(f"checkpoint {str(p)!r} does not exist; runs keep theirs in OUT/checkpoints/last.ckpt")
     try:
         return torch.load(p, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -311,20 +373,20 @@ def read_checkpoint(path: Union[str, os.PathLike]) -> dict[str, Any]:
             # not a pickle of code: random bytes, a truncated or foreign file
             detail = next((line.strip() for line in text.splitlines() if line.strip().startswith("Unsupported")),
                           text.splitlines()[0][:200])
-            raise RunError(f"checkpoint {str(p)!r} could not be read (UnpicklingError: {detail}); it may be "
+            raise RunError(f"checkpoint {str(shown)!r} could not be read (UnpicklingError: {detail}); it may be "
                            "truncated or not a checkpoint") from None
         import re
 
         found = re.search(r"GLOBAL ([\w.]+)", text) or re.search(r"([\w.]+) was not an allowed global", text)
         what = f" ({found.group(1)})" if found else ""
         raise RunError(
-            f"checkpoint {str(p)!r} holds pickled Python objects{what} that loading would run; offline-plugins "
+            f"checkpoint {str(shown)!r} holds pickled Python objects{what} that loading would run; offline-plugins "
             "opens checkpoints with weights_only=True and refused it, nothing in it ran. Use a checkpoint "
             "written by 'offline-plugins train' (OUT/checkpoints/last.ckpt) from a source you trust"
         ) from None
     except Exception as exc:
         first = (str(exc).splitlines() or [""])[0][:300]
-        raise RunError(f"checkpoint {str(p)!r} could not be read ({type(exc).__name__}: {first}); it may be "
+        raise RunError(f"checkpoint {str(shown)!r} could not be read ({type(exc).__name__}: {first}); it may be "
                        "truncated or not a checkpoint") from None
 
 
@@ -420,9 +482,10 @@ def state_dict_mismatch(saved: dict, own: dict) -> Optional[str]:
 
 
 def check_resume(ckpt: dict, path, *, algorithm: str, dataset: str, config: dict, module,
-                 data_fingerprint: Optional[dict] = None) -> None:
+                 data_fingerprint: Optional[dict] = None, check_data: bool = True) -> None:
     """Refuse a resume whose checkpoint belongs to another run, naming the run and what differs;
-    ``data_fingerprint`` (:func:`data_fingerprint` of the data now) must match the one the run saved."""
+    ``data_fingerprint`` (:func:`data_fingerprint` of the data now) must match the one the run saved
+    (``check_data=False``: not compared, as on the ranks a launcher started after rank 0 checked it)."""
     info = ckpt["offline_plugins"]
     run = f"{info['algorithm']} on {info['dataset']}, step {ckpt.get('global_step', '?')}"
     if info["algorithm"] != algorithm:
@@ -436,7 +499,8 @@ def check_resume(ckpt: dict, path, *, algorithm: str, dataset: str, config: dict
             f"cannot resume: checkpoint {str(path)!r} was trained on dataset {info['dataset']!r} ({run}), this run "
             f"reads {dataset!r}; pass --dataset {info['dataset']}, or start a new run without --resume"
         )
-    changed = _fingerprint_difference((info.get("run") or {}).get("data_fingerprint"), data_fingerprint)
+    changed = _fingerprint_difference((info.get("run") or {}).get("data_fingerprint"), data_fingerprint) \
+        if check_data else None
     if changed:
         raise RunError(
             f"cannot resume: the data of checkpoint {str(path)!r} ({run}) changed since it was saved: {changed}; "

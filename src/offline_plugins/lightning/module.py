@@ -269,6 +269,27 @@ class AlgorithmModule(LightningModule):
         self.required_datamodule: Optional[type] = None
 
     # -- training -----------------------------------------------------------------
+    #: the precision FSDP2 computes in (``bf16-mixed``: its ``MixedPrecisionPolicy``); None: the Trainer's
+    fsdp_precision: Optional[str] = None
+
+    def configure_model(self) -> None:
+        """Under Lightning's ``ModelParallelStrategy`` (``--strategy fsdp``), shard the loss's language
+        models with FSDP2 (:func:`~offline_plugins.lightning.fsdp.shard_module`: each decoder layer,
+        then the model); under any other strategy, nothing. Lightning calls it before
+        ``configure_optimizers``, so the optimiser steps the sharded parameters."""
+        mesh = self.device_mesh
+        if mesh is None:
+            return
+        from offline_plugins.errors import UserError
+        from offline_plugins.lightning.fsdp import shard_module
+
+        dims = tuple(mesh.mesh_dim_names or ())
+        if "tensor_parallel" in dims and mesh["tensor_parallel"].size() > 1:
+            raise UserError("offline-plugins shards with FSDP2 only: build ModelParallelStrategy with "
+                            "tensor_parallel_size=1")
+        shard_module(self, mesh["data_parallel"] if "data_parallel" in dims else mesh,
+                     precision=self.fsdp_precision or getattr(self.trainer, "precision", None))
+
     def configure_optimizers(self):
         """One optimiser over every group (:func:`make_shell_optimizer`), plus the schedulers
         in ``parts.lr_schedulers``.

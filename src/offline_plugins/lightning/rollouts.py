@@ -16,6 +16,12 @@ would come from a policy a step or a call old. The stream therefore yields step 
 which Lightning calls right before the step, turns them into minibatches, sampling a new
 round first where one starts. A round ends a call (its length is one of the stream's periods).
 
+With ``--generator vllm`` (the algorithm's ``RolloutPlan.generator``, a
+:class:`~offline_plugins.modules.vllm_engine.VLLMGenerator`) the
+rounds are sampled by an in-process vLLM engine; the data module starts it before the first
+round and loads the policy's weights into it before a round once ``sync_every`` optimiser
+steps have passed since the last load, and shuts it down when the fit ends.
+
 Minibatch ``m`` of epoch ``e`` of round ``r`` is a slice of a permutation seeded by
 ``(seed, rank, r, e)``; prompts and sampling are seeded by ``(seed, rank, r)``, and the
 round being trained on is saved in checkpoints, so a resumed run trains on exactly the
@@ -72,6 +78,10 @@ class RolloutDataModule(LightningDataModule):
         self.seed = int(seed)
         self.batch_size = int(batch_size)
         self.collector = data.collector_for(plan, seed=self.seed)
+        # --generator vllm: an engine that samples the rounds from its own copy of the policy's weights,
+        # loaded before a round (every sync_every optimiser steps); None: the policy's own generate
+        self.generator = plan.generator
+        self.collector.generator = self.generator
         # SIGINT/SIGTERM end a wait on a reward function at once (the trainer's flag, set by both)
         self.collector.reward_guard.should_stop = self._stop_requested
         self.rows_per_round = self.collector.rows if plan.rows_per_round is None else int(plan.rows_per_round)
@@ -112,6 +122,10 @@ class RolloutDataModule(LightningDataModule):
         if self.buffer is not None:
             return
         trainer = self.trainer
+        if self.generator is not None and trainer is not None and trainer.world_size > 1:
+            raise UserError(f"--generator vllm samples with one in-process engine, and this run has "
+                            f"{trainer.world_size} processes (devices x nodes); train on one device, or sample "
+                            "with --generator hf")
         device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
         self.buffer = TensorDictReplayBuffer(storage=LazyTensorStorage(self.rows_per_round, device=device),
                                              batch_size=self.batch_size)
@@ -159,10 +173,15 @@ class RolloutDataModule(LightningDataModule):
         if r == self.round:
             return
         step = int(trainer.global_step) if trainer is not None else 0
+        if self.generator is not None:  # the engine samples from the policy as of its last weight load
+            self.generator.before_round(self.model, step)
         td, stats = self.collector.collect(self.model, round=r, rank=rank, process=self.plan.process,
                                            dynamic_sampling=bool(self.plan.dynamic_sampling))
         self._write(td)
         self.round, self.rank = r, rank
+        if self.generator is not None:
+            # optimiser steps the sampling weights lag the policy by (0 with sync_every=1)
+            stats["sampler_lag_steps"] = float(step - self.generator.synced_step)
         self.history.append({"step": step, "round": r, **stats})
         if trainer is None:
             return
@@ -174,6 +193,11 @@ class RolloutDataModule(LightningDataModule):
         if bar is not None and hasattr(bar, "set_description") and not getattr(bar, "disable", True):
             bar.set_description(f"train (rollouts {len(self.history)}, reward {stats['reward_mean']:.2f})",
                                 refresh=False)
+
+    def teardown(self, stage: str) -> None:
+        # the engine's memory goes back when the fit ends; a later fit starts it again
+        if self.generator is not None:
+            self.generator.close()
 
     def _minibatch(self, step: int, rank: int) -> TensorDict:
         r, j = divmod(step, self.updates_per_round)
@@ -254,10 +278,16 @@ class RolloutEvaluation(ScheduledEvaluation):
             self.monitor.on_fit_start(trainer, pl_module)
 
     def on_train_start(self, trainer, pl_module) -> None:
-        if self.before is None and trainer.global_rank == 0:
+        if self.before is None:
+            from offline_plugins.lightning.fsdp import is_sharded
+
             plan = self._plan(pl_module)
             reference = self.rounds.reference if self.rounds is not None else self.data.reference
-            self.before = self.data.held_out_scores(reference, plan=plan, guard=self._guard())
+            # a LoRA reference under --strategy fsdp is the sharded policy with its adapters off:
+            # every rank takes part in its forwards, rank 0 keeps the scores
+            if trainer.global_rank == 0 or is_sharded(reference):
+                before = self.data.held_out_scores(reference, plan=plan, guard=self._guard())
+                self.before = before if trainer.global_rank == 0 else None
 
     def _guard(self):
         """The run's reward guard (its time limit and its stop signal), where the rounds have one."""

@@ -478,7 +478,7 @@ def _fit(plan: RunPlan, settings: RunSettings, out: Path, ckpt_path: Optional[Pa
     if ckpt is not None:
         check_resume(ckpt, ckpt_path, algorithm=plan.spec.name, dataset=plan.dataset_id,
                      config=config_to_dict(plan.config), module=module,
-                     data_fingerprint=fingerprint if not _is_launched_rank() else None)
+                     data_fingerprint=fingerprint, check_data=not _is_launched_rank())
     every_ckpt = checkpoint_every or eval_every or steps
     last_ckpt = out / "checkpoints" / "last.ckpt"
     checkpoint = ModelCheckpoint(
@@ -493,12 +493,23 @@ def _fit(plan: RunPlan, settings: RunSettings, out: Path, ckpt_path: Optional[Pa
     tokens = TokenThroughput()
     devices, num_nodes, progress = settings.devices, settings.num_nodes, settings.progress
     strategy = _strategy(devices, num_nodes, parts, settings.strategy)
+    sharded = settings.strategy == "fsdp"
+    trainer_precision = precision
+    if sharded:
+        from offline_plugins.lightning.fsdp import FSDP_PRECISIONS
+
+        if precision not in FSDP_PRECISIONS:
+            raise RunError(f"--strategy fsdp takes --precision {', '.join(FSDP_PRECISIONS)}, not {precision!r} "
+                           "(FSDP2 computes bf16-mixed from float32 parameters by its MixedPrecisionPolicy)")
+        # bf16-mixed is FSDP2's MixedPrecisionPolicy (module.configure_model), not Lightning's autocast
+        module.fsdp_precision = precision
+        trainer_precision = "32-true" if precision == "bf16-mixed" else precision
     trainer = Trainer(
         accelerator=settings.accelerator,
         devices=devices,
         num_nodes=num_nodes,
         strategy=strategy,
-        precision=precision,
+        precision=trainer_precision,
         # checkpoints written beside last.ckpt and renamed over it: a full disk leaves the previous one
         # (a strategy object that brings its own CheckpointIO keeps it: Lightning refuses two)
         plugins=[] if getattr(strategy, "_checkpoint_io", None) is not None else [RunCheckpointIO()],
@@ -550,6 +561,14 @@ def _fit(plan: RunPlan, settings: RunSettings, out: Path, ckpt_path: Optional[Pa
                 raise
             interrupted = f"{interrupt.signal} twice"
     train_s = time.perf_counter() - fit_started
+    exported = parts
+    if sharded and not interrupted:
+        # every rank takes part in gathering the sharded weights; rank 0 exports a plain copy
+        from offline_plugins.lightning.fsdp import full_copy
+
+        plain = full_copy(module)
+        if plain is not None:
+            exported = dataclasses.replace(parts, model=plain)
     if not trainer.is_global_zero:
         if interrupted:
             raise RunInterrupted(f"rank {trainer.global_rank} interrupted by {interrupted}")
@@ -586,9 +605,9 @@ def _fit(plan: RunPlan, settings: RunSettings, out: Path, ckpt_path: Optional[Pa
         summary["interrupted_by"] = interrupted
         summary["steps_requested"] = steps
         if interrupted.endswith("twice"):  # stopped mid-step: the last checkpoint is the periodic one
-            summary["checkpoint"] = str(last_ckpt) if last_ckpt.is_file() else None
+            summary["checkpoint"] = str(last_ckpt) if last_ckpt.exists() else None
     else:
-        summary.update(plan.kind.export(parts, out))
+        summary.update(plan.kind.export(exported, out))
     plot_learning_curve(out / "metrics.csv", out / "learning_curve.png", title=f"{plan.spec.name} on {plan.dataset_id}",
                         panels=plan.kind.curve_panels())
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n", fix=RESUME_FIX)
@@ -713,28 +732,16 @@ def _needs_unused_parameters(parts) -> bool:
     return any(id(p) not in grouped for p in parts.loss.parameters() if p.requires_grad)
 
 
-def decoder_layer_classes(model) -> set:
-    """The layer classes of a transformers model that FSDP wraps one by one (its ``_no_split_modules``).
-
-    >>> from offline_plugins.modules.tiny_lm import load_causal_lm
-    >>> sorted(c.__name__ for c in decoder_layer_classes(load_causal_lm("tiny", seed=0)[0]))
-    ['GPT2Block']
-    """
-    names = set(getattr(model, "_no_split_modules", None) or ())
-    return {type(m) for m in model.modules() if type(m).__name__ in names} if model is not None else set()
-
-
 def _strategy(devices, num_nodes: int, parts, strategy):
     if strategy == "fsdp":
-        # shard a language model layer by layer; the parameters keep their identity, so the
-        # optimiser groups built before wrapping still name them
-        from lightning.pytorch.strategies import FSDPStrategy
+        # FSDP2 through Lightning's ModelParallelStrategy: the module's configure_model wraps each
+        # decoder layer, then the model (offline_plugins.lightning.fsdp)
+        from offline_plugins.lightning.fsdp import fsdp_strategy, language_models
 
-        layers = decoder_layer_classes(parts.model)
-        if not layers:
-            raise RunError("--strategy fsdp wraps the decoder layers of a transformers model (its "
-                           "_no_split_modules); this algorithm's networks have none: use --strategy ddp")
-        return FSDPStrategy(auto_wrap_policy=layers, use_orig_params=True)
+        if not language_models(parts.loss):
+            raise RunError("--strategy fsdp shards the decoder layers of a transformers model (the classes its "
+                           "_no_split_modules names); this algorithm's networks have none: use --strategy ddp")
+        return fsdp_strategy(_device_count(devices) * int(num_nodes))
     if strategy is not None and strategy != "auto":
         return strategy
     single = (isinstance(devices, int) and devices == 1) or devices in ("1", [0])
@@ -743,6 +750,20 @@ def _strategy(devices, num_nodes: int, parts, strategy):
     from lightning.pytorch.strategies import DDPStrategy
 
     return DDPStrategy(find_unused_parameters=_needs_unused_parameters(parts))
+
+
+def _device_count(devices) -> int:
+    """How many devices a node runs ``devices`` (``--devices``) on: a count, a list of ids or ``"auto"``
+    (the GPUs here, else 1)."""
+    if isinstance(devices, (list, tuple)):
+        return len(devices)
+    if isinstance(devices, str) and "," in devices:
+        return len([d for d in devices.split(",") if d.strip()])
+    if devices in ("auto", -1, "-1"):
+        import torch
+
+        return max(1, torch.cuda.device_count())
+    return int(devices)
 
 
 def plot_learning_curve(metrics_csv: Union[str, os.PathLike], out_png: Union[str, os.PathLike], *, title: str = "",

@@ -94,7 +94,22 @@ def generate_left_padded(model: torch.nn.Module, input_ids: torch.Tensor, attent
     is_enc_dec = bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
     if "position_ids" not in params and takes_kwargs and not is_enc_dec and "position_ids" not in kwargs:
         kwargs["position_ids"] = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+    if "synced_gpus" not in kwargs and _sharded_across_ranks(model):
+        # an FSDP-sharded model gathers its weights in every forward: the ranks take the same number
+        # of decoding steps, to the longest of theirs (transformers' synced_gpus)
+        kwargs["synced_gpus"] = True
     return model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+
+
+def _sharded_across_ranks(model: torch.nn.Module) -> bool:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return False
+    from torch.distributed.tensor import DTensor
+
+    # an FSDP2-sharded model (or a LoRA reference holding one's parameters)
+    return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 class SampledLogProbs:
