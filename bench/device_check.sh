@@ -43,4 +43,11 @@ timeout 120 python3 bench/preference_bench.py --device cuda --model-size 100m --
 # peak memory), and TRL's GRPOTrainer where trl and datasets are importable (not in the image's wheels)
 timeout 120 python3 bench/online_bench.py --device cuda --model-size 100m --precision bf16 --rounds 3 \
   --trl-steps 3 --json 2>&1 | tee "$OUT/online_bench_100m.json" || rc=1
+# DDP against FSDP2 on a ~0.5 B GPT-2 built from a config (DPO, two ranks): only where two GPUs are
+# (one H200 gives one rank: FSDP has nothing to shard over). vLLM is not in the image's wheels:
+# HF generate vs vLLM runs in the vllm venv (scripts/make_vllm_env.sh, bench/generation_bench.py).
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+  timeout 240 python3 bench/fsdp_bench.py --device cuda --size 500m --steps 10 --json 2>&1 \
+    | tee "$OUT/fsdp_bench_500m.json" || rc=1
+fi
 exit $rc

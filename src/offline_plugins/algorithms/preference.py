@@ -75,6 +75,9 @@ class LoRAFields:
     logprob_chunk: int = config_field(0, "compute the policy's token log-probs this many positions at a time, "
                                          "never holding the [N, T, vocabulary] logits (large vocabularies); 0: "
                                          "one forward")
+    shared_prefix: bool = config_field(False, "rows of a batch that share a prompt (a DPO pair, a GRPO group) "
+                                              "forward it once and continue from its key/value cache: the same "
+                                              "log-probs, fewer prompt tokens computed (long prompts)")
 
 
 def _with_lora(cls: type) -> type:
@@ -262,10 +265,15 @@ def policy_log_probs(config: Any, policy: Any, name: str) -> Any:
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
         raise UserError(f"{name}: logprob_chunk must be a whole number >= 0, got {chunk!r}; fix it with "
                         "--set logprob_chunk=0 (one forward) or e.g. 64")
+    shared = bool(getattr(config, "shared_prefix", False))
+    if shared and chunk:
+        raise UserError(f"{name}: shared_prefix and logprob_chunk do not combine (the chunks need the continuation's "
+                        "hidden states, the shared prompt forward gives a cache); set one: --set shared_prefix=false "
+                        "or --set logprob_chunk=0")
     try:
-        return CausalLMLogProbs(policy, chunk_size=chunk or None)
+        return CausalLMLogProbs(policy, chunk_size=chunk or None, shared_prefix=shared)
     except ValueError as exc:
-        raise UserError(f"{name}: {exc}; fix it with --set logprob_chunk=0") from None
+        raise UserError(f"{name}: {exc}; fix it with --set logprob_chunk=0 and --set shared_prefix=false") from None
 
 
 def trainable_policy(config: Any, data: Any, name: str) -> Any:

@@ -41,6 +41,7 @@ __all__ = [
     "check_precision",
     "check_strategy",
     "peak_memory_mb",
+    "held_state_mb",
     "RunFolderLock",
     "read_checkpoint",
     "is_sharded_checkpoint",
@@ -190,6 +191,32 @@ def peak_memory_mb(device=None) -> dict[str, float]:
     if device is not None and getattr(device, "type", str(device)) == "cuda" and torch.cuda.is_available():
         out["cuda_max_allocated"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
     return out
+
+
+def held_state_mb(module, optimizers=()) -> dict[str, float]:
+    """What this rank holds of the model and its optimiser, in MB: ``parameters`` (trainable and
+    frozen, buffers excluded) and ``optimizer`` (its per-parameter state, e.g. Adam's two moments).
+    A sharded parameter (FSDP2's ``DTensor``) counts its local shard only.
+
+    >>> import torch
+    >>> net = torch.nn.Linear(1000, 250)
+    >>> opt = torch.optim.Adam(net.parameters())
+    >>> net(torch.ones(1, 1000)).sum().backward(); opt.step()
+    >>> held_state_mb(net, [opt])
+    {'parameters': 0.95, 'optimizer': 1.91}
+    """
+    import torch
+
+    def nbytes(t) -> int:
+        t = getattr(t, "_local_tensor", t)
+        return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+    params = sum(nbytes(p) for p in module.parameters())
+    state = 0
+    for opt in optimizers:
+        for per_param in getattr(opt, "state", {}).values():
+            state += sum(nbytes(v) for v in per_param.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+    return {"parameters": round(params / 2**20, 2), "optimizer": round(state / 2**20, 2)}
 
 
 def check_out_dir(out_dir: Union[str, os.PathLike]) -> Path:

@@ -66,6 +66,7 @@ from offline_plugins.lightning.guards import (
     check_resume,
     check_strategy,
     data_fingerprint,
+    held_state_mb,
     peak_memory_mb,
     quiet_lightning,
     restored_process_state,
@@ -588,6 +589,8 @@ def _fit(plan: RunPlan, settings: RunSettings, out: Path, ckpt_path: Optional[Pa
         "world_size": trainer.world_size,
         "precision": precision,
         "peak_memory_mb": peak_memory_mb(trainer.strategy.root_device),
+        # what rank 0 holds of the model and Adam's state (its shard under --strategy fsdp)
+        "held_state_mb": held_state_mb(module, trainer.optimizers),
         "steps_per_call": steps_per_call,
         "resumed_from": str(ckpt_path) if ckpt_path else None,
         **({"resume": resume_summary(resume_record, ckpt, plan)} if ckpt is not None else {}),

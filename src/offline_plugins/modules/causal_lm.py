@@ -39,6 +39,7 @@ from tensordict import NestedKey, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
 __all__ = ["CausalLMLogProbs", "CausalLMReward", "AdaptersOff", "token_log_probs", "chunked_token_log_probs",
+           "shared_prefix_log_probs",
            "sequence_log_probs", "aggregate_rewards", "ENSEMBLE_AGGREGATES", "forward_memory_bytes"]
 
 
@@ -90,6 +91,67 @@ def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, attention_mask: 
     target = tokens[:, 1:].unsqueeze(-1)
     lp = logits.gather(-1, target).squeeze(-1) - logits.logsumexp(-1)
     lp = torch.nn.functional.pad(lp, (1, 0))
+    return torch.where(attention_mask.bool(), lp, lp.new_zeros(()))
+
+
+def shared_prefix_log_probs(model: torch.nn.Module, tokens: torch.Tensor, attention_mask: torch.Tensor,
+                            response_mask: torch.Tensor) -> Optional[torch.Tensor]:
+    """:func:`token_log_probs` of right-padded rows ``[N, T]``, each prompt forwarded once.
+
+    A row's prompt is everything before its first response token (``response_mask``); rows
+    with the same prompt (a GRPO group's ``G`` responses, a DPO pair's chosen and rejected)
+    share one forward of it: the distinct prompts run once (right-padded, ``use_cache=True``),
+    their key/value cache is copied to each of their rows, and the rows' continuations (the
+    response onwards, moved to start at column 0) run on it with their own positions
+    (``prompt length + j``) and an attention mask that hides the cache's padding. Gradients
+    reach the prompt's forward through the cache, summed over the rows that share it.
+
+    Returns None when no two rows share a prompt (nothing to save: the caller runs the one
+    forward). The distinct prompts are found on the data (``torch.unique``): a host sync per
+    call, where the unshared path has none.
+    """
+    n, width = tokens.shape
+    device = tokens.device
+    resp = response_mask.bool() & attention_mask.bool()
+    has = resp.any(-1)
+    start = torch.where(has, resp.to(torch.int8).argmax(-1), attention_mask.long().sum(-1))  # prompt lengths
+    cols = torch.arange(width, device=device)
+    in_prompt = cols.unsqueeze(0) < start.unsqueeze(1)
+    keys = torch.cat([start.unsqueeze(1), torch.where(in_prompt, tokens, torch.full_like(tokens, -1))], 1)
+    uniq, inverse = torch.unique(keys, dim=0, return_inverse=True)
+    u = uniq.shape[0]
+    if u == n or bool((start < 1).any()):
+        return None
+    plen = uniq[:, 0]
+    pwidth = int(plen.max())
+    p_ids = uniq[:, 1:pwidth + 1].clamp_min(0)
+    p_mask = torch.arange(pwidth, device=device).unsqueeze(0) < plen.unsqueeze(1)
+    out = model(input_ids=p_ids, attention_mask=p_mask.long(), use_cache=True)
+    # transformers >= 5.2x names the cache ``cache``; earlier versions ``past_key_values``
+    named = "cache" if getattr(out, "cache", None) is not None else "past_key_values"
+    p_logits, cache = out.logits, getattr(out, named)
+    lengths = attention_mask.long().sum(-1)
+    cwidth = int((lengths - start).max())
+    j = torch.arange(cwidth, device=device).unsqueeze(0)
+    src = (start.unsqueeze(1) + j).clamp_max(width - 1)
+    c_mask = j < (lengths - start).unsqueeze(1)
+    c_ids = torch.where(c_mask, tokens.gather(1, src), torch.zeros_like(src))
+    cache.batch_select_indices(inverse)  # each row gets its prompt's keys and values
+    full_mask = torch.cat([p_mask[inverse], c_mask], 1).long()
+    positions = start.unsqueeze(1) + j
+    c_logits = model(input_ids=c_ids, attention_mask=full_mask, position_ids=positions, use_cache=False,
+                     **{named: cache}).logits
+    # log p(token t): t < start from the prompt's logits at t-1; t = start from the prompt's last;
+    # t > start from the continuation's logits at t-1-start
+    p_lp = token_log_probs(p_logits, p_ids, p_mask)  # [U, pwidth], 0 at t = 0
+    last = p_logits[inverse, start - 1].float()  # [N, V]
+    first = last.gather(-1, tokens.gather(1, start.clamp_max(width - 1).unsqueeze(1))).squeeze(-1) - last.logsumexp(-1)
+    c_lp = token_log_probs(c_logits, c_ids, c_mask)  # [N, cwidth]: 0 at j = 0 (the first token, from the prompt)
+    t = cols.unsqueeze(0).expand(n, width)
+    from_prompt = p_lp[inverse].gather(1, t.clamp_max(pwidth - 1))
+    from_cont = c_lp.gather(1, (t - start.unsqueeze(1)).clamp(0, cwidth - 1))
+    lp = torch.where(t < start.unsqueeze(1), from_prompt,
+                     torch.where(t == start.unsqueeze(1), first.unsqueeze(1), from_cont))
     return torch.where(attention_mask.bool(), lp, lp.new_zeros(()))
 
 
@@ -205,6 +267,14 @@ class CausalLMLogProbs(TensorDictModuleBase):
             vocabularies, measured in ``bench/logprob_memory_bench.py``). Needs a transformers
             causal LM whose logits are its output layer applied to the base model's last hidden
             state; any other model raises. Defaults to ``None`` (one forward to full logits).
+        shared_prefix (bool): rows that share a prompt (a GRPO group, a DPO pair) forward it once
+            and continue from its key/value cache (:func:`shared_prefix_log_probs`; the same
+            log-probs and gradients up to float rounding). Reads the response mask
+            (``response_mask_key`` in ``forward``; the ``response_mask`` argument of
+            :meth:`log_probs`) to find where each prompt ends; right-padded transformers models
+            only, not with ``chunk_size``. Defaults to ``False``.
+        response_mask_key: the response-token mask ``shared_prefix`` reads. Defaults to
+            ``("masks", "all_assistant_mask")``.
     """
 
     def __init__(
@@ -216,10 +286,17 @@ class CausalLMLogProbs(TensorDictModuleBase):
         log_probs_key: NestedKey = ("log_probs", "full"),
         right_padded: bool = True,
         chunk_size: Optional[int] = None,
+        shared_prefix: bool = False,
+        response_mask_key: NestedKey = ("masks", "all_assistant_mask"),
     ) -> None:
         super().__init__()
         self.model = model
         self.right_padded = right_padded
+        if shared_prefix and (chunk_size is not None or not right_padded or not _is_hf_like(model)):
+            raise ValueError("CausalLMLogProbs: shared_prefix needs a right-padded transformers causal LM and no "
+                             "chunk_size (each chunk would need the continuation's hidden states)")
+        self.shared_prefix = bool(shared_prefix)
+        self.response_mask_key = response_mask_key
         if chunk_size is not None:
             if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
                 raise ValueError(f"CausalLMLogProbs: chunk_size must be a whole number >= 1 or None, got {chunk_size!r}")
@@ -242,11 +319,17 @@ class CausalLMLogProbs(TensorDictModuleBase):
             return int(config.vocab_size)
         return getattr(self.model, "num_embeddings", None)
 
-    def log_probs(self, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Log-probs for ``tokens [..., T]``; all leading dims run as one batch of rows."""
+    def log_probs(self, tokens: torch.Tensor, attention_mask: torch.Tensor,
+                  response_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Log-probs for ``tokens [..., T]``; all leading dims run as one batch of rows (with
+        ``shared_prefix`` and a ``response_mask``, rows sharing a prompt forward it once)."""
         lead = tokens.shape[:-1]
         ids = tokens.reshape(-1, tokens.shape[-1])
         mask = attention_mask.reshape(ids.shape)
+        if self.shared_prefix and response_mask is not None:
+            lp = shared_prefix_log_probs(self.model, ids, mask, response_mask.reshape(ids.shape))
+            if lp is not None:
+                return lp.reshape(*lead, ids.shape[-1])
         if self.chunk_size is not None:
             base, head = _split_head(self.model)  # checked when the module was made
             hidden = base(input_ids=ids, attention_mask=None if self.right_padded else mask.long()).last_hidden_state
@@ -258,7 +341,8 @@ class CausalLMLogProbs(TensorDictModuleBase):
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         tokens = tensordict.get(self.tokens_key)
         mask = tensordict.get(self.attention_mask_key)
-        tensordict.set(self.log_probs_key, self.log_probs(tokens, mask))
+        response = tensordict.get(self.response_mask_key, None) if self.shared_prefix else None
+        tensordict.set(self.log_probs_key, self.log_probs(tokens, mask, response))
         return tensordict
 
 

@@ -255,6 +255,8 @@ class TextGRPOLoss(GroupAdvantageLoss):
         return td
 
     def _log_probs(self, td: TensorDictBase, tokens: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        if getattr(self.actor_network, "shared_prefix", False):  # a group's responses share their prompt's forward
+            return self.actor_network.log_probs(tokens, attn, self._get(td, "response_mask", "the response-token mask"))
         if hasattr(self.actor_network, "log_probs"):
             return self.actor_network.log_probs(tokens, attn)
         k = self.tensor_keys
