@@ -246,11 +246,15 @@ def policy_and_reference(config: Any, data: Any, name: str, *, reference: Any = 
     else:
         policy_model = _trainable_copy(base)
     if config.gradient_checkpointing:
-        if not hasattr(policy_model, "gradient_checkpointing_enable"):
+        # non-reentrant: works with inputs that need no grad (token ids) and with LoRA's frozen base;
+        # transformers >= 5.2x calls it activation checkpointing (the old name warns)
+        if hasattr(policy_model, "activation_checkpointing_enable"):
+            policy_model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        elif hasattr(policy_model, "gradient_checkpointing_enable"):
+            policy_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
             raise UserError(f"{name}: gradient_checkpointing=true needs a transformers model, got "
                             f"{type(policy_model).__name__}")
-        # non-reentrant: works with inputs that need no grad (token ids) and with LoRA's frozen base
-        policy_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     policy_model.train()
     return policy_model, base
 
