@@ -57,8 +57,9 @@ class DiffuserPlanner(PlannerMixin, TensorDictModuleBase):
         low, high: the data's per-channel range of ``[action, observation]`` (raw units);
             every reverse step clips its predicted clean plan to it, as the reference
             clips to ``[-1, 1]`` after scaling the data's range there (None: no clipping).
-        n_samples: plans per environment (reference: 64).
-        guide_scale: step size of the value guidance (reference: 0.1; 0 turns it off).
+        n_samples: plans per environment (default 1, as ``diffuser``'s registered config; reference: 64).
+        guide_scale: step size of the value guidance (default 0: unguided, as the registered config,
+            under which Diffuser learned on Pendulum here, docs/results.md; reference: 0.1).
         n_guide_steps: guidance steps per reverse step (reference: 2).
         t_stopgrad: no guidance at diffusion steps below this (reference: 2).
         predict_epsilon: how the denoiser was trained (default: it predicts the clean plan).
@@ -81,8 +82,8 @@ class DiffuserPlanner(PlannerMixin, TensorDictModuleBase):
         scale: Optional[torch.Tensor] = None,
         low: Optional[torch.Tensor] = None,
         high: Optional[torch.Tensor] = None,
-        n_samples: int = 16,
-        guide_scale: float = 0.1,
+        n_samples: int = 1,
+        guide_scale: float = 0.0,
         n_guide_steps: int = 2,
         t_stopgrad: int = 2,
         predict_epsilon: bool = False,
