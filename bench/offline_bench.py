@@ -22,6 +22,12 @@ figures are update steps per second, sampling excluded.
 
 With ``--plain`` a hand-written plain PyTorch IQL (no TensorDict, no TorchRL) joins the IQL turns.
 
+SAC-N and EDAC (``--algos sac-n,edac --critics 10,50``) have no TorchRL reference loop; their
+contenders are ours (the N critics as one vmapped ensemble), a plain PyTorch loop over N
+separate critic modules (``_PlainEnsemble``: what one writes without vmap), and d3rlpy's
+``SAC`` with ``n_critics=N`` (its critics are a ``ModuleList`` run one by one; d3rlpy has no
+EDAC). All on the registered defaults: 3x256 networks, batch 256.
+
 Run: ``python bench/offline_bench.py [--steps 300] [--rounds 5] [--algos iql,td3-bc,cql]
 [--d3rlpy-python /path/to/venv/bin/python] [--compile] [--plain]``; ``--compile`` adds ours
 through ``torch.compile`` (``train --compile``) as a further contender. Prints a markdown table and a
@@ -31,6 +37,7 @@ JSON line.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import statistics
@@ -147,13 +154,13 @@ def _reference(name: str, data):
     return compute, terms, opts, SoftUpdate(loss, tau=0.005), max(every for _, _, every in groups)
 
 
-def _ours(name: str, data, compile_: bool):
+def _ours(name: str, data, compile_: bool, **overrides):
     from offline_plugins.algorithms.base import compute_terms, target_update_period
     from offline_plugins.lightning.module import compile_terms, make_shell_optimizer
     from offline_plugins.plugins.manager import load_registry
 
     spec = load_registry().algorithm(name)
-    config = spec.default_config()
+    config = dataclasses.replace(spec.default_config(), **overrides)
     parts = spec.load_build()(config, data)
     terms = [(g.loss_keys, g.every) for g in parts.optimizers]
     # the training shell's optimiser: one fused Adam over every group (a group not due has
@@ -226,6 +233,96 @@ class _PlainIQL:
         return steps / (time.perf_counter() - t0)
 
 
+class _PlainEnsemble:
+    """SAC-N (and EDAC with ``eta``) as one writes it without vmap: N ``nn.Sequential`` critics
+    in a list, each run in turn; one Adam for the critics, one for the actor, one for the
+    temperature; CORL's update order (critics, then actor and temperature). EDAC's action
+    gradients are one ``autograd.grad`` per critic."""
+
+    def __init__(self, obs_dim: int, act_dim: int, n: int, sample, eta=None, hidden=(256, 256, 256),
+                 warmup: int = 5) -> None:
+        import copy
+
+        import torch
+        from torch import nn
+
+        def mlp(i, o):
+            layers, last = [], i
+            for h in hidden:
+                layers += [nn.Linear(last, h), nn.ReLU()]
+                last = h
+            return nn.Sequential(*layers, nn.Linear(last, o))
+
+        self.critics = nn.ModuleList([mlp(obs_dim + act_dim, 1) for _ in range(n)])
+        self.targets = copy.deepcopy(self.critics)
+        self.actor = mlp(obs_dim, 2 * act_dim)
+        self.log_alpha = torch.zeros(1, requires_grad=True)
+        self.opt_q = torch.optim.Adam(self.critics.parameters(), lr=3e-4)
+        self.opt_pi = torch.optim.Adam(self.actor.parameters(), lr=3e-4)
+        self.opt_alpha = torch.optim.Adam([self.log_alpha], lr=3e-4)
+        self.eta, self.target_entropy, self.sample = eta, -float(act_dim), sample
+        self.run(warmup)
+
+    def _policy(self, obs):
+        import torch
+        import torch.nn.functional as F
+
+        loc, log_scale = self.actor(obs).chunk(2, -1)
+        dist = torch.distributions.Normal(loc, F.softplus(log_scale) + 1e-4)
+        x = dist.rsample()
+        a = torch.tanh(x)
+        return a, (dist.log_prob(x) - torch.log1p(-a.pow(2) + 1e-6)).sum(-1, keepdim=True)
+
+    def _one(self, b) -> None:
+        import torch
+        import torch.nn.functional as F
+
+        obs, act = b["observation"], b["action"]
+        nobs, rew = b["next", "observation"], b["next", "reward"]
+        not_done = 1.0 - b["next", "terminated"].float()
+        alpha = self.log_alpha.detach().exp()
+        with torch.no_grad():
+            a2, lp2 = self._policy(nobs)
+            sa2 = torch.cat([nobs, a2], -1)
+            q_next = torch.stack([t(sa2) for t in self.targets]).min(0).values - alpha * lp2
+            y = rew + 0.99 * not_done * q_next
+        loss_q, grads = 0.0, []
+        for critic in self.critics:
+            a = act.clone().requires_grad_(self.eta is not None)
+            q = critic(torch.cat([obs, a], -1))
+            loss_q = loss_q + F.mse_loss(q, y)
+            if self.eta is not None:
+                grads.append(torch.autograd.grad(q.sum(), a, create_graph=True)[0])
+        if self.eta is not None:
+            g = torch.stack(grads)
+            g = g / (g.norm(dim=-1, keepdim=True) + 1e-10)
+            gram = torch.einsum("ibk,jbk->bij", g, g) * (1 - torch.eye(len(grads)))
+            loss_q = loss_q + self.eta * gram.sum((1, 2)).mean() / (len(grads) - 1)
+        self.opt_q.zero_grad(set_to_none=True)
+        loss_q.backward()
+        self.opt_q.step()
+        a, lp = self._policy(obs)
+        sa = torch.cat([obs, a], -1)
+        q_pi = torch.stack([c(sa) for c in self.critics]).min(0).values
+        loss_pi = (alpha * lp - q_pi).mean()
+        loss_alpha = -(self.log_alpha * (lp.detach() + self.target_entropy)).mean()
+        self.opt_pi.zero_grad(set_to_none=True)
+        self.opt_alpha.zero_grad(set_to_none=True)
+        (loss_pi + loss_alpha).backward()
+        self.opt_pi.step()
+        self.opt_alpha.step()
+        with torch.no_grad():
+            for p, pt in zip(self.critics.parameters(), self.targets.parameters()):
+                pt.lerp_(p, 0.005)
+
+    def run(self, steps: int) -> float:
+        batches = [self.sample() for _ in range(steps)]
+        t0 = time.perf_counter()
+        for b in batches:
+            self._one(b)
+        return steps / (time.perf_counter() - t0)
+
+
 class _Runner:
     """Steps one contender in chunks, so contenders can take turns under the same machine load."""
 
@@ -283,6 +380,10 @@ if name == "iql":
     algo = d3rlpy.algos.IQLConfig(value_encoder_factory=enc, expectile=0.7, weight_temp=3.0, **kw).create(device="cpu:0")
 elif name == "td3-bc":
     algo = d3rlpy.algos.TD3PlusBCConfig(alpha=2.5, **kw).create(device="cpu:0")
+elif name.startswith("sac-n:"):  # SAC-N: d3rlpy's SAC with N critics (3x256 networks, as ours)
+    enc = d3rlpy.models.VectorEncoderFactory([256, 256, 256])
+    algo = d3rlpy.algos.SACConfig(n_critics=int(name.split(":")[1]), batch_size=256, actor_encoder_factory=enc,
+                                  critic_encoder_factory=enc).create(device="cpu:0")
 else:
     algo = d3rlpy.algos.CQLConfig(conservative_weight=5.0, n_action_samples=10, **kw).create(device="cpu:0")
 algo.build_with_dataset(ds)
@@ -340,6 +441,8 @@ def main(argv=None) -> None:
                         help="also time ours through torch.compile, as `train --compile` (opt-in)")
     parser.add_argument("--d3rlpy-python", default=None, help="python of a venv with d3rlpy 2.x")
     parser.add_argument("--plain", action="store_true", help="also time a hand-written plain PyTorch IQL")
+    parser.add_argument("--critics", default="10,50", help="SAC-N / EDAC: ensemble sizes N to time")
+    parser.add_argument("--ensemble-steps", type=int, default=60, help="SAC-N / EDAC: timed steps per contender and N")
     args = parser.parse_args(argv)
 
     import torch
@@ -350,7 +453,8 @@ def main(argv=None) -> None:
     data, td = _dataset(args.obs_dim, args.act_dim, device)
     sample = _sampler(td, device)
     rows = []
-    for name in args.algos.split(","):
+    ensemble_rows = _ensemble_rows(args, data, sample, device)
+    for name in [a for a in args.algos.split(",") if a not in ("sac-n", "edac")]:
         with torch.device(device):
             runners = {"torchrl": _Runner(*_reference(name, data), sample), "ours": _Runner(*_ours(name, data, False), sample)}
             if args.compile:
@@ -381,8 +485,9 @@ def main(argv=None) -> None:
                      "compiled/torchrl": med["compiled"] / med["torchrl"] if "compiled" in med else None,
                      "compiled/d3rlpy": med["compiled"] / d3 if d3 and "compiled" in med else None,
                      "d3rlpy_error": d3_err, "chunks": speeds})
-    print("| algorithm | ours (steps/s) | TorchRL loop | d3rlpy | ours / TorchRL | ours / d3rlpy |")
-    print("|---|---|---|---|---|---|")
+    if rows:
+        print("| algorithm | ours (steps/s) | TorchRL loop | d3rlpy | ours / TorchRL | ours / d3rlpy |")
+        print("|---|---|---|---|---|---|")
     for r in rows:
         d3 = f"{r['d3rlpy']:.1f}" if r["d3rlpy"] else "-"
         rd = f"{r['ours/d3rlpy']:.2f}x" if r["ours/d3rlpy"] else "-"
@@ -397,7 +502,55 @@ def main(argv=None) -> None:
         print(f"\ncql: arithmetic floor {ceiling['floor_ms']:.0f} ms per step at the measured GEMM rate "
               f"({ceiling['gflops']:.0f} GFLOP/s), so at most {ceiling['max_steps_per_s']:.1f} steps/s for anyone")
     print(json.dumps({"device": str(device), "compile": args.compile, "steps": args.steps, "rows": rows,
-                      "cql_ceiling": ceiling}))
+                      "ensemble_rows": ensemble_rows, "cql_ceiling": ceiling}))
+
+
+def _ensemble_rows(args, data, sample, device) -> list:
+    """SAC-N / EDAC at each ``--critics`` N: ours (vmapped), the plain per-critic loop, d3rlpy's SAC (SAC-N only)."""
+    import torch
+
+    rows = []
+    for name in [a for a in args.algos.split(",") if a in ("sac-n", "edac")]:
+        for n in [int(c) for c in args.critics.split(",")]:
+            with torch.device(device):
+                runners = {"ours": _Runner(*_ours(name, data, False, num_critics=n), sample, warmup=5),
+                           "plain": _PlainEnsemble(args.obs_dim, args.act_dim, n, sample,
+                                                   eta=1.0 if name == "edac" else None)}
+            d3_err = "not run" if name == "sac-n" else "d3rlpy has no EDAC"
+            if args.d3rlpy_python and name == "sac-n":
+                try:
+                    runners["d3rlpy"] = _D3rlpyRunner(args.d3rlpy_python, f"sac-n:{n}", args.obs_dim, args.act_dim)
+                    d3_err = None
+                except Exception as exc:
+                    d3_err = str(exc)
+            speeds = {k: [] for k in runners}
+            chunk = max(1, args.ensemble_steps // args.rounds)
+            for _ in range(args.rounds):
+                for key, runner in runners.items():
+                    speeds[key].append(runner.run(chunk))
+            if "d3rlpy" in runners:
+                runners["d3rlpy"].close()
+            med = {k: statistics.median(v) for k, v in speeds.items()}
+            rows.append({"algo": name, "critics": n, **med, "ours/plain": med["ours"] / med["plain"],
+                         "ours/d3rlpy": med["ours"] / med["d3rlpy"] if "d3rlpy" in med else None,
+                         "d3rlpy_error": d3_err, "chunks": speeds})
+    if not rows:
+        return rows
+    print("| algorithm | N | ours, vmapped (steps/s) | plain loop over N critics | d3rlpy SAC, N critics | ours / plain | ours / d3rlpy |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        d3 = f"{r['d3rlpy']:.2f}" if r.get("d3rlpy") else "-"
+        rd = f"{r['ours/d3rlpy']:.2f}x" if r["ours/d3rlpy"] else "-"
+        print(f"| {r['algo']} | {r['critics']} | {r['ours']:.2f} | {r['plain']:.2f} | {d3} | {r['ours/plain']:.2f}x | {rd} |")
+    for name in sorted({r["algo"] for r in rows}):
+        by_n = {r["critics"]: r for r in rows if r["algo"] == name}
+        if len(by_n) > 1:
+            lo, hi = min(by_n), max(by_n)
+            for who in ("ours", "plain", "d3rlpy"):
+                if by_n[lo].get(who) and by_n[hi].get(who):
+                    print(f"\n{name}, {who}: a step at N={hi} costs {by_n[lo][who] / by_n[hi][who]:.1f}x one at N={lo} "
+                          f"({hi / lo:.0f}x the critics)")
+    return rows
 
 
 def _cql_ceiling(obs_dim: int, act_dim: int, device) -> dict:

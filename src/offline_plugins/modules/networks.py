@@ -43,6 +43,9 @@ __all__ = [
     "make_vae",
     "make_perturbation",
     "action_bounds",
+    "layer_norm_mlp",
+    "LayerNormQValueNet",
+    "make_layer_norm_qvalue",
 ]
 
 
@@ -227,3 +230,37 @@ def make_perturbation(
     low, high = action_bounds(action_spec)
     net = BCQPerturbation(obs_dim, low.numel(), low, high, hidden, phi)
     return TensorDictModule(net, in_keys=["observation", "action"], out_keys=["perturbed_action"])
+
+
+def layer_norm_mlp(in_features: int, out_features: int, hidden: Sequence[int] = (256, 256, 256)) -> nn.Sequential:
+    """``Linear -> ReLU -> LayerNorm`` per hidden width, then a linear head: ReBRAC's critic
+    (Tarasov et al. 2023, arXiv:2305.09836, Sec. 3; CORL's ``rebrac.py`` puts the norm after
+    the activation)."""
+    layers: list[nn.Module] = []
+    last = in_features
+    for width in hidden:
+        layers += [nn.Linear(last, int(width)), nn.ReLU(), nn.LayerNorm(int(width))]
+        last = int(width)
+    layers.append(nn.Linear(last, out_features))
+    return nn.Sequential(*layers)
+
+
+class LayerNormQValueNet(nn.Module):
+    """``Q(s, a) = layer_norm_mlp([s, a])``."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int] = (256, 256, 256)) -> None:
+        super().__init__()
+        self.net = layer_norm_mlp(obs_dim + action_dim, 1, hidden)
+
+    def forward(self, observation: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat([observation, action], -1))
+
+
+def make_layer_norm_qvalue(obs_dim: int, action_dim: int, hidden: Sequence[int] = (256, 256, 256)) -> ValueOperator:
+    """:func:`make_qvalue` with a LayerNorm after every hidden activation (:class:`LayerNormQValueNet`).
+
+    >>> q = make_layer_norm_qvalue(3, 1, hidden=(8, 8))
+    >>> sum(isinstance(m, nn.LayerNorm) for m in q.modules())
+    2
+    """
+    return ValueOperator(LayerNormQValueNet(obs_dim, action_dim, hidden), in_keys=["observation", "action"])

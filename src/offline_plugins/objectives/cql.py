@@ -259,6 +259,7 @@ class CQLLoss(DiagnosticsContract, _TorchRLCQLLoss):
             ).select(*self.qvalue_network.in_keys, strict=False)
             q_all = self._vmap_qvalue_networkN0(q_td, self.qvalue_network_params).get(keys.state_action_value)
         q_random, q_curr, q_next = q_all.squeeze(-1).reshape(self.num_qvalue_nets, 3, batch, n).unbind(1)
+        q_curr, q_next = self._policy_values(tensordict, q_curr, q_next)
         random_density = action.shape[-1] * math.log(0.5)
         cat_q = torch.cat(
             [
@@ -278,6 +279,12 @@ class CQLLoss(DiagnosticsContract, _TorchRLCQLLoss):
             # two critics, each penalised by alpha' (gap_i - tau)
             loss = self._alpha_prime * (loss - 2 * self.target_action_gap)
         return loss, {}
+
+    def _policy_values(self, tensordict: TensorDictBase, q_curr: torch.Tensor,
+                       q_next: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The critics' values ``[critics, batch, num_random]`` of the current and next policy's
+        actions as the log-sum-exp reads them; here unchanged (Cal-QL bounds them below)."""
+        return q_curr, q_next
 
     def alpha_prime_loss(self, tensordict: TensorDictBase):
         if self.conservative_term == "torchrl":
