@@ -34,9 +34,8 @@ class CalQLConfig(CQLConfig):
 def build(config: CalQLConfig, data: Any):
     """CQL's parts with :class:`~offline_plugins.objectives.cal_ql.CalQLLoss` and the data's discounted returns."""
     from offline_plugins.algorithms import _glue
+    from offline_plugins.algorithms.cql import build_with
     from offline_plugins.errors import UserError
-    from offline_plugins.modules import networks
-    from offline_plugins.modules.policies import DeterministicPolicy
     from offline_plugins.objectives.cal_ql import CalQLLoss
     from offline_plugins.objectives.columns import DatasetColumns, discounted_returns
 
@@ -45,27 +44,8 @@ def build(config: CalQLConfig, data: Any):
     if td is None:
         raise UserError("cal-ql: the data has no stored transitions (data.td) to compute the Monte-Carlo returns "
                         "from; load it with offline_plugins.data.load_offline_data")
-    n_obs, hidden = _glue.obs_dim(data), tuple(config.hidden)
-    actor = networks.make_tanh_gaussian_actor(n_obs, data.action_spec, hidden)
-    qvalue = networks.make_qvalue(n_obs, _glue.action_dim(data), hidden)
-    loss = CalQLLoss(
-        actor,
-        qvalue,
-        columns=DatasetColumns({"mc_return": discounted_returns(td, config.gamma)}),
-        min_q_weight=config.min_q_weight,
-        with_lagrange=config.with_lagrange,
-        lagrange_thresh=config.lagrange_thresh,
-        num_random=config.num_random,
-        temperature=config.temperature,
-        action_spec=data.action_spec,
-        diagnostics=True,
-        mc_diagnostics=_glue.has_return_to_go(data),
-    )
-    groups = _glue.actor_critic_groups(loss, config, "loss_qvalue", "loss_cql")
-    groups.append(_glue.group("alpha", [loss.log_alpha], config.alpha_lr, "loss_alpha"))
-    if config.with_lagrange:
-        groups.append(_glue.group("alpha_prime", [loss.log_alpha_prime], config.alpha_lr, "loss_alpha_prime"))
-    return _glue.transition_parts(loss, DeterministicPolicy(actor), config, groups)
+    columns = DatasetColumns({"mc_return": discounted_returns(td, config.gamma)})
+    return build_with(CalQLLoss, config, data, columns=columns)
 
 
 offline_plugins_register_algorithms = builtin_hook(

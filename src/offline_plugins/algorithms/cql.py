@@ -43,18 +43,27 @@ class DiscreteCQLConfig(TDConfig):
 def build(config: CQLConfig, data: Any):
     """CQL(H) on SAC: tanh-Gaussian actor, twin Q, entropy temperature, optional alpha'."""
     from offline_plugins.algorithms import _glue
-    from offline_plugins.modules import networks
-    from offline_plugins.modules.policies import DeterministicPolicy
     from offline_plugins.objectives.cql import CQLLoss
 
     name = "cql-lagrange" if config.with_lagrange else "cql"
     _glue.check_inputs(config, data, name, "continuous")
+    return build_with(CQLLoss, config, data)
+
+
+def build_with(loss_class: type, config: CQLConfig, data: Any, **loss_kwargs: Any):
+    """CQL's parts around ``loss_class`` (:class:`~offline_plugins.objectives.cql.CQLLoss` or a
+    subclass of it, given ``loss_kwargs`` beside the config's settings); inputs already checked."""
+    from offline_plugins.algorithms import _glue
+    from offline_plugins.modules import networks
+    from offline_plugins.modules.policies import DeterministicPolicy
+
     n_obs, hidden = _glue.obs_dim(data), tuple(config.hidden)
     actor = networks.make_tanh_gaussian_actor(n_obs, data.action_spec, hidden)
     qvalue = networks.make_qvalue(n_obs, _glue.action_dim(data), hidden)
-    loss = CQLLoss(
+    loss = loss_class(
         actor,
         qvalue,
+        **loss_kwargs,
         min_q_weight=config.min_q_weight,
         with_lagrange=config.with_lagrange,
         lagrange_thresh=config.lagrange_thresh,
