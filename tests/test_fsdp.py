@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from _ranks import launch
 
 SCRIPT = Path(__file__).parent / "_llm_fsdp_run.py"
 
@@ -26,29 +26,10 @@ def _write(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def _launch(cmd: list[str], env: dict, timeout: float = 280) -> subprocess.CompletedProcess:
-    """Run ``cmd`` in its own process group, and end the whole group afterwards: the rank Lightning's
-    launcher starts must not outlive a failed or timed-out rank 0 (it would wait on gloo for minutes)."""
-    import signal
-
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        if proc.returncode is None:
-            out, err = proc.communicate()
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
 def _run(tmp_path: Path, algorithm: str, data: Path, out: Path, steps: int, strategy: str, *extra: str) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
            "OFFLINE_PLUGINS_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(Path(__file__).parent)}
-    proc = _launch([sys.executable, str(SCRIPT), algorithm, str(data), str(out), str(steps), strategy, *extra], env)
+    proc = launch([sys.executable, str(SCRIPT), algorithm, str(data), str(out), str(steps), strategy, *extra], env, 280)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return torch.load(out / "final.pt", weights_only=False)
 
@@ -208,7 +189,7 @@ def test_lora_under_fsdp_shards_the_base_and_exports_adapters_and_the_merged_mod
     cmd = [sys.executable, "-m", "offline_plugins.cli", "train", "dpo", "--dataset", str(data["dpo"]), "--model",
            "tiny", "--steps", "2", "--devices", "2", "--accelerator", "cpu", "--strategy", "fsdp", "--set",
            "batch_size=8", "--set", "lora_r=4", "--out", str(out), "--no-progress"]
-    proc = _launch(cmd, env)
+    proc = launch(cmd, env, 280)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (out / "adapter" / "adapter_config.json").is_file() and (out / "model" / "config.json").is_file()
     summary = json.loads((out / "summary.json").read_text())

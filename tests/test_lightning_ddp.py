@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from _ranks import launch
 
 SCRIPT = Path(__file__).parent / "_lightning_ddp_run.py"
 
@@ -20,9 +20,7 @@ SCRIPT = Path(__file__).parent / "_lightning_ddp_run.py"
 def test_two_cpu_ranks_stay_in_sync_and_sample_differently(tmp_path):
     out = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), str(out), "8"], env=env, capture_output=True, text=True, timeout=230
-    )
+    proc = launch([sys.executable, str(SCRIPT), str(out), "8"], env, 230)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     assert [r["world_size"] for r in ranks] == [2, 2]

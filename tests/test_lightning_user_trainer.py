@@ -9,7 +9,6 @@ import csv
 import json
 import os
 import random
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -21,6 +20,7 @@ from lightning.pytorch import Callback
 from lightning.pytorch.loggers import CSVLogger
 
 from _lightning_fixtures import TINY_SPEC, FakeOfflineData
+from _ranks import launch
 
 import offline_plugins.lightning as opl
 from offline_plugins.errors import UserError
@@ -269,8 +269,7 @@ def test_train_builds_its_run_with_build(tmp_path, monkeypatch):
 @pytest.mark.timeout(300)
 def test_ddp_on_two_cpu_ranks_through_a_user_trainer(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run([sys.executable, str(DDP_SCRIPT), str(tmp_path), "6"], env=env, capture_output=True,
-                          text=True, timeout=280)
+    proc = launch([sys.executable, str(DDP_SCRIPT), str(tmp_path), "6"], env, 280)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
     assert [r["world_size"] for r in ranks] == [2, 2] and [r["steps"] for r in ranks] == [6, 6]

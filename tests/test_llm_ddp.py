@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from _ranks import launch
 
 SCRIPT = Path(__file__).parent / "_llm_ddp_run.py"
 
@@ -33,8 +33,7 @@ def test_two_cpu_ranks_train_a_language_model_in_sync(tmp_path, algorithm):
     out = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
            "OFFLINE_PLUGINS_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(Path(__file__).parent)}
-    proc = subprocess.run([sys.executable, str(SCRIPT), algorithm, str(data), str(out), "4"], env=env,
-                          capture_output=True, text=True, timeout=290)
+    proc = launch([sys.executable, str(SCRIPT), algorithm, str(data), str(out), "4"], env, 290)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     assert [r["world_size"] for r in ranks] == [2, 2]
@@ -69,7 +68,7 @@ def test_fsdp_on_two_gpus_shards_the_decoder_layers_and_saves_a_checkpoint(tmp_p
     cmd = [sys.executable, "-m", "offline_plugins.cli", "train", "dpo", "--dataset", str(data), "--model", "tiny",
            "--steps", "4", "--devices", "2", "--accelerator", "gpu", "--strategy", "fsdp", "--set", "batch_size=8",
            "--out", str(out), "--no-progress"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=290)
+    proc = launch(cmd, env, 290)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((out / "summary.json").read_text())["world_size"] == 2
     assert main(["eval", str(out / "checkpoints" / "last.ckpt"), "--json"]) == 0
