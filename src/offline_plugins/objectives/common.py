@@ -343,7 +343,7 @@ class TransitionKeys:
         action (NestedKey): the dataset's action. Defaults to ``"action"``.
         reward, done, terminated (NestedKey): under ``"next"``. Default to their names.
         priority (NestedKey): where the TD error is written. Defaults to ``"td_error"``.
-        return_to_go (NestedKey): the data's Monte-Carlo discounted return, read only for
+        return_to_go (NestedKey): the data's undiscounted Monte-Carlo return, read only for
             diagnostics when present. Defaults to ``"return_to_go"``.
     """
 
