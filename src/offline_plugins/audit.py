@@ -1,12 +1,14 @@
-"""Audit preference data before training on it: length and position bias, annotator agreement, label flips.
+"""Audit preference data before training on it: length, style and position bias, annotators, label flips.
 
 :func:`audit_preference_data` (``offline-plugins data audit DATASET``) reads any preference
 dataset the package reads (a built-in task, a JSONL file, ``hf:NAME``) and measures what
 the seeds (5.6.9) name as the ceiling of preference optimisation: systematic biases of the
-labels (length, position), disagreement between annotators, and broken rows. With a
-trained reward model or DPO-family policy (``model=``, a run folder or checkpoint) it adds
-the correlation of the model's score with length and the pairs the model ranks most
-confidently against their labels (candidate label flips). docs/audit.md explains each number.
+labels (length, markdown style, position), disagreement between annotators, annotators'
+accuracy on gold rows, and broken rows. With a trained reward model or DPO-family policy
+(``model=``, a run folder or checkpoint, or a Python scoring function) it adds the model's
+accuracy per length-difference bucket, the correlation of its score with length and the
+pairs it ranks most confidently against their labels (candidate label flips).
+docs/audit.md explains each number.
 
 The statistics are written here (no extra dependency), each with its formula:
 :func:`cohen_kappa`, :func:`krippendorff_alpha` (nominal, missing labels allowed) and
@@ -24,21 +26,24 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 from offline_plugins.errors import UserError
 
 __all__ = [
     "AuditError",
     "audit_preference_data",
+    "read_pairs",
     "cohen_kappa",
     "krippendorff_alpha",
     "wilson_interval",
     "plot_audit",
     "LENGTH_UNITS",
+    "STYLE_FEATURES",
 ]
 
 #: how response length is counted: characters, whitespace-separated words, or tokens of the tokenizer
@@ -46,6 +51,16 @@ LENGTH_UNITS = ("chars", "words", "tokens")
 #: algorithms whose loss is -log sigmoid(beta * implicit reward margin): their label probability uses beta
 _BETA_SIGMOID = ("dpo", "robust-dpo", "rpo")
 _TEXT_LIMIT = 200
+#: a fenced code block (``` or ~~~), up to its closing fence or the end of the text
+_CODE_BLOCK = re.compile(r"^ {0,3}(`{3,}|~{3,}).*?(?:^ {0,3}\1|\Z)", re.M | re.S)
+#: markdown style counted outside code blocks: ATX headings, list items, bold spans
+_STYLE_FEATURES = {
+    "headings": re.compile(r"^ {0,3}#{1,6}[ \t]+\S", re.M),
+    "list_items": re.compile(r"^[ \t]*(?:[-*+]|\d{1,9}[.)])[ \t]+\S", re.M),
+    "bold": re.compile(r"\*\*(?=\S)[^\n]*?\S\*\*|__(?=\S)[^\n]*?\S__"),
+}
+#: the style features the audit reports, in this order
+STYLE_FEATURES = (*_STYLE_FEATURES, "code_blocks")
 
 
 class AuditError(UserError, ValueError):
@@ -198,12 +213,17 @@ def _quantile(sorted_values: Sequence[float], q: float) -> float:
     return float(sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo))
 
 
-def _length_only_accuracy(diffs: Sequence[float], folds: int = 5) -> tuple[float, str]:
-    """Held-out accuracy of the best rule "the longer (or shorter) response is chosen".
+def _one_feature_accuracy(diffs: Sequence[float], folds: int = 5) -> tuple[float, bool]:
+    """Held-out accuracy of the best rule "the response with more (or less) of one feature is chosen".
 
-    The direction is chosen on the other folds of a ``folds``-fold split (pair ``i`` in
-    fold ``i % folds``), so a dataset without a length bias scores about 0.5 rather than
-    the optimistic ``max(p, 1 - p)``; a tie in length counts 1/2 (a coin flip).
+    ``diffs`` is the feature of the chosen minus that of the rejected, per pair (length, markdown
+    style). The direction is chosen on the other folds of a ``folds``-fold split (pair ``i`` in
+    fold ``i % folds``), so a dataset without the bias scores about 0.5 rather than the
+    optimistic ``max(p, 1 - p)``; a tie counts 1/2 (a coin flip). Returns the accuracy and
+    whether the rule fitted on all pairs is "more is chosen".
+
+    >>> _one_feature_accuracy([3, 1, 2, -1, 5])  # each fold's rule, from the other four: "more"
+    (0.8, True)
     """
     n = len(diffs)
     folds = max(1, min(folds, n))
@@ -215,9 +235,20 @@ def _length_only_accuracy(diffs: Sequence[float], folds: int = 5) -> tuple[float
     right = 0.0
     for i, s in enumerate(sign):
         rest = total - per_fold[i % folds]
-        rule = 1 if rest >= 0 else -1  # no evidence: prefer the longer one
+        rule = 1 if rest >= 0 else -1  # no evidence: prefer the one with more
         right += 0.5 if s == 0 else float(s == rule)
-    return right / max(n, 1), "longer" if total >= 0 else "shorter"
+    return right / max(n, 1), total >= 0
+
+
+def _chosen_more(diffs: Sequence[float]) -> dict:
+    """How often the chosen has more of a feature than the rejected: shares of all pairs, and the
+    share among the pairs that differ with its 95% Wilson interval."""
+    n = len(diffs)
+    more, less = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
+    untied = more + less
+    return {"chosen_more": more / n, "rejected_more": less / n, "ties": (n - untied) / n, "pairs_differing": untied,
+            "chosen_more_untied": more / untied if untied else None,
+            "chosen_more_untied_ci95": list(wilson_interval(more, untied)) if untied else None}
 
 
 # ---- rows --------------------------------------------------------------------------------
@@ -227,6 +258,14 @@ def _unknown_dataset(dataset: str) -> AuditError:
     from offline_plugins.data.preference_sources import unknown_preference_dataset
 
     return unknown_preference_dataset(dataset, "data audit", verb="reads", error=AuditError)
+
+
+def _check_dataset_id(dataset: Any) -> None:
+    if isinstance(dataset, (str, os.PathLike)):
+        from offline_plugins.data.preference_sources import resolve_preference_id
+
+        if resolve_preference_id(str(dataset)) is None:
+            raise _unknown_dataset(str(dataset))
 
 
 def _decode_pairs(td, tokenizer) -> list[dict]:
@@ -241,6 +280,36 @@ def _decode_pairs(td, tokenizer) -> list[dict]:
         rows.append({"prompt": tokenizer.decode(prompt, skip_special_tokens=True), "chosen": texts[0],
                      "rejected": texts[1]})
     return rows
+
+
+def _keep_gold(row: dict, value: Any, where: str) -> None:
+    """Check a row's ``gold`` marker (true: its ``chosen`` is the known right answer) and set it on ``row``.
+
+    >>> row = {}
+    >>> _keep_gold(row, True, "rows: row 0"); row
+    {'gold': True}
+    >>> _keep_gold(row, "yes", "f.jsonl: row 3 (line 4)")
+    Traceback (most recent call last):
+    ...
+    offline_plugins.audit.AuditError: f.jsonl: row 3 (line 4) field 'gold' is 'yes'; expected true (the row's chosen is the known right answer) or false; fix the row, or leave the field out
+    """
+    if value is None:
+        return
+    if not isinstance(value, bool):
+        raise AuditError(f"{where} field 'gold' is {value!r}; expected true (the row's chosen is the known right "
+                         "answer) or false; fix the row, or leave the field out")
+    row["gold"] = value
+
+
+def _keep_gold_jsonl(path: Path, rows: list[dict]) -> None:
+    """Copy the checked ``gold`` markers of a JSONL file's rows onto ``rows`` (the loaders keep no ``gold``)."""
+    from offline_plugins.data.jsonl import jsonl_objects
+
+    if '"gold"' not in path.read_text(encoding="utf-8-sig"):
+        return  # most files carry none: no second parse
+    for i, (n, raw) in enumerate(jsonl_objects(path, error=AuditError)):
+        if "gold" in raw:
+            _keep_gold(rows[i], raw["gold"], f"{path}: row {i} (line {n})")
 
 
 def _read_rows(dataset: Union[str, Sequence[Mapping]], *, base_model: str, progress: bool,
@@ -265,6 +334,8 @@ def _read_rows(dataset: Union[str, Sequence[Mapping]], *, base_model: str, progr
             for f in OPTIONAL_PAIR_FIELDS:
                 if f in original:
                     _keep_optional(row, f, original[f], f"rows: row {i}")
+            if "gold" in original:
+                _keep_gold(row, original["gold"], f"rows: row {i}")
         return "rows", rows, notes
     resolved = resolve_preference_id(str(dataset))
     if resolved is None:
@@ -287,6 +358,8 @@ def _read_rows(dataset: Union[str, Sequence[Mapping]], *, base_model: str, progr
             f"data audit reads (prompt, chosen, rejected) pairs, but {resolved} holds unpaired (prompt, completion, "
             "label) rows; audit the paired data they came from, or pair the rows first"
         )
+    if not resolved.startswith("hf:"):
+        _keep_gold_jsonl(Path(resolved), rows)
     return resolved, rows, notes
 
 
@@ -300,6 +373,15 @@ def _length(text: str, unit: str, tokenizer: Any) -> int:
 
 def _clip(text: str) -> str:
     return text if len(text) <= _TEXT_LIMIT else text[: _TEXT_LIMIT - 3] + "..."
+
+
+def read_pairs(dataset: Union[str, os.PathLike, Sequence[Mapping]], *, base_model: str = "tiny",
+               progress: bool = True) -> tuple[str, list[dict]]:
+    """``(dataset id, rows)``: the ``(prompt, chosen, rejected)`` rows of any preference dataset the audit reads,
+    with their checked optional fields (``shown_first``, ``annotations``, ``gold``)."""
+    _check_dataset_id(dataset)
+    dataset_id, rows, _ = _read_rows(dataset, base_model=base_model, progress=progress)
+    return dataset_id, rows
 
 
 # ---- the model -----------------------------------------------------------------------------
@@ -323,6 +405,38 @@ class _Scorer:
     @property
     def is_reward(self) -> bool:
         return hasattr(self.policy, "rewards")
+
+    def score(self, rows: Sequence[dict], *, batch_size: int, progress: bool):
+        return _score_rows(self, rows, batch_size=batch_size, progress=progress)
+
+
+@dataclass
+class _FunctionScorer:
+    """A Python function ``score(prompt, response) -> float`` (a reward) in place of a trained run."""
+
+    function: Callable[[str, str], float]
+    algorithm = "function"
+    dataset_id = None
+    is_reward = True
+    scale = None  # its units are unknown: no P(label)
+
+    @property
+    def checkpoint(self) -> str:
+        return getattr(self.function, "__qualname__", None) or repr(self.function)
+
+    def score(self, rows: Sequence[dict], *, batch_size: int, progress: bool):
+        import torch
+
+        kept = [i for i, r in enumerate(rows) if r["chosen"].strip() and r["rejected"].strip()
+                and r["chosen"].strip() != r["rejected"].strip()]  # the loader's row rules that need no tokenizer
+        scores = []
+        for i in kept:
+            pair = [self.function(rows[i]["prompt"], rows[i][k]) for k in ("chosen", "rejected")]
+            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in pair):
+                raise AuditError(f"model function {self.checkpoint} scored row {i} as {pair!r}; expected two finite "
+                                 "numbers (the reward of the chosen and of the rejected response)")
+            scores.append([float(x) for x in pair])
+        return kept, torch.tensor(scores, dtype=torch.float32).reshape(-1, 2)
 
 
 def _checkpoint_of(model: Union[str, os.PathLike]) -> Path:
@@ -440,12 +554,10 @@ def _score_rows(scorer: _Scorer, rows: Sequence[dict], *, batch_size: int, progr
 def _length_section(lc: Sequence[int], lr: Sequence[int], unit: str) -> dict:
     diffs = [float(c - r) for c, r in zip(lc, lr)]
     n = len(diffs)
-    longer = sum(d > 0 for d in diffs)
-    shorter = sum(d < 0 for d in diffs)
-    untied = longer + shorter
     s = sorted(diffs)
     mean = sum(diffs) / n
-    accuracy, rule = _length_only_accuracy(diffs)
+    accuracy, more = _one_feature_accuracy(diffs)
+    share = _chosen_more(diffs)
     bins = max(1, min(30, len(set(diffs))))
     lo, hi = s[0], s[-1]
     width = (hi - lo) / bins if hi > lo else 1.0
@@ -456,11 +568,11 @@ def _length_section(lc: Sequence[int], lr: Sequence[int], unit: str) -> dict:
     return {
         "unit": unit,
         "pairs": n,
-        "chosen_longer": longer / n,
-        "rejected_longer": shorter / n,
-        "ties": (n - untied) / n,
-        "chosen_longer_untied": longer / untied if untied else None,
-        "chosen_longer_untied_ci95": list(wilson_interval(longer, untied)) if untied else None,
+        "chosen_longer": share["chosen_more"],
+        "rejected_longer": share["rejected_more"],
+        "ties": share["ties"],
+        "chosen_longer_untied": share["chosen_more_untied"],
+        "chosen_longer_untied_ci95": share["chosen_more_untied_ci95"],
         "chosen_mean": sum(lc) / n,
         "rejected_mean": sum(lr) / n,
         "difference": {
@@ -470,7 +582,7 @@ def _length_section(lc: Sequence[int], lr: Sequence[int], unit: str) -> dict:
             "p75": _quantile(s, 0.75), "p90": _quantile(s, 0.9), "max": s[-1],
         },
         "length_only_accuracy": accuracy,
-        "length_only_rule": rule,
+        "length_only_rule": "longer" if more else "shorter",
         "histogram": {"edges": edges, "counts": counts},
     }
 
@@ -482,6 +594,54 @@ def _position_section(rows: Sequence[dict]) -> Optional[dict]:
     first = sum(s == "chosen" for s in shown)
     return {"pairs": len(shown), "first_preferred": first / len(shown),
             "first_preferred_ci95": list(wilson_interval(first, len(shown)))}
+
+
+def _style_counts(text: str) -> dict[str, int]:
+    """Markdown headings, list items, bold spans and fenced code blocks in ``text``.
+
+    >>> _style_counts("# Plan\\n\\n- **one**\\n- two\\n\\n```py\\nx = 1\\n```")
+    {'headings': 1, 'list_items': 2, 'bold': 1, 'code_blocks': 1}
+    """
+    prose, blocks = _CODE_BLOCK.subn("", text)
+    return {**{name: len(pattern.findall(prose)) for name, pattern in _STYLE_FEATURES.items()}, "code_blocks": blocks}
+
+
+def _style_section(rows: Sequence[dict]) -> dict:
+    counts = [(_style_counts(r["chosen"]), _style_counts(r["rejected"])) for r in rows]
+    n = len(rows)
+    features = {}
+    for name in STYLE_FEATURES:
+        features[name] = {"chosen_mean": sum(c[name] for c, _ in counts) / n,
+                          "rejected_mean": sum(r[name] for _, r in counts) / n,
+                          **_chosen_more([c[name] - r[name] for c, r in counts])}
+    combined = [sum(c.values()) - sum(r.values()) for c, r in counts]
+    accuracy, more = _one_feature_accuracy(combined)
+    return {
+        "pairs": n,
+        "pairs_with_style": sum(bool(sum(c.values()) + sum(r.values())) for c, r in counts),
+        "features": features,
+        "combined": _chosen_more(combined),
+        "style_only_accuracy": accuracy,
+        "style_only_rule": "more" if more else "less",
+    }
+
+
+def _gold_section(rows: Sequence[dict]) -> Optional[dict]:
+    """Each annotator's accuracy on the gold rows, whose ``chosen`` is the known right answer."""
+    gold = [r for r in rows if r.get("gold")]
+    if not gold:
+        return None
+    right: Counter = Counter()
+    given: Counter = Counter()
+    for r in gold:
+        for a in r.get("annotations") or []:
+            given[a["annotator"]] += 1
+            right[a["annotator"]] += a["preferred"] == "chosen"
+    per = [{"annotator": who, "gold_labels": given[who], "correct": right[who], "accuracy": right[who] / given[who],
+            "accuracy_ci95": list(wilson_interval(right[who], given[who]))} for who in sorted(given)]
+    return {"rows": len(gold), "annotated_rows": sum(bool(r.get("annotations")) for r in gold),
+            "labels": sum(given.values()), "accuracy": sum(right.values()) / sum(given.values()) if given else None,
+            "per_annotator": per}
 
 
 def _pair_key(row: Mapping) -> tuple:
@@ -561,6 +721,39 @@ def _agreement_section(units: dict) -> Optional[dict]:
     }
 
 
+def _judge_section(judge: Any, units: dict, rows: Sequence[dict]) -> Optional[dict]:
+    """The judge on every pair (both display orders): position consistency, agreement and kappa with the labels.
+
+    Labels are coded as in :func:`_agreement_section`, by position in the pair's label-free
+    order; a tie (position-inconsistent, or within the judge's margin) is no label.
+    """
+    pairs = list(units.values())
+    if not pairs:
+        return None
+    judged = judge.compare_many([(rows[u["first"]]["prompt"], *u["order"]) for u in pairs])
+    codes = [None if j.verdict == "tie" else "ab".index(j.verdict) for j in judged]
+    row_codes = [u["order"].index(u["chosen"].strip()) for u in pairs]
+    decided = [i for i, c in enumerate(codes) if c is not None]
+    consistent = sum(j.consistent for j in judged)
+    per = []
+    for who in sorted({a for u in pairs for a in u["labels"]}):
+        theirs = [u["order"].index(u["labels"][who]) if who in u["labels"] else None for u in pairs]
+        both = [i for i in decided if theirs[i] is not None]
+        per.append({"annotator": who, "pairs": len(both),
+                    "agreement": sum(codes[i] == theirs[i] for i in both) / len(both) if both else None,
+                    "cohen_kappa": cohen_kappa(codes, theirs)})
+    return {
+        "judge": judge.name,
+        "pairs": len(pairs),
+        "position_consistency": consistent / len(pairs),
+        "position_consistency_ci95": list(wilson_interval(consistent, len(pairs))),
+        "ties": (len(pairs) - len(decided)) / len(pairs),
+        "agrees_with_row_label": sum(codes[i] == row_codes[i] for i in decided) / len(decided) if decided else None,
+        "cohen_kappa_with_row_label": cohen_kappa(codes, row_codes),
+        "per_annotator": per,
+    }
+
+
 def _contradictions(units: dict, rows: Sequence[dict], top: int) -> dict:
     found = []
     for u in units.values():
@@ -605,9 +798,29 @@ def _issues_section(rows: Sequence[dict], tokenizer: Any, context: int, top: int
     }
 
 
-def _model_section(scorer: _Scorer, rows: Sequence[dict], lengths: tuple, *, top: int, batch_size: int,
-                   progress: bool) -> dict:
-    kept, scores = _score_rows(scorer, rows, batch_size=batch_size, progress=progress)
+def _length_buckets(diffs: Sequence[float], margins: Sequence[float]) -> dict:
+    """Preference accuracy (``margin > 0``) per bucket of the length difference ``d`` = chosen - rejected.
+
+    Five buckets around ``t``, the median ``|d|`` of the pairs of unequal length: ``d < -t``,
+    ``-t <= d < 0``, ``d = 0``, ``0 < d <= t`` and ``d > t``. A model that learned length
+    rather than content is right where the chosen is the longer and wrong where it is the shorter.
+    """
+    unequal = sorted(abs(d) for d in diffs if d)
+    t = _quantile(unequal, 0.5) if unequal else 0.0
+    inside = ((f"d < -{t:g}", lambda d: d < -t), (f"-{t:g} <= d < 0", lambda d: -t <= d < 0),
+              ("d = 0", lambda d: d == 0), (f"0 < d <= {t:g}", lambda d: 0 < d <= t), (f"d > {t:g}", lambda d: d > t))
+    buckets = []
+    for name, test in inside:
+        hits = [m > 0 for d, m in zip(diffs, margins) if test(d)]
+        right = sum(hits)
+        buckets.append({"bucket": name, "pairs": len(hits), "accuracy": right / len(hits) if hits else None,
+                        "accuracy_ci95": list(wilson_interval(right, len(hits))) if hits else None})
+    return {"threshold": t, "buckets": buckets}
+
+
+def _model_section(scorer: Union[_Scorer, _FunctionScorer], rows: Sequence[dict], lengths: tuple, *, top: int,
+                   batch_size: int, progress: bool) -> dict:
+    kept, scores = scorer.score(rows, batch_size=batch_size, progress=progress)
     section: dict = {
         "path": scorer.checkpoint,
         "algorithm": scorer.algorithm,
@@ -628,6 +841,7 @@ def _model_section(scorer: _Scorer, rows: Sequence[dict], lengths: tuple, *, top
         "score_length_pearson": _pearson(flat_lengths, flat_scores),
         "score_length_spearman": _spearman(flat_lengths, flat_scores),
         "margin_length_difference_spearman": _spearman([float(lc[i] - lr[i]) for i in kept], margin),
+        "length_buckets": _length_buckets([float(lc[i] - lr[i]) for i in kept], margin),
     })
     order = sorted(range(len(kept)), key=lambda j: margin[j])
     flips = []
@@ -649,7 +863,8 @@ def _model_section(scorer: _Scorer, rows: Sequence[dict], lengths: tuple, *, top
 def audit_preference_data(
     dataset: Union[str, os.PathLike, Sequence[Mapping[str, Any]]],
     *,
-    model: Union[None, str, os.PathLike] = None,
+    model: Union[None, str, os.PathLike, Callable[[str, str], float]] = None,
+    judge: Any = None,
     base_model: str = "tiny",
     length_unit: str = "chars",
     top: int = 10,
@@ -663,11 +878,18 @@ def audit_preference_data(
     Args:
         dataset: a preference dataset id (a built-in task, a ``.jsonl`` file, ``hf:NAME[:SPLIT]``)
             or a list of ``{"prompt", "chosen", "rejected"}`` rows; rows may carry
-            ``shown_first`` and ``annotations`` (see :mod:`offline_plugins.data.preference_sources`).
+            ``shown_first`` and ``annotations`` (see :mod:`offline_plugins.data.preference_sources`)
+            and, in JSONL files and lists, ``gold`` (true: the row's ``chosen`` is the known answer).
 
     Keyword Args:
-        model: a run folder (``OUT``) or checkpoint of a ``reward-model`` or DPO-family run;
-            adds the ``model`` section (its score's correlation with length, candidate label flips).
+        model: a run folder (``OUT``) or checkpoint of a ``reward-model`` or DPO-family run, or
+            a Python function ``score(prompt, response) -> float`` (a reward); adds the ``model``
+            section (accuracy per length-difference bucket, its score's correlation with
+            length, candidate label flips).
+        judge: a judge of :mod:`offline_plugins.eval.judge` (a ``Judge``, a function
+            ``f(prompt, first, second) -> P(first better)``, ``"MODULE:FUNCTION"`` or a model for
+            a rubric judge); adds the ``judge`` section (position consistency, agreement and
+            Cohen's kappa with the row labels and each annotator).
         base_model: without ``model``, the model whose tokenizer and context length count
             prompts over the context (and ``tokens`` lengths), and the base of a built-in
             task's SFT reference: the ``--model`` a training run would get. Defaults to ``"tiny"``.
@@ -679,8 +901,9 @@ def audit_preference_data(
         registry: the plugin registry (default: discover installed plugins).
 
     Returns:
-        ``dataset``, ``rows``, ``notes``, ``length``, ``position`` (None without
-        ``shown_first``), ``agreement`` (None without ``annotations``),
+        ``dataset``, ``rows``, ``notes``, ``length``, ``style``, ``position`` (None without
+        ``shown_first``), ``agreement`` (None without ``annotations``), ``gold`` (None
+        without gold rows),
         ``contradictory_pairs``, ``issues`` and ``model`` (None without ``model``);
         docs/audit.md describes every entry. Row numbers count from 0 in file order.
     """
@@ -690,12 +913,9 @@ def audit_preference_data(
         raise AuditError(f"top must be a whole number >= 0, got {top!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise AuditError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
-    if isinstance(dataset, (str, os.PathLike)):
-        from offline_plugins.data.preference_sources import resolve_preference_id
-
-        if resolve_preference_id(str(dataset)) is None:
-            raise _unknown_dataset(str(dataset))  # before any model is loaded
-    scorer = _load_scorer(model, registry=registry, device=device, progress=progress) if model is not None else None
+    _check_dataset_id(dataset)  # before any model is loaded
+    scorer = None if model is None or callable(model) else _load_scorer(model, registry=registry, device=device,
+                                                                         progress=progress)
     reuse = None
     if scorer is not None and isinstance(dataset, (str, os.PathLike)):
         from offline_plugins.data.preference_sources import resolve_preference_id
@@ -719,6 +939,10 @@ def audit_preference_data(
     lengths = ([_length(r["chosen"], length_unit, tokenizer) for r in rows],
                [_length(r["rejected"], length_unit, tokenizer) for r in rows])
     length = _length_section(*lengths, length_unit)
+    if judge is not None:
+        from offline_plugins.eval.judge import judge_from
+
+        judge = judge_from(judge, device=device)
     units = _units(rows)
     issues = _issues_section(rows, tokenizer, context, top)
     issues["tokenizer_of"] = counted_by
@@ -729,14 +953,18 @@ def audit_preference_data(
         "rows": len(rows),
         "notes": notes,
         "length": length,
+        "style": _style_section(rows),
         "position": _position_section(rows),
         "agreement": _agreement_section(units),
+        "gold": _gold_section(rows),
+        "judge": None if judge is None else _judge_section(judge, units, rows),
         "contradictory_pairs": _contradictions(units, rows, top),
         "issues": issues,
         "model": None,
     }
-    if scorer is not None:
-        report["model"] = _model_section(scorer, rows, lengths, top=top, batch_size=batch_size, progress=progress)
+    if model is not None:
+        report["model"] = _model_section(_FunctionScorer(model) if callable(model) else scorer, rows, lengths, top=top,
+                                         batch_size=batch_size, progress=progress)
     return report
 
 

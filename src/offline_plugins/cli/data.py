@@ -1,4 +1,5 @@
-"""``offline-plugins data list | make | info | audit``: dataset recipes, the local Minari store, preference audits.
+"""``offline-plugins data list | make | info | audit | label``: dataset recipes, the local Minari store, preference
+audits, AI-feedback labelling.
 
 The library functions these call are in :mod:`offline_plugins.data` and :mod:`offline_plugins.audit`.
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-__all__ = ["add_parsers", "cmd_data_list", "cmd_data_make", "cmd_data_info", "cmd_data_audit"]
+__all__ = ["add_parsers", "cmd_data_list", "cmd_data_make", "cmd_data_info", "cmd_data_audit", "cmd_data_label"]
 
 
 from offline_plugins.cli.args import non_negative as _non_negative
@@ -206,6 +207,19 @@ def _print_audit(r: dict) -> None:
     print(f"  mean length chosen / rejected  {ln['chosen_mean']:.1f} / {ln['rejected_mean']:.1f}")
     print(f"  length-only classifier         {ln['length_only_accuracy']:.3f}  (rule: the {ln['length_only_rule']} "
           "response is chosen; 0.5 = no length bias)")
+    st = r["style"]
+    print(f"\nstyle bias (markdown outside code blocks; {st['pairs_with_style']} of {st['pairs']} pairs have any)")
+    if not st["pairs_with_style"]:
+        print("  no response has a heading, list item, bold span or code block")
+    else:
+        print(f"  {'FEATURE':<12}  MEAN CHOSEN/REJECTED  DIFFER  CHOSEN-MORE  95% CI")
+        for name, f in [*st["features"].items(), ("all", st["combined"])]:
+            ci = f["chosen_more_untied_ci95"]
+            means = "" if name == "all" else f"{f['chosen_mean']:.2f} / {f['rejected_mean']:.2f}"
+            print(f"  {name:<12}  {means:>20}  {f['pairs_differing']:>6}  {_fmt(f['chosen_more_untied']):>11}  "
+                  + (f"{ci[0]:.3f}..{ci[1]:.3f}" if ci else "-"))
+        print(f"  style-only classifier          {st['style_only_accuracy']:.3f}  (rule: the response with "
+              f"{st['style_only_rule']} markdown is chosen; 0.5 = no style bias)")
     pos = r["position"]
     print("\nposition bias")
     if pos is None:
@@ -214,8 +228,11 @@ def _print_audit(r: dict) -> None:
         lo, hi = pos["first_preferred_ci95"]
         print(f"  first shown is chosen          {pos['first_preferred']:.3f}  ({pos['pairs']} pairs, 95% CI "
               f"{lo:.3f}..{hi:.3f}; 0.5 = no position bias)")
-    ag = r["agreement"]
-    print("\nannotator agreement")
+    ag, gold = r["agreement"], r["gold"]
+    print("\nannotator agreement" + (" and accuracy on gold rows (whose chosen is the known answer)" if gold else ""))
+    if gold is not None:
+        print(f"  {gold['rows']} gold rows, {gold['annotated_rows']} with annotations; accuracy of all "
+              f"{gold['labels']} labels on them {_fmt(gold['accuracy'])}")
     if ag is None:
         print("  no row has annotations")
     else:
@@ -226,10 +243,26 @@ def _print_audit(r: dict) -> None:
         print(f"  Cohen's kappa                  {kappa}")
         print(f"  Krippendorff's alpha (nominal) {_fmt(ag['krippendorff_alpha'])}")
         w = max(len(a["annotator"]) for a in ag["per_annotator"])
-        print(f"  {'ANNOTATOR':<{max(w, 9)}}  LABELS  AGREES-WITH-OTHERS  AGREES-WITH-ROW-LABEL")
+        on_gold = {a["annotator"]: a for a in gold["per_annotator"]} if gold else {}
+        print(f"  {'ANNOTATOR':<{max(w, 9)}}  LABELS  AGREES-WITH-OTHERS  AGREES-WITH-ROW-LABEL"
+              + ("  GOLD-CORRECT  GOLD-ACCURACY (95% CI)" if on_gold else ""))
         for a in ag["per_annotator"]:
+            g = on_gold.get(a["annotator"])
             print(f"  {a['annotator']:<{max(w, 9)}}  {a['labels']:>6}  {_fmt(a['agreement_with_others']):>18}  "
-                  f"{a['agrees_with_row_label']:>21.3f}")
+                  f"{a['agrees_with_row_label']:>21.3f}" + ("" if not on_gold else "  " + (
+                      f"{g['correct']:>7}/{g['gold_labels']:<4}  {g['accuracy']:.3f} ({g['accuracy_ci95'][0]:.3f}.."
+                      f"{g['accuracy_ci95'][1]:.3f})" if g else f"{'-':>12}  -")))
+    jd = r.get("judge")
+    if jd is not None:
+        lo, hi = jd["position_consistency_ci95"]
+        print(f"\njudge {jd['judge']} (each pair judged in both display orders; a verdict that flips is a tie)")
+        print(f"  position consistency           {jd['position_consistency']:.3f}  ({jd['pairs']} pairs, 95% CI "
+              f"{lo:.3f}..{hi:.3f}); ties {jd['ties']:.3f}")
+        print(f"  agrees with the row label      {_fmt(jd['agrees_with_row_label'])}  (Cohen's kappa "
+              f"{_fmt(jd['cohen_kappa_with_row_label'])})")
+        for a in jd["per_annotator"]:
+            print(f"  with annotator {a['annotator']:<15} agreement {_fmt(a['agreement'])}, Cohen's kappa "
+                  f"{_fmt(a['cohen_kappa'])} ({a['pairs']} pairs)")
     cp = r["contradictory_pairs"]
     print(f"\ncontradictory pairs (labelled both ways): {cp['count']}")
     for c in cp["pairs"]:
@@ -245,7 +278,8 @@ def _print_audit(r: dict) -> None:
         print(f"  dropped by the loader before decoding: {iss['loader_dropped']}")
     m = r["model"]
     if m is None:
-        print("\nmodel: none (--model OUT adds score-length correlation and candidate label flips)")
+        print("\nmodel: none (--model OUT adds accuracy per length difference, score-length correlation and "
+              "candidate label flips)")
         return
     print(f"\nmodel: {m['algorithm']} run {m['path']} (trained on {m['trained_on']}; score: {m['score']})")
     print(f"  pairs scored                   {m['pairs_scored']} ({m['pairs_skipped']} unusable)")
@@ -256,33 +290,49 @@ def _print_audit(r: dict) -> None:
     print(f"  score vs length                Pearson {_fmt(m['score_length_pearson'])}, Spearman "
           f"{_fmt(m['score_length_spearman'])}; margin vs length difference Spearman "
           f"{_fmt(m['margin_length_difference_spearman'])}")
+    print(f"  accuracy per length difference d = chosen - rejected (t = median |d| = {m['length_buckets']['threshold']:g})")
+    for b in m["length_buckets"]["buckets"]:
+        ci = b["accuracy_ci95"]
+        print(f"    {b['bucket']:<16} {b['pairs']:>6} pairs  accuracy {_fmt(b['accuracy'])}"
+              + (f"  (95% CI {ci[0]:.3f}..{ci[1]:.3f})" if ci else ""))
     print(f"  candidate label flips (most confidently against the label): {len(m['candidate_flips'])}")
     for f in m["candidate_flips"]:
         p = "" if f["p_label"] is None else f", P(label) {f['p_label']:.3f}"
         print(f"    row {f['row']}: margin {f['margin']:.3f}{p}; chosen {f['chosen']!r}, rejected {f['rejected']!r}")
 
 
-def cmd_data_audit(args) -> int:
-    """Length and position bias, annotator agreement, row issues and candidate label flips of a preference dataset."""
-    from offline_plugins.audit import plot_audit
+def _output_file(option: str, value: str, example: str):
+    """``value`` as a path with ``example``'s suffix in a folder that exists, else an error naming ``option``."""
     from pathlib import Path
 
     from offline_plugins.audit import AuditError
 
-    if args.plot is not None:
-        plot = Path(args.plot)
-        if plot.suffix.lower() != ".png":
-            raise AuditError(f"--plot {args.plot!r} should name a .png file, e.g. --plot audit.png")
-        if not plot.parent.is_dir():
-            raise AuditError(f"--plot {args.plot!r}: folder {str(plot.parent)!r} does not exist; create it or pick "
-                             "another path")
+    path, suffix = Path(value), Path(example).suffix
+    if path.suffix.lower() != suffix:
+        raise AuditError(f"{option} {value!r} should name a {suffix} file, e.g. {option} {example}")
+    if not path.parent.is_dir():
+        raise AuditError(f"{option} {value!r}: folder {str(path.parent)!r} does not exist; create it or pick another "
+                         "path")
+    return path
+
+
+def _set_threads(args) -> None:
     if args.threads is not None:
         import torch
 
         torch.set_num_threads(args.threads)
+
+
+def cmd_data_audit(args) -> int:
+    """Length and position bias, annotator agreement, row issues and candidate label flips of a preference dataset."""
+    from offline_plugins.audit import plot_audit
+
+    if args.plot is not None:
+        _output_file("--plot", args.plot, "audit.png")
+    _set_threads(args)
     from offline_plugins.audit import audit_preference_data
 
-    report = audit_preference_data(args.dataset, model=args.model, base_model=args.base_model,
+    report = audit_preference_data(args.dataset, model=args.model, judge=args.judge, base_model=args.base_model,
                                    length_unit=args.length_unit, top=args.top, device=args.device,
                                    progress=not args.no_progress, registry=_registry(args) if args.model else None)
     if args.plot is not None:
@@ -293,6 +343,38 @@ def cmd_data_audit(args) -> int:
         _print_audit(report)
         if args.plot is not None:
             print(f"\nplot: {report['plot']}")
+    return 0
+
+
+def cmd_data_label(args) -> int:
+    """Relabel preference pairs with a judge (AI feedback), both display orders, into a JSONL file."""
+    from pathlib import Path
+
+    from offline_plugins.audit import read_pairs
+    from offline_plugins.data.files import atomic_write_text
+    from offline_plugins.eval.judge import judge_from, label_pairs
+
+    out = _output_file("--out", args.out, "labelled.jsonl")
+    _set_threads(args)
+    principles = args.principles
+    try:
+        if principles and Path(principles).is_file():
+            principles = Path(principles).read_text(encoding="utf-8")
+    except OSError:  # text too long to be a file name: it is the principles themselves
+        pass
+    judge = judge_from(args.judge, device=args.device, margin=args.margin,
+                       **({"principles": principles} if principles else {}))
+    dataset_id, rows = read_pairs(args.dataset, progress=not args.no_progress)
+    labelled, summary = label_pairs(judge, rows, ties=args.ties)
+    atomic_write_text(out, "".join(json.dumps(r) + "\n" for r in labelled))
+    summary.update(dataset=dataset_id, out=str(out))
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"{dataset_id}: {summary['pairs']} pairs judged by {summary['judge']} in both orders; "
+              f"{summary['decided']} decided, {summary['ties']} ties ({args.ties}); position consistency "
+              f"{_fmt(summary['position_consistency'])}, agrees with the file's labels "
+              f"{_fmt(summary['agrees_with_input'])}; wrote {summary['rows_written']} rows to {out}")
     return 0
 
 
@@ -327,8 +409,8 @@ def add_parsers(subparsers) -> None:
     q.add_argument("--drop-empty", action="store_true", help="skip zero-length episodes")
     q.set_defaults(func=cmd_data_info)
 
-    q = sub.add_parser("audit", help="length and position bias, annotator agreement, bad rows and candidate label "
-                       "flips of a preference dataset")
+    q = sub.add_parser("audit", help="length, style and position bias, annotator agreement and gold accuracy, bad "
+                       "rows and candidate label flips of a preference dataset")
     q.add_argument("dataset", metavar="DATASET",
                    help="a built-in preference dataset (arithmetic), a .jsonl file or hf:NAME[:SPLIT]")
     q.add_argument("--model", metavar="PATH", help="a reward-model or dpo-family run (OUT or its .ckpt): adds "
@@ -344,5 +426,26 @@ def add_parsers(subparsers) -> None:
     q.add_argument("--plot", metavar="FILE.png", help="write the length-difference histogram (and per-annotator "
                    "agreement) to this PNG")
     q.add_argument("--no-progress", action="store_true", help="no progress bars")
+    q.add_argument("--judge", metavar="MODEL", help="also judge every pair in both display orders with a rubric "
+                   "judge (a save_pretrained folder, 'tiny', or MODULE:FUNCTION): its position consistency and "
+                   "Cohen's kappa with the labels")
     q.add_argument("--json", action="store_true", help="print the audit as JSON")
     q.set_defaults(func=cmd_data_audit)
+
+    q = sub.add_parser("label", help="relabel preference pairs with an AI judge (both display orders; a verdict "
+                       "that flips with the order is a tie) into a JSONL file")
+    q.add_argument("dataset", metavar="DATASET", help="pairs to judge: a .jsonl file, hf:NAME[:SPLIT] or a built-in")
+    q.add_argument("--judge", required=True, metavar="MODEL",
+                   help="a causal LM (save_pretrained folder, hub id, 'tiny') scoring a rubric prompt, or "
+                   "MODULE:FUNCTION, a function f(prompt, first, second) -> P(first is better)")
+    q.add_argument("--out", required=True, metavar="FILE.jsonl", help="where the labelled pairs go")
+    q.add_argument("--principles", metavar="TEXT|FILE", help="the rubric's principles (text or a file holding it)")
+    q.add_argument("--ties", choices=("drop", "both"), default="drop",
+                   help="ties left out (drop, default) or written both ways (both: the loss pulls them to no "
+                   "preference)")
+    q.add_argument("--margin", type=float, default=0.0, help="a probability within this of 1/2 is a tie (default 0)")
+    q.add_argument("--device", default="cpu", help="device of the judge model (default cpu)")
+    q.add_argument("--threads", type=_positive, default=None, metavar="N", help="torch CPU threads")
+    q.add_argument("--no-progress", action="store_true", help="no progress bars")
+    q.add_argument("--json", action="store_true", help="print the summary as JSON")
+    q.set_defaults(func=cmd_data_label)
