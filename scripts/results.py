@@ -5,6 +5,7 @@ Each (algorithm, dataset, seed) trains in its own process with ``--threads 1`` u
 skipped, so a grid can be stopped and continued. ``--jobs N`` runs N at a time.
 
   python scripts/results.py run --algos iql,bc --datasets pendulum/medium-v0 --seeds 0,1,2 --steps 20000
+  python scripts/results.py run --algos iql --datasets pendulum/medium-v0 --steps 1600 --online-steps 1600 --root runs/ft
   python scripts/results.py table --root runs/results[,runs/other] [--metric normalized_score] [--algos A,B] [--datasets ID]
   python scripts/results.py plot --root runs/results --out docs/img/results.png
 
@@ -41,6 +42,8 @@ def _one(args, algo: str, dataset: str, seed: int) -> str:
            "--eval-episodes", str(args.eval_episodes)]
     if args.eval_every is not None:
         cmd += ["--eval-every", str(args.eval_every)]
+    if args.online_steps:
+        cmd += ["--online-steps", str(args.online_steps)]
     if args.model:
         cmd += ["--model", args.model]
     if args.compile:
@@ -179,6 +182,7 @@ def main() -> None:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--eval-every", type=int, default=None)
+    p.add_argument("--online-steps", type=int, default=0, help="train --online-steps (offline-to-online fine-tuning)")
     p.add_argument("--eval-episodes", type=int, default=10)
     p.add_argument("--model", default=None)
     p.add_argument("--set", dest="overrides", action="append", default=[])

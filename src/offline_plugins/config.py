@@ -42,6 +42,7 @@ __all__ = [
     "config_to_dict",
     "ROLLOUT_DEFAULTS",
     "RUN_DEFAULTS",
+    "FineTuneConfig",
     "TransitionConfig",
     "TDConfig",
 ]
@@ -62,7 +63,7 @@ ROLLOUT_DEFAULTS: dict[str, Any] = {
 #: chosen by the run (``eval_every``: steps / 5; ``steps_per_call``: the shell's measured default).
 RUN_DEFAULTS: dict[str, Any] = {
     "steps": 10_000, "seed": 0, "eval_every": None, "eval_episodes": 10, "checkpoint_every": None, "log_every": 50,
-    "precision": "32-true", "accumulate": 1, "steps_per_call": None, "logger": None,
+    "precision": "32-true", "accumulate": 1, "steps_per_call": None, "logger": None, "online_steps": 0,
 }
 
 
@@ -417,6 +418,26 @@ class TransitionConfig:
     batch_size: int = config_field(256, "transitions per gradient step")
     hidden: tuple = config_field((256, 256), "hidden layer widths of every network")
     normalize_observations: bool = config_field(False, "standardise observations with dataset statistics (data layer)")
+
+
+@dataclasses.dataclass
+class FineTuneConfig:
+    """The online phase of offline-to-online fine-tuning (``train --online-steps N``), in the configs of
+    the algorithms that have one (``iql``, ``awac``, ``cal-ql``, ``rebrac``); see
+    :mod:`offline_plugins.lightning.finetune`. Mixed in before :class:`TDConfig`."""
+
+    online_ratio: float = config_field(
+        0.5, "online phase: fraction of each batch drawn from the transitions collected online, the rest from "
+        "the dataset (Cal-QL's mixing ratio and RLPD's symmetric sampling: 0.5)", bounds="[0,1]")
+    online_frames_per_round: int = config_field(
+        1000, "online phase: environment steps a round collects with the policy as it is at the round's start "
+        "(the TorchRL collector's frames_per_batch)", bounds=">=1")
+    online_updates_per_round: int = config_field(
+        1000, "online phase: gradient steps per round (updates per environment step: this / "
+        "online_frames_per_round)", bounds=">=1")
+    exploration_noise: float = config_field(
+        0.1, "online phase, deterministic actors: std of the Gaussian action noise in units of half the action "
+        "range (TD3's 0.1); stochastic actors sample their own distribution", bounds=">=0")
 
 
 @dataclasses.dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from offline_plugins.config import TDConfig, config_field
+from offline_plugins.config import FineTuneConfig, TDConfig, config_field
 from offline_plugins.plugins.registry import builtin_algorithm, builtin_hook
 
 PAPER = "Nair, Gupta, Dalal & Levine 2020, AWAC: Accelerating Online Reinforcement Learning with Offline Datasets, " \
@@ -18,7 +18,7 @@ PAPER = "Nair, Gupta, Dalal & Levine 2020, AWAC: Accelerating Online Reinforceme
 
 
 @dataclass
-class AWACConfig(TDConfig):
+class AWACConfig(FineTuneConfig, TDConfig):
     actor_lr: float = config_field(3e-4, "Adam learning rate of the policy")
     critic_lr: float = config_field(3e-4, "Adam learning rate of the twin critics")
     beta: float = config_field(1.0, "temperature of the advantage weights exp(A / beta)", bounds=">0")

@@ -15,11 +15,12 @@ config's ``gamma``, computed from the stored episodes when the algorithm is buil
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 from offline_plugins.algorithms.cql import CQLConfig
-from offline_plugins.config import config_field
+from offline_plugins.config import FineTuneConfig, config_field
 from offline_plugins.plugins.registry import builtin_algorithm, builtin_hook
 
 PAPER = ("Nakamoto, Zhai, Singh, Sobol Mark, Ma, Finn, Kumar & Levine 2023, Cal-QL: Calibrated Offline RL "
@@ -27,7 +28,7 @@ PAPER = ("Nakamoto, Zhai, Singh, Sobol Mark, Ma, Finn, Kumar & Levine 2023, Cal-
 
 
 @dataclass
-class CalQLConfig(CQLConfig):
+class CalQLConfig(FineTuneConfig, CQLConfig):
     min_q_weight: float = config_field(5.0, "weight of the conservative term (Cal-QL paper, AntMaze/Kitchen: 5; CORL: 10)")
 
 
@@ -44,7 +45,7 @@ def build(config: CalQLConfig, data: Any):
     if td is None:
         raise UserError("cal-ql: the data has no stored transitions (data.td) to compute the Monte-Carlo returns "
                         "from; load it with offline_plugins.data.load_offline_data")
-    columns = DatasetColumns({"mc_return": discounted_returns(td, config.gamma)})
+    columns = DatasetColumns.of(td, {"mc_return": functools.partial(discounted_returns, gamma=config.gamma)})
     return build_with(CalQLLoss, config, data, columns=columns)
 
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from offline_plugins.config import TDConfig, config_field
+from offline_plugins.config import FineTuneConfig, TDConfig, config_field
 from offline_plugins.plugins.registry import builtin_algorithm, builtin_hook
 
 PAPER = "Kostrikov, Nair & Levine 2022, Offline Reinforcement Learning with Implicit Q-Learning, arXiv:2110.06169"
 
 
 @dataclass
-class IQLConfig(TDConfig):
+class IQLConfig(FineTuneConfig, TDConfig):
     actor_lr: float = config_field(3e-4, "Adam learning rate of the policy")
     critic_lr: float = config_field(3e-4, "Adam learning rate of the twin Q networks")
     value_lr: float = config_field(3e-4, "Adam learning rate of V")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from offline_plugins.config import TDConfig, config_field
+from offline_plugins.config import FineTuneConfig, TDConfig, config_field
 from offline_plugins.plugins.registry import builtin_algorithm, builtin_hook
 
 PAPER = ("Tarasov, Kurenkov, Nikulin & Kolesnikov 2023, Revisiting the Minimalist Approach to Offline "
@@ -22,7 +22,7 @@ PAPER = ("Tarasov, Kurenkov, Nikulin & Kolesnikov 2023, Revisiting the Minimalis
 
 
 @dataclass
-class ReBRACConfig(TDConfig):
+class ReBRACConfig(FineTuneConfig, TDConfig):
     batch_size: int = config_field(1024, "transitions per gradient step (CORL: 1024)")
     hidden: tuple = config_field((256, 256, 256), "hidden layer widths of the actor and the critics (CORL: 3 x 256)")
     actor_lr: float = config_field(1e-3, "Adam learning rate of the actor (CORL: 1e-3)")
@@ -56,7 +56,7 @@ def build(config: ReBRACConfig, data: Any):
     qvalue = make_q(n_obs, _glue.action_dim(data), hidden)
     td = getattr(data, "td", None)
     # the data layer stores no next action; it follows from the episodes (see objectives/columns.py)
-    columns = DatasetColumns({("next", "action"): next_actions(td)}) if td is not None else None
+    columns = DatasetColumns.of(td, {("next", "action"): next_actions}) if td is not None else None
     max_action = float(data.action_spec.space.high.abs().max())
     loss = ReBRACLoss(
         actor,

@@ -82,6 +82,9 @@ def add_parsers(subparsers) -> None:
     _run_option(p, "eval_every", "evaluate every K steps (0: only at the end)", shown="steps/5", type=_non_negative,
                 metavar="K")
     _run_option(p, "eval_episodes", "episodes per evaluation", type=_positive, metavar="E")
+    _run_option(p, "online_steps", "offline-to-online fine-tuning: after --steps on the dataset, N more steps "
+                "while acting in its environment, on batches mixing the two (iql, awac, cal-ql, rebrac; "
+                "--set online_ratio=...)", type=_non_negative, metavar="N")
     p.add_argument(
         "--devices", type=_devices, default=1, metavar="D",
         help="devices to train on; more than one trains with DDP (default 1)",
@@ -113,6 +116,9 @@ def add_parsers(subparsers) -> None:
         help="replace the earlier run in --out (its summary, metrics, plot, checkpoints, model; nothing else)",
     )
     p.add_argument("--checkpoint-every", type=_positive, default=None, metavar="N", help="save last.ckpt every N steps")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="also keep checkpoints/step=N.ckpt each time last.ckpt is saved (to compare them later, "
+                   "e.g. with 'eval CKPT --ope fqe')")
     _run_option(p, "log_every", "log training metrics every N steps", type=_positive, metavar="N")
     p.add_argument(
         "--threads", type=_positive, default=None, metavar="N",
@@ -147,6 +153,15 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--episodes", type=_positive, default=None, metavar="E", help="episodes (default: as in training)")
     p.add_argument("--seed", type=int, default=None, help="first reset seed (default: the run's seed)")
     p.add_argument("--device", default="cpu", help="device for the policy (default cpu)")
+    p.add_argument(
+        "--ope", default=None, metavar="fqe",
+        help="estimate the return from the dataset instead of the environment: fqe (fitted Q evaluation on a "
+        "held-out split of the run's dataset; no environment is made)",
+    )
+    p.add_argument("--ope-steps", type=_positive, default=3000, metavar="N", help="--ope fqe: gradient steps (3000)")
+    p.add_argument("--ope-held-out", type=float, default=0.2, metavar="F",
+                   help="--ope fqe: fraction of episodes held out of the fit, whose initial states are valued (0.2)")
+    p.add_argument("--ope-gamma", type=float, default=0.99, metavar="G", help="--ope fqe: discount (0.99)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_eval)
 
@@ -169,9 +184,11 @@ def cmd_train(args) -> int:
         accumulate=args.accumulate,
         steps_per_call=_steps_per_call(args.steps_per_call),
         logger=args.logger,
+        online_steps=args.online_steps,
         out_dir=args.out,
         resume=args.resume,
         overwrite=args.overwrite,
+        keep_checkpoints=args.keep_checkpoints,
         devices=args.devices,
         accelerator=args.accelerator,
         num_nodes=args.num_nodes,
@@ -227,6 +244,8 @@ def cmd_eval(args) -> int:
     from offline_plugins.lightning.checkpoints import evaluate_checkpoint
 
     registry = _registry(args)
+    if args.ope is not None:
+        return _cmd_ope(args, registry)
     with quiet_lightning():
         result = evaluate_checkpoint(
             args.checkpoint, episodes=args.episodes, seed=args.seed, device=args.device, registry=registry
@@ -235,4 +254,25 @@ def cmd_eval(args) -> int:
         print(json.dumps(result, indent=2, default=str))
         return 0
     print(registry.data_kind(result["data_kind"]).describe(result))
+    return 0
+
+
+def _cmd_ope(args, registry) -> int:
+    """``offline-plugins eval CKPT --ope fqe``: the policy's return estimated from the dataset alone."""
+    from offline_plugins.lightning.checkpoints import estimate_checkpoint
+    from offline_plugins.lightning.guards import quiet_lightning
+
+    with quiet_lightning():
+        r = estimate_checkpoint(args.checkpoint, method=args.ope, device=args.device, registry=registry,
+                                seed=args.seed, progress=not args.json, steps=args.ope_steps,
+                                held_out=args.ope_held_out, gamma=args.ope_gamma)
+    if args.json:
+        print(json.dumps(r, indent=2, default=str))
+        return 0
+    est = r["normalized_score_estimate"]
+    score = f"estimated normalised score {est:.1f}, " if est is not None else ""
+    ret = f"return {r['return_estimate']:.1f}; " if r["return_estimate"] is not None else ""
+    print(f"{r['algorithm']} on {r['dataset']}, step {r['step']}, by FQE ({r['steps']} steps): {score}{ret}"
+          f"discounted value {r['value']:.1f} at gamma {r['gamma']} over {r['held_out_episodes']} held-out episodes "
+          f"(their data: value {r['data_value']:.1f}, return {r['data_return']:.1f}); no environment was run")
     return 0

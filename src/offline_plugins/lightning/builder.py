@@ -85,6 +85,8 @@ def build(
     progress: bool = False,
     plan=None,
     run: Optional[Mapping[str, Any]] = None,
+    online_steps: int = 0,
+    offline_steps: Optional[int] = None,
 ) -> LightningParts:
     """The module, data module and callbacks of ``algorithm`` on ``dataset``, for a user's ``Trainer``.
 
@@ -116,6 +118,11 @@ def build(
         progress: show a progress bar when a dataset is made.
         plan: an already checked :class:`~offline_plugins.lightning.plan.RunPlan` (skips the loading).
         run: further run settings to save in the checkpoint's ``run`` record (``train`` saves its own).
+        online_steps: offline-to-online fine-tuning: after ``offline_steps`` steps on the dataset, this
+            many more while acting in its environment
+            (:class:`~offline_plugins.lightning.finetune.FineTuneDataModule`; fit with
+            ``max_steps=offline_steps + online_steps``). 0 (default): offline only.
+        offline_steps: the offline phase's steps (needed with ``online_steps``).
 
     Returns:
         A :class:`LightningParts`.
@@ -134,6 +141,15 @@ def build(
         plan = plan_run(algorithm, dataset, config=config, overrides=overrides, registry=registry,
                         progress=progress, model=model, drop_nonfinite=drop_nonfinite, drop_empty=drop_empty,
                         reward=reward)
+    if online_steps:
+        from offline_plugins.lightning.finetune import check_online
+
+        check_online(plan.spec, plan.config, plan.data, online_steps=online_steps)
+        if offline_steps is None or int(offline_steps) < 0:
+            from offline_plugins.errors import UserError
+
+            raise UserError(f"online_steps={online_steps} needs offline_steps (the steps before the online phase, "
+                            f"0 or more), got {offline_steps!r}")
     parts = build_parts(plan, seed)
     run_settings = {
         "batch_size": plan.batch_size,
@@ -165,7 +181,14 @@ def build(
     # a kind whose data is made while training streams it itself (text rollouts); the module refuses a fit
     # without it, as it refuses one without a required callback
     datamodule = plan.kind.datamodule(plan.data, parts, batch_size=plan.batch_size, seed=seed)
-    if datamodule is None:
+    if online_steps:
+        from offline_plugins.lightning.finetune import FineTuneDataModule
+
+        datamodule = FineTuneDataModule(plan.data, parts, batch_size=plan.batch_size, seed=seed,
+                                        offline_steps=int(offline_steps), online_steps=int(online_steps),
+                                        config=plan.config)
+        module.required_datamodule = FineTuneDataModule
+    elif datamodule is None:
         datamodule = ReplayDataModule(plan.data, batch_size=plan.batch_size, seed=seed, sampler=plan.sampler,
                                       slice_len=plan.slice_len)
     else:

@@ -32,6 +32,7 @@ __all__ = [
     "load_checkpoint",
     "load_trained_run",
     "evaluate_checkpoint",
+    "estimate_checkpoint",
     "resume_path",
     "resume_summary",
     "merge_metrics",
@@ -311,3 +312,25 @@ def evaluate_checkpoint(
         "step": trained.step,
         **result,
     }
+
+
+def estimate_checkpoint(path, *, method: str = "fqe", device: str = "cpu", registry=None, seed: Optional[int] = None,
+                        progress: bool = False, **options: Any) -> dict[str, Any]:
+    """Rebuild the policy saved in the checkpoint ``path`` and estimate its value by ``method``
+    (``"fqe"``: :func:`fitted_q_evaluation`, ``options`` its keyword arguments) on the run's dataset,
+    loaded as the run loaded it; no environment is made."""
+    from offline_plugins.eval.fqe import OPEError, fitted_q_evaluation
+
+    if method != "fqe":
+        raise OPEError(f"unknown --ope method {method!r}; the one there is: fqe")
+    trained = load_trained_run(path, device=device, registry=registry)
+    data = trained.plan.data
+    if not hasattr(data, "td") or not hasattr(data, "stats"):
+        raise OPEError(f"--ope fqe estimates a policy's return from a dataset of environment steps, and run "
+                       f"{trained.info['dataset']!r} trained on {trained.plan.kind.name} data; evaluate it "
+                       "without --ope")
+    seed = int(seed if seed is not None else trained.info.get("seed", 0))
+    result = fitted_q_evaluation(trained.module.parts.policy, data, seed=seed, device=device, progress=progress,
+                                 **options)
+    return {"algorithm": trained.plan.spec.name, "dataset": trained.plan.dataset_id, "checkpoint": str(path),
+            "step": trained.step, **result}

@@ -105,7 +105,7 @@ def _resumable(default: Any) -> Any:
 class RunSettings:
     """How a plan is trained: the run's options, checked when they are made (before any data loads).
 
-    The first ten (``steps`` to ``logger``) default to None: a new run takes
+    The first eleven (``steps`` to ``online_steps``) default to None: a new run takes
     :data:`RUN_DEFAULTS`, a resumed run the value its checkpoint recorded, and a value given
     overrides the checkpoint's (the summary's ``resume`` records which were kept and which
     overridden).
@@ -129,6 +129,9 @@ class RunSettings:
         logger: loggers beside the CSV one, which always writes ``metrics.csv``: ``"tensorboard"``,
             ``"mlflow"``, ``"wandb"``, or several (a list or ``"a,b"``); see
             :mod:`offline_plugins.lightning.loggers`. A missing package is refused here.
+        online_steps: offline-to-online fine-tuning: after the ``steps`` on the dataset, this many
+            more while acting in the dataset's environment (new run: 0, offline only; the algorithms
+            whose config has the ``online_*`` fields; :mod:`offline_plugins.lightning.finetune`).
         out_dir: output folder (default ``runs/<algorithm>-<dataset>-s<seed>``); it must not
             hold another run unless resuming.
         resume: ``True`` for ``out_dir/checkpoints/last.ckpt``, a checkpoint path, or a
@@ -138,6 +141,8 @@ class RunSettings:
         overwrite: replace the earlier run in ``out_dir`` (its summary, metrics, plot,
             checkpoints and exported model; nothing else in the folder is touched) instead
             of refusing it. Not with ``resume``.
+        keep_checkpoints: also keep ``checkpoints/step=N.ckpt`` each time ``last.ckpt`` is saved
+            (every ``checkpoint_every`` steps), to pick among them later (``eval --ope fqe``).
         devices, accelerator, num_nodes, strategy: as Lightning's ``Trainer``; more
             than one device trains with DDP. ``strategy`` may be a Lightning strategy object or
             a name (``ddp``, ``ddp_spawn``, ``deepspeed``, ``fsdp``: shards a transformers
@@ -168,9 +173,11 @@ class RunSettings:
     accumulate: Optional[int] = _resumable(_NEW_RUN['accumulate'])
     steps_per_call: Optional[int] = _resumable(_NEW_RUN['steps_per_call'])
     logger: Union[None, str, Sequence[str]] = _resumable(_NEW_RUN['logger'])
+    online_steps: Optional[int] = _resumable(_NEW_RUN['online_steps'])
     out_dir: Union[None, str, os.PathLike] = None
     resume: Union[None, bool, str, os.PathLike, ResumedRun] = None
     overwrite: bool = False
+    keep_checkpoints: bool = False
     devices: Union[int, str, Sequence[int]] = 1
     accelerator: str = "auto"
     num_nodes: int = 1
@@ -221,6 +228,8 @@ def _checked_option(key: str, value: Any, accelerator: str) -> Any:
         raise RunError(f"--eval-every must be 0 (only at the end) or positive, got {value}")
     if key == "precision":
         return check_precision(value, accelerator)
+    if key == "online_steps" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise RunError(f"--online-steps must be a whole number >= 0, got {value!r}")
     if key == "accumulate" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise RunError(f"--accumulate must be a whole number >= 1, got {value!r}")
     if key == "steps_per_call":
@@ -370,6 +379,11 @@ def train(plan: RunPlan, settings: Optional[RunSettings] = None, *,
     resumed = settings.resumed_run()
     options, resume_record = _resolve_run_options(settings, resumed)
     steps, seed, accumulate = options["steps"], options["seed"], options["accumulate"]
+    online_steps = int(options["online_steps"] or 0)
+    if online_steps:
+        from offline_plugins.lightning.finetune import check_online
+
+        check_online(plan.spec, plan.config, plan.data, online_steps=online_steps)
     steps_per_call = resolve_steps_per_call(options["steps_per_call"], settings.callbacks)
     loggers = logger_names(options["logger"])
     if accumulate > 1 and plan.sampler == "slice" and (plan.batch_size // plan.slice_len) % accumulate:
@@ -408,7 +422,8 @@ def train(plan: RunPlan, settings: Optional[RunSettings] = None, *,
                             eval_every=options["eval_every"], eval_episodes=options["eval_episodes"],
                             checkpoint_every=options["checkpoint_every"], log_every=options["log_every"],
                             started=started, steps_per_call=steps_per_call, precision=options["precision"],
-                            accumulate=accumulate, resume_record=resume_record, loggers=loggers)
+                            accumulate=accumulate, resume_record=resume_record, loggers=loggers,
+                            online_steps=online_steps)
         except BaseException as exc:
             if lock is not None:
                 # a run refused before it wrote anything leaves no folder behind
@@ -442,8 +457,11 @@ def _lock_run_folder(out: Path, *, default: Optional[tuple]) -> RunFolderLock:
 def _fit(plan: RunPlan, settings: RunSettings, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dict], *,
          steps: int, seed: int, eval_every: Optional[int], eval_episodes: int, checkpoint_every: Optional[int],
          log_every: int, started: float, steps_per_call: int = 1, precision: str = "32-true", accumulate: int = 1,
-         resume_record: Optional[dict] = None, loggers: Sequence[str] = ("csv",)) -> dict[str, Any]:
+         resume_record: Optional[dict] = None, loggers: Sequence[str] = ("csv",),
+         online_steps: int = 0) -> dict[str, Any]:
     """Build the module, the data module and the callbacks, fit, and write the run's files.
+
+    ``steps`` on the dataset, then ``online_steps`` more while acting (offline-to-online fine-tuning).
 
     What depends on the data (its evaluation, the summary's figures, the export) is asked
     of ``plan.kind``."""
@@ -464,15 +482,18 @@ def _fit(plan: RunPlan, settings: RunSettings, out: Path, ckpt_path: Optional[Pa
     from offline_plugins.lightning.loggers import close_loggers, make_loggers
 
     seed_everything(seed, workers=False, verbose=False)
+    total = steps + online_steps
     if eval_every is None:
-        eval_every = max(1, steps // 5)
+        eval_every = max(1, total // 5)
     # what --resume checks the data against (a file or folder dataset; None for a built-in id)
     fingerprint = data_fingerprint(plan.dataset_id) if not _is_launched_rank() else None
     # the module, data module and the callbacks the algorithm needs: what build() hands a user's Trainer
     built = build(plan.spec, plan.data, plan=plan, seed=seed, eval_every=eval_every, eval_episodes=eval_episodes,
                   steps_per_call=steps_per_call, accumulate=accumulate, compile=settings.compile,
+                  online_steps=online_steps, offline_steps=steps,
                   # what a bare --resume continues with (ResumedRun)
-                  run={"steps": steps, "checkpoint_every": checkpoint_every, "log_every": log_every,
+                  run={"steps": steps, "online_steps": online_steps, "checkpoint_every": checkpoint_every,
+                       "log_every": log_every,
                        "precision": precision, "logger": [n for n in loggers if n != "csv"] or None,
                        **({"data_fingerprint": fingerprint} if fingerprint is not None else {})})
     module, datamodule, evaluation, parts = built.module, built.datamodule, built.evaluation, built.module.parts
@@ -480,10 +501,12 @@ def _fit(plan: RunPlan, settings: RunSettings, out: Path, ckpt_path: Optional[Pa
         check_resume(ckpt, ckpt_path, algorithm=plan.spec.name, dataset=plan.dataset_id,
                      config=config_to_dict(plan.config), module=module,
                      data_fingerprint=fingerprint, check_data=not _is_launched_rank())
-    every_ckpt = checkpoint_every or eval_every or steps
+    every_ckpt = checkpoint_every or eval_every or total
     last_ckpt = out / "checkpoints" / "last.ckpt"
+    # --keep-checkpoints: also checkpoints/step=N.ckpt at every period, for model selection (eval --ope fqe)
     checkpoint = ModelCheckpoint(
-        dirpath=out / "checkpoints", save_last=True, save_top_k=0, every_n_train_steps=every_ckpt, enable_version_counter=False
+        dirpath=out / "checkpoints", save_last=True, save_top_k=-1 if settings.keep_checkpoints else 0,
+        filename="{step}", every_n_train_steps=every_ckpt, enable_version_counter=False
     )
     interrupt = GracefulInterrupt()
     out.mkdir(parents=True, exist_ok=True)
@@ -514,12 +537,12 @@ def _fit(plan: RunPlan, settings: RunSettings, out: Path, ckpt_path: Optional[Pa
         # checkpoints written beside last.ckpt and renamed over it: a full disk leaves the previous one
         # (a strategy object that brings its own CheckpointIO keeps it: Lightning refuses two)
         plugins=[] if getattr(strategy, "_checkpoint_io", None) is not None else [RunCheckpointIO()],
-        max_steps=steps,
+        max_steps=total,
         max_epochs=-1,
         # CSV always (metrics.csv, the learning curve), then those --logger names
         logger=make_loggers(loggers, out, run_name=out.name),
         callbacks=[
-            *([StepProgressBar(refresh_rate=max(1, min(50, steps // 100)))] if progress else []),
+            *([StepProgressBar(refresh_rate=max(1, min(50, total // 100)))] if progress else []),
             *built.callbacks,
             tokens,
             FinalCheckpoint(last_ckpt),
@@ -593,6 +616,8 @@ def _fit(plan: RunPlan, settings: RunSettings, out: Path, ckpt_path: Optional[Pa
         "held_state_mb": held_state_mb(module, trainer.optimizers),
         "steps_per_call": steps_per_call,
         "resumed_from": str(ckpt_path) if ckpt_path else None,
+        **({"offline_steps": steps, "online_steps": online_steps, "online_history": datamodule.history}
+           if online_steps else {}),
         **({"resume": resume_summary(resume_record, ckpt, plan)} if ckpt is not None else {}),
         "losses": dict(module.last_logged),
         "eval_history": evaluation.history,
@@ -606,13 +631,13 @@ def _fit(plan: RunPlan, settings: RunSettings, out: Path, ckpt_path: Optional[Pa
     if interrupted:
         summary["interrupted"] = True
         summary["interrupted_by"] = interrupted
-        summary["steps_requested"] = steps
+        summary["steps_requested"] = total
         if interrupted.endswith("twice"):  # stopped mid-step: the last checkpoint is the periodic one
             summary["checkpoint"] = str(last_ckpt) if last_ckpt.exists() else None
     else:
         summary.update(plan.kind.export(exported, out))
     plot_learning_curve(out / "metrics.csv", out / "learning_curve.png", title=f"{plan.spec.name} on {plan.dataset_id}",
-                        panels=plan.kind.curve_panels())
+                        panels=plan.kind.curve_panels(), marks={"online phase": steps} if online_steps else None)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n", fix=RESUME_FIX)
     if interrupted:
         raise RunInterrupted(_interrupted_message(summary, plan, out))
@@ -770,10 +795,11 @@ def _device_count(devices) -> int:
 
 
 def plot_learning_curve(metrics_csv: Union[str, os.PathLike], out_png: Union[str, os.PathLike], *, title: str = "",
-                        panels: Optional[Sequence[Any]] = None) -> Path:
+                        panels: Optional[Sequence[Any]] = None, marks: Optional[Mapping[str, int]] = None) -> Path:
     """Plot ``metrics.csv`` against gradient steps, one panel per
     :class:`~offline_plugins.plugins.datakind.CurvePanel` (the data kind's ``curve_panels()``;
-    default: the environment kinds' score above the losses)."""
+    default: the environment kinds' score above the losses). ``marks``: a dashed vertical line at
+    each ``{label: step}`` (the start of fine-tuning's online phase)."""
     import csv
 
     import matplotlib
@@ -808,10 +834,12 @@ def plot_learning_curve(metrics_csv: Union[str, os.PathLike], out_png: Union[str
         for key in keys:
             xs, ys = zip(*sorted(columns[key]))
             ax.plot(xs, ys, marker="o" if len(xs) < 50 else None, label=key.split("/", 1)[-1].replace("_", " "))
-        if keys:
+        if keys and panel.log:
+            ax.set_yscale("symlog", linthresh=1e-3)
+        for label, at in (marks or {}).items():
+            ax.axvline(at, color="grey", linestyle="--", linewidth=1, label=label)
+        if keys or marks:
             ax.legend(fontsize="small")
-            if panel.log:
-                ax.set_yscale("symlog", linthresh=1e-3)
         ax.set_ylabel(panel.ylabel)
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("gradient step")

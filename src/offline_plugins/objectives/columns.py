@@ -29,11 +29,11 @@ a user's own pipeline (or a keyword call) passes the keys directly.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping, Optional
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
 from offline_plugins.objectives.common import MissingBatchKeyError
@@ -103,14 +103,41 @@ class DatasetColumns(torch.nn.Module):
     Keyword Args:
         index_key (NestedKey): where a batch carries its storage indices. Defaults to
             ``"index"`` (what TorchRL's ``TensorDictReplayBuffer.sample`` writes).
+        makers (Mapping[NestedKey, Callable]): how each column follows from stored episodes,
+            ``make(td) -> tensor``, so :meth:`compute` can make them for new transitions (the
+            online phase of fine-tuning, :mod:`offline_plugins.lightning.finetune`). Made by
+            :meth:`of`.
     """
 
-    def __init__(self, columns: Mapping[NestedKey, torch.Tensor], *, index_key: NestedKey = "index") -> None:
+    def __init__(self, columns: Mapping[NestedKey, torch.Tensor], *, index_key: NestedKey = "index",
+                 makers: Optional[Mapping[NestedKey, Callable[[TensorDictBase], torch.Tensor]]] = None) -> None:
         super().__init__()
         self.keys = list(columns)
         self.index_key = index_key
+        self.makers = dict(makers or {})
         for i, value in enumerate(columns.values()):
             self.register_buffer(f"column_{i}", value, persistent=False)
+
+    @classmethod
+    def of(cls, td: TensorDictBase, makers: Mapping[NestedKey, Callable[[TensorDictBase], torch.Tensor]],
+           **kwargs) -> "DatasetColumns":
+        """The columns ``makers`` make from the stored episodes ``td``, keeping the makers.
+
+        >>> td = TensorDict({"action": torch.tensor([[1.0], [2.0]]), ("next", "reward"): torch.ones(2, 1),
+        ...                  ("next", "done"): torch.tensor([[False], [True]]),
+        ...                  ("next", "terminated"): torch.tensor([[False], [True]])}, [2])
+        >>> DatasetColumns.of(td, {("next", "action"): next_actions}).compute(td)[("next", "action")].squeeze(-1)
+        tensor([2., nan])
+        """
+        return cls({key: make(td) for key, make in makers.items()}, makers=makers, **kwargs)
+
+    def compute(self, td: TensorDictBase) -> dict:
+        """Every column for the new episodes ``td`` (in episode order), by the makers given to :meth:`of`."""
+        missing = [k for k in self.keys if k not in self.makers]
+        if missing:
+            raise ValueError(f"DatasetColumns: no maker for {missing}; build the columns with DatasetColumns.of(td, "
+                             "makers) to compute them for new transitions")
+        return {key: self.makers[key](td) for key in self.keys}
 
     def fill(self, tensordict: TensorDictBase) -> TensorDictBase:
         """``tensordict`` with every column it lacks set from its ``index``; returned as given
