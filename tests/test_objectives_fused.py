@@ -223,8 +223,8 @@ def test_td3bc_subclass_override_is_honoured(method_name):
 
 # -- every loss the docs name is importable from offline_plugins.objectives ------------------------
 # named in the docs, not ours and not in torchrl.objectives: a third-party plugin's example
-# (docs/plugins.md) and TorchRL's torchrl.objectives.llm.GRPOLoss, SFTLoss and CISPOLoss
-_NOT_OURS = {"AWRLoss", "GRPOLoss", "SFTLoss", "CISPOLoss"}
+# (docs/plugins.md) and TorchRL's torchrl.objectives.llm.GRPOLoss, SFTLoss, CISPOLoss and DistillationLoss
+_NOT_OURS = {"AWRLoss", "GRPOLoss", "SFTLoss", "CISPOLoss", "DistillationLoss"}
 
 
 def test_every_loss_in_the_docs_imports_from_objectives():

@@ -217,6 +217,6 @@ def fitted_q_evaluation(policy, data: Any, *, gamma: float = 0.99, steps: int = 
         if stats.ref_min_score is not None and stats.ref_max_score is not None:
             result["normalized_score_estimate"] = float(data.normalized_score(result["return_estimate"]))
     if not math.isfinite(v):
-        raise OPEError(f"FQE diverged (value {v}); lower --ope-lr or raise --ope-target-every")
+        raise OPEError(f"FQE diverged (value {v}); try fewer --ope-steps or a smaller --ope-gamma")
     return result
 

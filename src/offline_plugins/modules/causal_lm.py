@@ -338,6 +338,14 @@ class CausalLMLogProbs(TensorDictModuleBase):
         logits = _logits_of(self.model, self._hf_like, ids, None if self.right_padded else mask.long())
         return token_log_probs(logits, ids, mask).reshape(*lead, ids.shape[-1])
 
+    def logits(self, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The model's full-vocabulary logits ``[..., T, V]`` for ``tokens [..., T]`` (what the
+        distillation losses compare; one forward, whatever ``chunk_size`` and ``shared_prefix`` say)."""
+        ids = tokens.reshape(-1, tokens.shape[-1])
+        mask = attention_mask.reshape(ids.shape)
+        out = _logits_of(self.model, self._hf_like, ids, None if self.right_padded else mask.long())
+        return out.reshape(*tokens.shape, out.shape[-1])
+
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         tokens = tensordict.get(self.tokens_key)
         mask = tensordict.get(self.attention_mask_key)

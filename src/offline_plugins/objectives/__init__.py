@@ -61,6 +61,9 @@ _EXPORTS = {
     "OnlinePreferenceLoss": "llm.online_dpo",
     "TextDTLoss": "llm.text_dt",
     "PPORLHFLoss": "llm.ppo_rlhf",
+    "TextDistillationLoss": "llm.distill",
+    "OnPolicyDistillationLoss": "llm.distill",
+    "GKDLoss": "llm.distill",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -27,5 +27,6 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "offline_plugins.algorithms.ppo_rlhf": "offline_plugins.algorithms.ppo_rlhf",
     "offline_plugins.algorithms.online_dpo": "offline_plugins.algorithms.online_dpo",
     "offline_plugins.algorithms.text_dt": "offline_plugins.algorithms.text_dt",
+    "offline_plugins.algorithms.distill": "offline_plugins.algorithms.distill",
     "datasets": "offline_plugins.data.recipes",
 }

@@ -29,3 +29,8 @@ __all__ = [
     "RobustDPOLoss",
     "SimPOLoss",
 ]
+
+# on-policy distillation (opd, gkd): appended, so the names above keep their order
+from offline_plugins.objectives.llm.distill import GKDLoss, OnPolicyDistillationLoss, TextDistillationLoss  # noqa: E402
+
+__all__ += ["GKDLoss", "OnPolicyDistillationLoss", "TextDistillationLoss"]
