@@ -6,7 +6,7 @@
 # The device image holds torch, lightning, transformers, h5py, pyarrow, matplotlib, pluggy;
 # the rest travels as wheels in .whl/ (Python 3.12, x86-64), fetched here beforehand with
 #   bash bench/device_check.sh --fetch
-# and carried with the call (carry: [".whl"]). Prepared without a GPU: not yet run there.
+# and carried with the call (carry: [".whl"]). Run on one H200 on 2026-12-04 (docs/benchmarks.md, "On a GPU").
 set -uo pipefail
 WHEELS="tensordict==0.14.3 torchrl==0.14.1 pyvers==0.2.3 hoptorch orjson importlib-metadata minari==0.5.4 gymnasium==1.4.0 farama-notifications"
 

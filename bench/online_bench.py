@@ -263,7 +263,7 @@ def main() -> None:
     model, tok, task, source, collector = setup(args.prompts, args.group_size, args.max_new_tokens, args.model_size)
     batch_size = args.batch_size or collector.rows
     trl_model = copy.deepcopy(model)
-    loss = TextGRPOLoss(CausalLMLogProbs(model), beta=args.beta)
+    loss = TextGRPOLoss(CausalLMLogProbs(model), beta=args.beta).to(DEVICE)
     opt = torch.optim.Adam(model.parameters(), lr=1e-5)
     results: dict[str, list] = {"generate": [], "sample": [], "collect": [], "round": []}
     time_generate(model, tok, source, collector, 999)  # warm-up

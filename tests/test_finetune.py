@@ -148,3 +148,13 @@ def test_several_processes_are_refused_when_the_data_module_is_set_up(store):
     with pytest.raises(OnlineError, match=r"one environment in one process, and this run has 2 processes"):
         FineTuneDataModule.setup(dm, "fit")
 
+
+
+@pytest.mark.gpu
+def test_fine_tuning_runs_on_cuda_with_the_environment_on_the_cpu(store, tmp_path):
+    # the collector steps the Gymnasium env on the CPU and the policy on the GPU; rounds are stored there
+    summary = train_algorithm("iql", DATA, steps=5, online_steps=20, out_dir=tmp_path / "cuda", seed=0, eval_every=0,
+                              eval_episodes=1, progress=False, accelerator="gpu", devices=1, overrides=SMALL)
+    assert summary["steps"] == 25 and len(summary["online_history"]) == 2
+    state = load_checkpoint(summary["checkpoint"])
+    assert state["FineTuneDataModule"]["online"]["observation"].shape[0] == 100

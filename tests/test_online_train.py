@@ -4,6 +4,7 @@ small budget, exact resume, the exported model, and the CLI's one-line errors.""
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
@@ -253,3 +254,14 @@ def test_the_rollout_defaults_live_in_one_table():
     dpo = {f.name: f.default for f in dataclasses.fields(OnlineDPOConfig)}
     for key in ("group_size", "max_new_tokens", "temperature", "top_p", "reference_sft_steps", "eval_prompts"):
         assert dpo[key] == ROLLOUT_DEFAULTS[key], key
+
+
+@pytest.mark.gpu
+def test_grpo_trains_on_cuda_with_the_frozen_reference_following_the_policy(prompt_file, tmp_path):
+    # the reference belongs to the data, not to the trained module: the collector moves it to the
+    # policy's device before its first forward (it stayed on the CPU, and the round failed)
+    summary = train_algorithm("grpo", str(prompt_file), steps=4, seed=0, out_dir=tmp_path / "cuda", progress=False,
+                              reward="test_online_train:digit_share", eval_every=0, accelerator="gpu", devices=1,
+                              overrides=_SMALL)
+    assert summary["steps"] == 4 and summary["rounds"] >= 1
+    assert all(math.isfinite(v) for v in summary["losses"].values())

@@ -217,6 +217,11 @@ class RolloutCollector:
         td = env.step(self._act(model, env, td, rollout_seed(self.seed, rank, round, attempt)))
         row = td.select(*_ROW_KEYS)
         if self.reference is not None:
+            # the frozen reference belongs to the data, not to the trained module, so the trainer does not
+            # move it: it follows the policy's device here, once (a LoRA reference is the policy itself)
+            ref_device = next(self.reference.parameters()).device
+            if ref_device != device:
+                self.reference.to(device)
             row.set(("next", "ref_log_probs", "full"),
                     CausalLMLogProbs(self.reference).log_probs(row.get(("tokens", "full")),
                                                                row.get(("masks", "all_attention_mask"))))

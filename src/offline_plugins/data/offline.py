@@ -256,7 +256,8 @@ class OfflineData:
             )
         else:
             raise DatasetError(f"dataset {self.dataset_id!r}: sampler must be 'random' or 'slice', got {sampler!r}")
-        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        # the sampler draws its indices where the storage is, with this generator: it must live there too
+        generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
         return TensorDictReplayBuffer(
             storage=TensorStorage(self._storage_td(device), max_size=len(self), device=device),
             sampler=samp,

@@ -28,6 +28,12 @@ _TORCHRL_OUT_KEYS = (
 )
 
 
+
+def _squash(squash, x: torch.Tensor) -> torch.Tensor:
+    """The actor's ``ScaledTanh`` with its bounds where ``x`` is (a copy of the loss moved by ``.to()`` keeps
+    the module its plan cached, whose bounds stay behind)."""
+    return squash.center.to(x.device) + squash.half_range.to(x.device) * torch.tanh(x)
+
 class TD3BCLoss(_fused.FusedPath, DiagnosticsContract, _TorchRLTD3BCLoss):
     r"""TD3+BC (Fujimoto & Gu 2021, arXiv:2106.06860), TorchRL's loss with diagnostics.
 
@@ -185,7 +191,7 @@ class TD3BCLoss(_fused.FusedPath, DiagnosticsContract, _TorchRLTD3BCLoss):
 
         if actor:
             # actor term: Q_1 with frozen critic parameters, as TorchRL's actor_loss
-            pi = squash(_fused.run_chain(_fused.chain_params(self.actor_network_params, plan["actor"]), obs))
+            pi = _squash(squash, _fused.run_chain(_fused.chain_params(self.actor_network_params, plan["actor"]), obs))
             q1_layers = [(w[0].detach(), b[0].detach()) for w, b in q_layers]
             q_pi = _fused.run_chain(q1_layers, torch.cat([obs, pi], -1)).squeeze(-1)
             bc_loss = torch.nn.functional.mse_loss(pi, action)
@@ -200,8 +206,8 @@ class TD3BCLoss(_fused.FusedPath, DiagnosticsContract, _TorchRLTD3BCLoss):
         # critic term; the noise is drawn first, as TorchRL does, so seeded runs match
         noise = (torch.randn_like(action) * self.policy_noise).clamp(-self.noise_clip, self.noise_clip)
         with torch.no_grad():
-            next_pi = squash(
-                _fused.run_chain(_fused.chain_params(self.target_actor_network_params, plan["actor"]), next_obs)
+            next_pi = _squash(
+                squash, _fused.run_chain(_fused.chain_params(self.target_actor_network_params, plan["actor"]), next_obs)
             )
             next_action = (next_pi + noise).clamp(self.min_action, self.max_action)
             q_next = _fused.run_ensemble(
