@@ -76,3 +76,19 @@ def offline_plugins_register_datasets(registry):
                     options=(("steps", steps),),
                 )
             )
+    # Algorithm Distillation's learning histories (offline_plugins.data.histories)
+    from offline_plugins.data.histories import HISTORY_RECIPES
+
+    for short, options in HISTORY_RECIPES.items():
+        env, learner = dict(options)["env"], dict(options)["learner"]
+        registry.add(
+            DatasetSpec(
+                id=recipe_id(short, "histories"),
+                summary=f"{env} learning histories of {learner} on training tasks (held-out tasks to evaluate).",
+                env_id=f"offline_plugins/{env}-v0",
+                make="offline_plugins.data.histories:make_history_dataset",
+                tier="histories",
+                action_space="discrete",
+                options=options,
+            )
+        )

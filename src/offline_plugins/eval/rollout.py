@@ -82,6 +82,7 @@ class EvalResult:
             "ms_per_action": round(self.ms_per_action, 3),
             "ms_per_call": round(self.ms_per_call, 3),
             "returns": [float(r) for r in self.returns],
+            **self.extra,
         }
 
 
@@ -125,6 +126,10 @@ def evaluate_policy(
     holds ``env_index`` (which episode each row is; rows drop out as episodes end)
     and, after the first step, ``reward`` (each row's previous reward, ``[n, 1]``).
 
+    An env whose episode holds several in-context episodes (:mod:`offline_plugins.envs.icl`)
+    reports their returns in its last step's ``info["in_context_returns"]``; their mean
+    over the evaluation episodes is ``extra["in_context_return_mean"]``.
+
     Keyword Args:
         episodes: how many episodes; episode ``i`` resets with seed ``seed + i``.
         seed: the first reset seed.
@@ -143,6 +148,7 @@ def evaluate_policy(
     lengths = np.zeros(episodes, dtype=np.int64)
     last_reward = np.zeros(episodes, dtype=np.float32)
     live = list(range(episodes))
+    curves: list = []
     policy_s, calls = 0.0, 0
     # stateful policies (Decision Transformer's rolling context) start a new episode here
     if hasattr(policy, "reset"):
@@ -176,12 +182,14 @@ def evaluate_policy(
                 calls += 1
                 still = []
                 for row, i in enumerate(live):
-                    obs[i], reward, terminated, truncated, _ = envs[i].step(act[row])
+                    obs[i], reward, terminated, truncated, info = envs[i].step(act[row])
                     returns[i] += float(reward)
                     last_reward[i] = float(reward)
                     lengths[i] += 1
                     if not (terminated or truncated or (max_steps is not None and lengths[i] >= max_steps)):
                         still.append(i)
+                    elif "in_context_returns" in info:
+                        curves.append(info["in_context_returns"])
                 live = still
     finally:
         for env in envs:
@@ -191,4 +199,6 @@ def evaluate_policy(
     normalized = None
     if score is not None:
         normalized = np.asarray(score(returns), dtype=np.float64)
-    return EvalResult(returns=returns, lengths=lengths, normalized=normalized, policy_s=policy_s, policy_calls=calls)
+    extra = {"in_context_return_mean": np.mean(curves, 0).tolist()} if curves else {}
+    return EvalResult(returns=returns, lengths=lengths, normalized=normalized, extra=extra, policy_s=policy_s,
+                      policy_calls=calls)

@@ -35,6 +35,7 @@ _EXPORTS = {
     "DiffuserLoss": "sequence.diffuser",
     "DiffuserValueLoss": "sequence.diffuser",
     "DiffuserWithValueLoss": "sequence.diffuser",
+    "AlgorithmDistillationLoss": "sequence.algorithm_distillation",
     "BradleyTerryLoss": "llm.reward",
     "DPOLoss": "llm.preference",
     "IPOLoss": "llm.preference",

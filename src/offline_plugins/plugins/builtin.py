@@ -22,6 +22,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "offline_plugins.algorithms.sequence.odt": "offline_plugins.algorithms.sequence.odt",
     "offline_plugins.algorithms.sequence.tt": "offline_plugins.algorithms.sequence.tt",
     "offline_plugins.algorithms.sequence.diffuser": "offline_plugins.algorithms.sequence.diffuser",
+    "offline_plugins.algorithms.sequence.ad": "offline_plugins.algorithms.sequence.ad",
     "offline_plugins.algorithms.preference": "offline_plugins.algorithms.preference",
     "offline_plugins.algorithms.online": "offline_plugins.algorithms.online",
     "offline_plugins.algorithms.ppo_rlhf": "offline_plugins.algorithms.ppo_rlhf",

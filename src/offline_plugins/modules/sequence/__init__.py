@@ -1,2 +1,3 @@
 """Networks of the sequence-model algorithms: a small GPT, Decision and Trajectory
-Transformer models, a per-dimension discretiser, a temporal U-Net and a DDPM schedule."""
+Transformer models, Algorithm Distillation's in-context learner, a per-dimension discretiser,
+a temporal U-Net and a DDPM schedule."""

@@ -1,2 +1,2 @@
 """TorchRL losses of the sequence-model algorithms: Decision Transformer, Trajectory
-Transformer and Diffuser (with its return model)."""
+Transformer, Diffuser (with its return model) and Algorithm Distillation."""
