@@ -161,6 +161,8 @@ def cmd_plot(args) -> None:
         before = [s[args.baseline] for found in algos.values() for s in found if s.get(args.baseline) is not None]
         if before:
             ax.axhline(statistics.fmean(before) * args.scale, color="k", ls="--", lw=1, label="reference")
+        if args.mark:
+            ax.axvline(args.mark, color="grey", ls=":", lw=1, label=f"online from {args.mark}")
         ax.set_title(dataset, fontsize="medium")
         ax.set_xlabel("gradient step")
         ax.grid(alpha=0.3)
@@ -207,6 +209,7 @@ def main() -> None:
     p.add_argument("--scale", type=float, default=1.0)
     p.add_argument("--ylabel", default=None)
     p.add_argument("--baseline", default="exact_match_before", help="summary key drawn as a dashed line")
+    p.add_argument("--mark", type=int, default=None, help="a dotted vertical line at this step (fine-tuning's switch)")
     p.add_argument("--out", required=True, help="PNG path")
     p.set_defaults(func=cmd_plot)
     args = parser.parse_args()
