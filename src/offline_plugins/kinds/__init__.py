@@ -43,3 +43,14 @@ def offline_plugins_register_data_kinds(registry):
     for kind in (Transitions(), Trajectories(), PreferencePairs(), UnpairedFeedback(), TextRollouts(),
                  TextCompletions()):
         registry.add(kind)
+
+# step-labelled reasoning (process reward models): appended, so the kinds above keep their order
+from offline_plugins.kinds.steps import StepLabels  # noqa: E402
+
+__all__ += ["StepLabels"]
+
+
+@hookimpl(specname="offline_plugins_register_data_kinds")
+def _register_step_labels(registry):
+    """Register the step-labels kind."""
+    registry.add(StepLabels())

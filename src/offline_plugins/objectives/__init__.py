@@ -65,6 +65,7 @@ _EXPORTS = {
     "TextDistillationLoss": "llm.distill",
     "OnPolicyDistillationLoss": "llm.distill",
     "GKDLoss": "llm.distill",
+    "ProcessRewardLoss": "llm.prm",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -30,4 +30,5 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "offline_plugins.algorithms.text_dt": "offline_plugins.algorithms.text_dt",
     "offline_plugins.algorithms.distill": "offline_plugins.algorithms.distill",
     "datasets": "offline_plugins.data.recipes",
+    "offline_plugins.algorithms.prm": "offline_plugins.algorithms.prm",
 }

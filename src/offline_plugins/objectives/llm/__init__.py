@@ -34,3 +34,8 @@ __all__ = [
 from offline_plugins.objectives.llm.distill import GKDLoss, OnPolicyDistillationLoss, TextDistillationLoss  # noqa: E402
 
 __all__ += ["GKDLoss", "OnPolicyDistillationLoss", "TextDistillationLoss"]
+
+# process reward models (prm): appended
+from offline_plugins.objectives.llm.prm import CausalLMStepReward, ProcessRewardLoss  # noqa: E402
+
+__all__ += ["CausalLMStepReward", "ProcessRewardLoss"]
