@@ -1,6 +1,7 @@
 """DDPM noise schedule and posterior for Diffuser (Ho et al. 2020; Janner et al. 2022, arXiv:2205.09991).
 
 >>> import torch
+>>> _ = torch.manual_seed(0)
 >>> sched = DDPMSchedule(20)
 >>> x0 = torch.randn(4, 8, 3)
 >>> t = torch.tensor([0, 5, 10, 19])
