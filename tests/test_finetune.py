@@ -129,6 +129,19 @@ def test_a_run_resumed_in_the_online_phase_ends_as_the_uninterrupted_one(store, 
     assert online["observation"].shape[0] == 150
 
 
+
+def test_a_run_resumed_in_the_offline_phase_or_after_it_goes_on_online_as_a_straight_run(store, tmp_path):
+    kw = dict(seed=3, eval_every=0, eval_episodes=1, progress=False, threads=1, overrides=SMALL)
+    straight = train_algorithm("iql", DATA, steps=10, online_steps=20, out_dir=tmp_path / "straight", **kw)
+    # stopped in the offline phase (a plain offline run of 6 steps), resumed with the whole plan
+    train_algorithm("iql", DATA, steps=6, out_dir=tmp_path / "offline", **kw)
+    resumed = train_algorithm("iql", DATA, steps=10, online_steps=20, out_dir=tmp_path / "offline", resume=True, **kw)
+    a, b = load_checkpoint(resumed["checkpoint"]), load_checkpoint(straight["checkpoint"])
+    assert a["global_step"] == b["global_step"] == 30
+    for k in b["state_dict"]:
+        assert torch.equal(a["state_dict"][k], b["state_dict"][k]), k
+    assert resumed["online_history"] == straight["online_history"]
+
 def test_what_cannot_fine_tune_online_is_refused_by_name(store, tmp_path, capsys):
     with pytest.raises(OnlineError, match=r"'bc' has no online phase; fine-tune online with one of iql, awac"):
         build("bc", DATA, online_steps=10, offline_steps=5)
