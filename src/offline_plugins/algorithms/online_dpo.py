@@ -5,7 +5,10 @@ Both sample ``group_size`` responses per prompt from the policy being trained (t
 exact match against a JSONL file's answers, ``--reward module:function``), and train a
 preference loss on one pair per prompt: chosen the best response, rejected the worst, no
 pair where all rewards are equal
-(:class:`~offline_plugins.objectives.llm.online_dpo.OnlinePreferenceLoss`).
+(:class:`~offline_plugins.objectives.llm.online_dpo.OnlinePreferenceLoss`). With ``judge``
+(``--judge``: a registered judge, a rubric judge's model folder or ``MODULE:FUNCTION``) an AI
+judge picks the pair instead, each comparison asked in both display orders
+(:mod:`offline_plugins.eval.judge`).
 
 * ``online-dpo`` (Guo et al. 2024, arXiv:2402.04792): small rounds (16 prompts), one pass
   over each round's fresh pairs, then the next round is sampled from the updated policy;
@@ -71,6 +74,13 @@ class _PreferenceRolloutFields(GeneratorFields, SamplingFields):
     alpha: Optional[float] = config_field(None, "inner rpo: weight of the NLL term on the chosen (unset 1.0)")
     lam: Optional[float] = config_field(None, "inner orpo: weight of the odds-ratio term (unset 0.1)")
     gamma: Optional[float] = config_field(None, "inner simpo: target reward margin (unset 1.0)", bounds=">=0")
+    judge: Optional[str] = config_field(None, "AI feedback: the judge that picks each prompt's pair instead of the "
+                                              "reward (both display orders; --judge): a registered judge name "
+                                              "('offline-plugins list'), a save_pretrained folder (a rubric judge) or "
+                                              "MODULE:FUNCTION; unset: the reward")
+    judge_ties: str = config_field("drop", "with a judge: a tie (position-inconsistent or no winner) is dropped "
+                                           "(weight 0) or 'weight': kept, weighted by the judge's order-averaged "
+                                           "confidence")
 
 
 @dataclass
@@ -157,8 +167,18 @@ def _build(config: Any, data: Any, name: str, *, reference: str):
         inner = getattr(llm, loss_cls)(actor, reduction="none", **kwargs)
     except ValueError as exc:
         raise UserError(f"{name}: inner={config.inner}: {exc}") from None
+    judge = None
+    if config.judge is not None:
+        from offline_plugins.eval.judge import judge_from
+        from offline_plugins.objectives.llm.online_dpo import JUDGE_TIES
+
+        if config.judge_ties not in JUDGE_TIES:
+            raise UserError(f"{name}: judge_ties must be one of {', '.join(JUDGE_TIES)}, got {config.judge_ties!r}; "
+                            "fix it with --set judge_ties=drop")
+        judge = judge_from(str(config.judge))
     loss = OnlinePreferenceLoss(inner, group_size=data.collector.group_size, reference=reference,
-                                dynamic_sampling=bool(config.dynamic_sampling))
+                                dynamic_sampling=bool(config.dynamic_sampling), judge=judge,
+                                judge_ties=config.judge_ties)
     group = OptimizerGroup("policy", list(policy.parameters()), config.lr, terms, max_grad_norm=config.max_grad_norm)
     # one pair slot per prompt: the round's training rows are [prompts_per_round, 2]
     rollout = RolloutPlan.of(loss, epochs=config.epochs_per_round, epochs_field="epochs_per_round",

@@ -50,6 +50,7 @@ def cmd_list(args) -> int:
             "algorithms": out,
             "datasets": [d.to_dict() for d in sorted(registry.datasets.values(), key=lambda d: d.id)],
             "data_kinds": [k.to_dict() for _, k in sorted(registry.data_kinds.items())],
+            "judges": [j.to_dict() for _, j in sorted(registry.judges.items())],
             "broken": [b.to_dict() for b in registry.broken],
         }
         _print_json(payload if args.all else out)
@@ -74,6 +75,12 @@ def cmd_list(args) -> int:
             mark = "[experimental] " if s.experimental else ""
             print(f"{s.name:<{width}}  {s.family:<{fam_w}}  {s.data:<{data_w}}  {s.provider} {s.version}  "
                   f"{mark}{s.summary}")
+    if registry.judges:
+        judges = sorted(registry.judges.values(), key=lambda j: j.name)
+        width = max(len(j.name) for j in judges)
+        print("\njudges (AI feedback: --judge NAME for online-dpo, iterative-dpo, data label, data audit):")
+        for j in judges:
+            print(f"  {j.name:<{width}}  {j.provider} {j.version}  {j.summary}")
     if registry.broken:
         print("\nplugins that failed to load (the others work):")
         for b in registry.broken:
@@ -83,6 +90,17 @@ def cmd_list(args) -> int:
 
 def cmd_info(args) -> int:
     registry = _registry(args)
+    if args.name not in registry.algorithms and args.name.strip().lower() in registry.judges:
+        judge = registry.judge(args.name).to_dict()
+        if args.json:
+            _print_json(judge)
+            return 0
+        print(f"{judge['name']} (judge): {judge['summary']}")
+        print(f"  judge:    {judge['judge']}")
+        print(f"  provider: {judge['provider']} {judge['version']} (plugin {judge['plugin']!r})")
+        print(f"  use:      --judge {judge['name']} (online-dpo, iterative-dpo), offline-plugins data label DATASET "
+              f"--judge {judge['name']} --out FILE.jsonl")
+        return 0
     spec = registry.algorithm(args.name)
     info = spec.to_dict()
     if args.json:
@@ -129,13 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON, one object per algorithm")
     p.add_argument(
         "--all", action="store_true",
-        help="with --json: also datasets, data kinds and plugins that failed to load"
+        help="with --json: also datasets, data kinds, judges and plugins that failed to load"
     )
     p.add_argument("--kinds", action="store_true", help="list the data kinds instead, with the algorithms reading each")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("info", help="describe one algorithm: config fields, defaults, paper, provider")
-    p.add_argument("name", help="algorithm name, as shown by 'offline-plugins list'")
+    p = sub.add_parser("info", help="describe one algorithm (config fields, defaults, paper, provider) or judge")
+    p.add_argument("name", help="algorithm or judge name, as shown by 'offline-plugins list'")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_info)
 

@@ -436,8 +436,9 @@ def add_parsers(subparsers) -> None:
                        "that flips with the order is a tie) into a JSONL file")
     q.add_argument("dataset", metavar="DATASET", help="pairs to judge: a .jsonl file, hf:NAME[:SPLIT] or a built-in")
     q.add_argument("--judge", required=True, metavar="MODEL",
-                   help="a causal LM (save_pretrained folder, hub id, 'tiny') scoring a rubric prompt, or "
-                   "MODULE:FUNCTION, a function f(prompt, first, second) -> P(first is better)")
+                   help="a registered judge ('offline-plugins list': rubric, ...), a causal LM (save_pretrained "
+                   "folder, hub id, 'tiny') scoring a rubric prompt, or MODULE:FUNCTION, a function f(prompt, first, "
+                   "second) -> P(first is better)")
     q.add_argument("--out", required=True, metavar="FILE.jsonl", help="where the labelled pairs go")
     q.add_argument("--principles", metavar="TEXT|FILE", help="the rubric's principles (text or a file holding it)")
     q.add_argument("--ties", choices=("drop", "both"), default="drop",

@@ -77,6 +77,12 @@ def add_parsers(subparsers) -> None:
         "or vllm (an in-process vLLM engine following the policy's weights; pip install 'offline-plugins[vllm]', "
         "on a CPU machine scripts/make_vllm_env.sh); the same as --set generator=NAME",
     )
+    p.add_argument(
+        "--judge", default=None, metavar="NAME|DIR|MODULE:FUNCTION",
+        help="online-dpo, iterative-dpo: an AI judge picks each prompt's pair instead of the reward, asked in both "
+        "display orders (a registered judge, 'offline-plugins list'; a save_pretrained folder for a rubric judge; "
+        "or f(prompt, first, second) -> P(first better)); the same as --set judge=...",
+    )
     _run_option(p, "steps", "gradient steps", type=_positive)
     _run_option(p, "seed", "seed of initialisation, batches and evaluation", type=int)
     _run_option(p, "eval_every", "evaluate every K steps (0: only at the end)", shown="steps/5", type=_non_negative,
@@ -207,6 +213,11 @@ def cmd_train(args) -> int:
     if args.generator is not None:
         _check_generator_option(args)
         overrides.append(f"generator={args.generator}")
+    if args.judge is not None:  # a config field as --generator is (online-dpo, iterative-dpo)
+        _check_generator_option(args, "judge", "--judge picks the AI judge that labels the pairs of an online "
+                                "preference algorithm (online-dpo, iterative-dpo)", "it labels no pairs: its reward "
+                                "or its data does; drop --judge")
+        overrides.append(f"judge={args.judge}")
     plan = plan_run(args.algorithm, args.dataset, config=args.config, overrides=overrides, model=args.model,
                     reward=args.reward, drop_nonfinite=args.drop_nonfinite, drop_empty=args.drop_empty,
                     registry=_registry(args), progress=settings.progress, resumed=settings.resumed_run())
@@ -221,9 +232,13 @@ def cmd_train(args) -> int:
     return 0
 
 
-def _check_generator_option(args) -> None:
+def _check_generator_option(args, field: str = "generator", what: str = "--generator picks what samples the "
+                            "rollouts of an online algorithm (grpo, ppo-rlhf, online-dpo, ...)",
+                            why: str = "it samples no rollouts, or only with the policy's own generate): drop "
+                            "--generator") -> None:
     """``--generator`` names the sampler of an algorithm that samples its own rollouts (its config has a
-    ``generator`` field); elsewhere it is refused in one line (an unknown algorithm is the plan's error)."""
+    ``generator`` field), ``--judge`` the judge of one that labels pairs (a ``judge`` field); elsewhere
+    each is refused in one line (an unknown algorithm is the plan's error)."""
     import dataclasses
 
     from offline_plugins.errors import UserError
@@ -232,10 +247,8 @@ def _check_generator_option(args) -> None:
     config = getattr(spec, "config", None)
     if config is None or not dataclasses.is_dataclass(config):
         return
-    if "generator" not in {f.name for f in dataclasses.fields(config)}:
-        raise UserError(f"--generator picks what samples the rollouts of an online algorithm (grpo, ppo-rlhf, "
-                        f"online-dpo, ...); {args.algorithm!r} has no such choice (it samples no rollouts, or only "
-                        "with the policy's own generate): drop --generator")
+    if field not in {f.name for f in dataclasses.fields(config)}:
+        raise UserError(f"{what}; {args.algorithm!r} has no such choice ({why}")
 
 
 def cmd_eval(args) -> int:

@@ -237,7 +237,8 @@ class RolloutCollector:
         (up to ``max_attempts`` batches; what is still missing keeps groups without signal).
         Stats: ``reward_mean``, ``groups_without_signal`` (share of the first batch's groups whose
         rewards were all equal), ``response_length``, ``kl_to_reference`` (mean over responses of
-        ``sum_t log pi_sample - log pi_ref``), ``sampled_prompts``.
+        ``sum_t log pi_sample - log pi_ref``), ``sampled_prompts``, and the mean (NaN ignored) of each
+        per-row column ``process`` writes under ``"stats"``.
         """
         p, g = self.prompts_per_round, self.group_size
         kept: list[TensorDict] = []
@@ -287,6 +288,11 @@ class RolloutCollector:
         ref = td.get(("next", "ref_log_probs", "full"), None)
         kl = ((td.get(("log_probs", "full")) - ref) * mask).sum(-1).mean() if ref is not None else torch.zeros(())
         values.append(kl)
-        reward, length, no_signal, kl = torch.stack([v.reshape(()).to(torch.float32).cpu() for v in values]).tolist()
+        # a loss's own per-row figures, written by its process_rollouts under "stats" (online DPO's judge): means
+        extra = td.get("stats", None)
+        names = list(extra.keys()) if extra is not None else []
+        values += [extra.get(k).float().nanmean() for k in names]
+        reward, length, no_signal, kl, *more = torch.stack([v.reshape(()).to(torch.float32).cpu()
+                                                            for v in values]).tolist()
         return {"reward_mean": reward, "response_length": length, "groups_without_signal": no_signal,
-                "kl_to_reference": kl}
+                "kl_to_reference": kl, **dict(zip(names, more))}

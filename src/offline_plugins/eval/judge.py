@@ -263,16 +263,38 @@ def label_pairs(judge: Judge, rows: Sequence[Mapping[str, Any]], *, ties: str = 
     return out, summary
 
 
-def judge_from(spec: Union[str, Judge, Callable], **kwargs: Any) -> Judge:
-    """A :class:`Judge` from a judge, a function ``f(prompt, first, second)``, ``"MODULE:FUNCTION"``
-    naming one, or a model (``"tiny"``, a ``save_pretrained`` folder, a hub id) for a :class:`RubricJudge`.
+def judge_from(spec: Union[str, Judge, Callable], *, registry: Any = None, **kwargs: Any) -> Judge:
+    """A :class:`Judge` from a judge, a function ``f(prompt, first, second)``, the name of a registered
+    judge (``offline-plugins list``: ``rubric``, and the judges plugins add), ``"MODULE:FUNCTION"``
+    naming a function, or a model (``"tiny"``, a ``save_pretrained`` folder, a hub id) for a :class:`RubricJudge`.
 
-    ``kwargs`` go to :class:`RubricJudge` (``margin`` to either)."""
+    ``kwargs`` go to :class:`RubricJudge` (``margin`` to either); ``registry`` defaults to the process's.
+
+    >>> judge_from("rubric").name
+    'rubric'
+    """
     if isinstance(spec, Judge):
         return spec
     if callable(spec):
         return FunctionJudge(spec, margin=kwargs.get("margin", 0.0))
-    module, sep, attr = str(spec).partition(":")
+    text = str(spec)
+    if not any(c in text for c in ":/\\") and not Path(text).exists():
+        import difflib
+
+        from offline_plugins.plugins.manager import shared_registry
+
+        judges = (registry if registry is not None else shared_registry()).judges
+        if text.strip().lower() in judges:
+            made = judges[text.strip().lower()].load()
+            if isinstance(made, type) and issubclass(made, Judge):
+                return made(name=text.strip().lower(), **kwargs)
+            return FunctionJudge(made, margin=kwargs.get("margin", 0.0), name=text.strip().lower())
+        close = difflib.get_close_matches(text.strip().lower(), list(judges), n=3, cutoff=0.6)
+        if close and text != "tiny":
+            raise JudgeError(f"unknown judge {text!r}; did you mean {', '.join(map(repr, close))}? Give a registered "
+                             f"judge ({', '.join(sorted(judges))}: 'offline-plugins list'), a model folder or "
+                             "MODULE:FUNCTION")
+    module, sep, attr = text.partition(":")
     if sep and module.replace(".", "").replace("_", "").isalnum() and not Path(spec).exists():
         import importlib
 
@@ -283,3 +305,4 @@ def judge_from(spec: Union[str, Judge, Callable], **kwargs: Any) -> Judge:
                              "give MODULE:FUNCTION importable from here, or a model folder") from None
         return FunctionJudge(function, margin=kwargs.get("margin", 0.0), name=str(spec))
     return RubricJudge(spec, **kwargs)
+

@@ -46,3 +46,13 @@ def offline_plugins_register_data_kinds(registry):
     Args:
         registry: a registrar; call ``registry.add(kind)`` once per data kind.
     """
+
+
+@hookspec
+def offline_plugins_register_judges(registry):
+    """Add :class:`~offline_plugins.plugins.registry.JudgeSpec` records: AI judges that prefer one of
+    two responses, which ``--judge NAME`` picks (online DPO, ``data label``, ``data audit``).
+
+    Args:
+        registry: a registrar; call ``registry.add(spec)`` once per judge.
+    """

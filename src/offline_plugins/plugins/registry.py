@@ -38,6 +38,7 @@ __all__ = [
     "DATA_KINDS",
     "AlgorithmSpec",
     "DatasetSpec",
+    "JudgeSpec",
     "Registry",
     "ScopedRegistrar",
     "BrokenPlugin",
@@ -323,6 +324,37 @@ class DatasetSpec:
 
 
 @dataclass(frozen=True)
+class JudgeSpec:
+    """An AI judge a plugin provides: ``--judge NAME`` (online DPO, ``data label``, ``data audit``).
+
+    Attributes:
+        name: what ``--judge`` takes, a lower-case word.
+        summary: one line.
+        judge: a :class:`~offline_plugins.eval.judge.Judge` subclass (built with its defaults) or a
+            function ``f(prompt, first, second) -> P(first shown is better)``, or its import path.
+        provider, version, plugin: filled in by the host.
+    """
+
+    name: str
+    summary: str
+    judge: Union[str, Callable, type]
+    provider: str = ""
+    version: str = ""
+    plugin: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name or self.name != self.name.strip().lower() or " " in self.name or ":" in self.name:
+            raise ValueError(f"JudgeSpec: a judge's name must be a lower-case word without ':', got {self.name!r}")
+
+    def load(self) -> Any:
+        return resolve(self.judge)
+
+    def to_dict(self) -> dict[str, Any]:
+        judge = self.judge if isinstance(self.judge, str) else f"{self.judge.__module__}:{self.judge.__qualname__}"
+        return {"name": self.name, "summary": self.summary, "judge": judge, **provenance(self)}
+
+
+@dataclass(frozen=True)
 class BrokenPlugin:
     """A plugin that failed to import or to register; the others still load."""
 
@@ -343,6 +375,7 @@ class Registry:
     algorithms: dict[str, AlgorithmSpec] = field(default_factory=dict)
     datasets: dict[str, DatasetSpec] = field(default_factory=dict)
     data_kinds: dict[str, Any] = field(default_factory=dict)  # name -> DataKind
+    judges: dict[str, JudgeSpec] = field(default_factory=dict)
     broken: list[BrokenPlugin] = field(default_factory=list)
     plugins: dict[str, tuple[str, str]] = field(default_factory=dict)  # plugin -> (provider, version)
     disabled: set[str] = field(default_factory=set)  # plugin names switched off by the user
@@ -356,6 +389,8 @@ class Registry:
             table, kind = self.algorithms, "algorithm"
         elif isinstance(spec, DatasetSpec):
             table, kind = self.datasets, "dataset"
+        elif isinstance(spec, JudgeSpec):
+            table, kind = self.judges, "judge"
         elif isinstance(spec, DataKind):
             table, kind = self.data_kinds, "data kind"
             if not spec.name or spec.name != spec.name.strip().lower() or " " in spec.name:
@@ -363,7 +398,7 @@ class Registry:
                                  f"got {spec.name!r}")
         else:
             raise TypeError(
-                "registry.add expects an AlgorithmSpec, a DatasetSpec or a DataKind, got "
+                "registry.add expects an AlgorithmSpec, a DatasetSpec, a JudgeSpec or a DataKind, got "
                 f"{type(spec).__name__}"
             )
         old = table.get(spec.name)
@@ -380,6 +415,10 @@ class Registry:
 
     def dataset(self, name: str) -> DatasetSpec:
         return self._lookup(self.datasets, name, "dataset")
+
+    def judge(self, name: str) -> JudgeSpec:
+        """The :class:`JudgeSpec` called ``name``; an unknown name raises with close matches."""
+        return self._lookup(self.judges, name, "judge")
 
     def data_kind(self, name: str):
         """The :class:`~offline_plugins.kinds.DataKind` called ``name``; an unknown name raises."""
@@ -461,6 +500,8 @@ class ScopedRegistrar:
                 table = self.registry.algorithms
             elif isinstance(spec, DatasetSpec):
                 table = self.registry.datasets
+            elif isinstance(spec, JudgeSpec):
+                table = self.registry.judges
             else:
                 table = self.registry.data_kinds
             if table.get(spec.name) is spec:

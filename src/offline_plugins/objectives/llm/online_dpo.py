@@ -33,6 +33,16 @@ The reference of the pair's implicit reward is the run's reference (``reference=
 round (``reference="sampler"``: ``sum_t log pi_sample`` from ``("log_probs", "full")``, the
 collector's scoring forward of the policy at the round boundary): iterative DPO's "the trained
 policy becomes the new reference", with no copy of the model kept.
+
+With a ``judge`` (AI feedback, Guo et al. 2024's online AI feedback; seeds 003, 5.6.9) the pair is
+the judge's instead of the reward's: the ``G`` responses to a prompt are compared pairwise, each
+pair in both display orders (a verdict that flips with the order is a tie), a win counts 1 and a
+tie 1/2 (a round robin; with ``G = 2`` one comparison), chosen the first response with the most
+wins, rejected the first with the fewest; no winner (all wins equal) is a tie. ``judge_ties="drop"``
+gives a tie weight 0 (as a prompt without a pair); ``"weight"`` keeps it, chosen by the wins in
+P(better) averaged over both orders, weighted by their spread ``(max - min) / (G - 1)`` (``|2 p - 1|``
+for ``G = 2``: 0 for a judge that flips completely). The reward is still read: its agreement with
+the judge is a round statistic.
 """
 
 from __future__ import annotations
@@ -46,10 +56,12 @@ from offline_plugins.objectives.llm.common import PreferenceInputError, Preferen
 from offline_plugins.objectives.llm.preference import KTOLoss
 from offline_plugins.objectives.llm.rollout import RolloutLoss
 
-__all__ = ["OnlinePreferenceLoss", "REFERENCES"]
+__all__ = ["OnlinePreferenceLoss", "REFERENCES", "JUDGE_TIES"]
 
 #: where the pair's reference log-probs come from
 REFERENCES = ("initial", "sampler")
+#: what a judge's tie gives: no pair (weight 0), or a pair weighted by the judge's order-averaged confidence
+JUDGE_TIES = ("drop", "weight")
 
 
 class OnlinePreferenceLoss(RolloutLoss):
@@ -74,6 +86,15 @@ class OnlinePreferenceLoss(RolloutLoss):
             sampled the round). Defaults to ``"initial"``.
         dynamic_sampling (bool): ask the collector to replace prompts without a pair by newly
             sampled ones (up to its ``max_attempts``). Defaults to ``False``.
+        judge: None (the reward picks the pair) or a judge with ``compare_many([(prompt, a, b)])``
+            returning judgements with ``verdict`` (``"a"``, ``"b"``, ``"tie"``) and ``p_a``
+            (:class:`~offline_plugins.eval.judge.Judge`): it picks the pair from the rollouts' text.
+        judge_ties (str): ``"drop"`` (a tie weighs 0) or ``"weight"`` (see above). Defaults to ``"drop"``.
+
+    With a judge, :meth:`process_rollouts` writes ``("stats", "judge_ties")`` (1 where the prompt's
+    verdict is a tie) and ``("stats", "judge_agreement")`` (1 where the judge's chosen has the
+    higher reward, 0 the lower, NaN for a tie or equal rewards); the collector logs their means
+    as ``rollout/judge_ties`` and ``rollout/judge_agreement``.
 
     The inner loss's diagnostics (``preference_accuracy``, ``reward_margin``...) are means over
     every pair slot of the minibatch, tie slots included (margin exactly 0 there);
@@ -104,19 +125,21 @@ class OnlinePreferenceLoss(RolloutLoss):
         """The rollout keys of :class:`~offline_plugins.objectives.llm.rollout.RolloutLoss` (the pairing reads
         ``reward``, ``group``, ``ref_log_probs`` for ``reference="initial"`` and ``sample_log_probs`` for
         ``reference="sampler"``), plus ``pair_weight``: where the pairs carry their weight,
-        ``"pair_weight"`` (``[P, 2]``).
+        ``"pair_weight"`` (``[P, 2]``); ``judge_wins``: where :meth:`process_rollouts` writes each response's
+        round-robin wins and order-averaged P(better) summed, ``"judge_wins"`` (``[P * G, 2]``; with a judge).
 
         The token and mask keys the pairs are read from and written at are the inner loss's
         (``inner.tensor_keys``).
         """
 
         pair_weight: NestedKey = "pair_weight"
+        judge_wins: NestedKey = "judge_wins"
 
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
 
     def __init__(self, inner: PreferenceLossBase, *, group_size: int, reference: str = "initial",
-                 dynamic_sampling: bool = False) -> None:
+                 dynamic_sampling: bool = False, judge=None, judge_ties: str = "drop") -> None:
         super().__init__()
         if isinstance(inner, KTOLoss) or not isinstance(inner, PreferenceLossBase):
             raise PreferenceInputError(
@@ -133,6 +156,13 @@ class OnlinePreferenceLoss(RolloutLoss):
         if reference not in REFERENCES:
             raise PreferenceInputError(f"OnlinePreferenceLoss: reference must be one of {', '.join(REFERENCES)}, "
                                        f"got {reference!r}")
+        if judge is not None and not callable(getattr(judge, "compare_many", None)):
+            raise PreferenceInputError(f"OnlinePreferenceLoss: judge must have compare_many([(prompt, a, b)]) (an "
+                                       f"offline_plugins.eval.judge.Judge), got {type(judge).__name__}")
+        if judge_ties not in JUDGE_TIES:
+            raise PreferenceInputError(f"OnlinePreferenceLoss: judge_ties must be one of {', '.join(JUDGE_TIES)}, got "
+                                       f"{judge_ties!r}")
+        self.judge, self.judge_ties = judge, judge_ties
         self.inner = inner
         self.group_size = int(group_size)
         self.reference = reference
@@ -166,9 +196,54 @@ class OnlinePreferenceLoss(RolloutLoss):
         The collector's ``groups_without_signal`` is then the share of prompts without a pair.
         """
         reward = self._grouped_rewards(td)
-        pair = reward.amax(-1) > reward.amin(-1)
+        if self.judge is None:
+            pair = reward.amax(-1) > reward.amin(-1)
+        else:
+            _, weight = self._judge_pairs(td, reward)
+            pair = weight > 0
         td.set("has_signal", pair.repeat_interleave(self.group_size))
         return td
+
+    def _judge_pairs(self, td: TensorDictBase, reward: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Round-robin verdicts of the judge on each prompt's responses, both orders: ``(scores [P, G],
+        weight [P])``; writes ``judge_wins`` and the round's ``("stats", ...)`` (once per round, on the host)."""
+        p, g = reward.shape
+        text = td.get(("text", "prompt"), None), td.get(("text", "response"), None)
+        if text[0] is None or text[1] is None:
+            raise PreferenceInputError("OnlinePreferenceLoss: a judge reads the rollouts' text at ('text', 'prompt') "
+                                       "and ('text', 'response'), which these rollouts lack; sample them with "
+                                       "offline_plugins.data.rollouts.RolloutCollector")
+        prompts, responses = ([str(x) for x in (t.tolist() if hasattr(t, "tolist") else list(t))] for t in text)
+        ij = [(i, j) for i in range(g) for j in range(i + 1, g)]
+        judged = self.judge.compare_many([(prompts[k * g], responses[k * g + i], responses[k * g + j])
+                                          for k in range(p) for i, j in ij])
+        wins = torch.zeros(p, g, 2, dtype=torch.float64)  # [..., 0] round-robin wins, [..., 1] P(better) summed
+        for n, jd in enumerate(judged):
+            k, (i, j) = n // len(ij), ij[n % len(ij)]
+            a = {"a": 1.0, "tie": 0.5, "b": 0.0}[jd.verdict]
+            wins[k, i] += torch.tensor([a, jd.p_a], dtype=torch.float64)
+            wins[k, j] += torch.tensor([1.0 - a, 1.0 - jd.p_a], dtype=torch.float64)
+        wins = wins.to(device=reward.device, dtype=torch.float32)
+        td.set(self.tensor_keys.judge_wins, wins.reshape(p * g, 2))
+        scores, weight = self._judge_scores(wins)
+        decided = wins[..., 0].amax(-1) > wins[..., 0].amin(-1)
+        picked = reward.gather(-1, torch.stack([scores.argmax(-1), scores.argmin(-1)], -1))
+        agrees = torch.where(decided & (picked[:, 0] != picked[:, 1]), (picked[:, 0] > picked[:, 1]).float(),
+                             torch.full_like(picked[:, 0], float("nan")))
+        td.set(("stats", "judge_ties"), (~decided).float().repeat_interleave(g))
+        td.set(("stats", "judge_agreement"), agrees.repeat_interleave(g))
+        return scores, weight
+
+    def _judge_scores(self, wins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(scores [P, G], weight [P])`` from ``judge_wins`` ``[P, G, 2]``: the hard wins where they have a
+        winner; a tie weighs 0 (``"drop"``) or is scored by P(better), weighted by its spread (``"weight"``)."""
+        hard, soft = wins[..., 0], wins[..., 1]
+        decided = hard.amax(-1) > hard.amin(-1)
+        if self.judge_ties == "drop":
+            return hard, decided.to(torch.float32)
+        spread = (soft.amax(-1) - soft.amin(-1)) / (self.group_size - 1)
+        return (torch.where(decided.unsqueeze(-1), hard, soft),
+                torch.where(decided, torch.ones_like(spread), spread).to(torch.float32))
 
     def pair_rollouts(self, td: TensorDictBase) -> TensorDict:
         """One pair per prompt, ``[P, 2]`` in the preference layout: index 0 the first best, 1 the
@@ -187,8 +262,12 @@ class OnlinePreferenceLoss(RolloutLoss):
             raise PreferenceInputError(
                 f"OnlinePreferenceLoss: the rollouts' {keys.group!r} ids must be constant over each run of "
                 f"group_size = {g} rows (a prompt's responses contiguous); sort the rows by prompt first")
-        best, worst = reward.argmax(-1), reward.argmin(-1)
-        weight = (reward.amax(-1) > reward.amin(-1)).to(torch.float32)
+        if self.judge is None:
+            scores, weight = reward, (reward.amax(-1) > reward.amin(-1)).to(torch.float32)
+        else:  # the verdicts written by process_rollouts (kept in checkpoints with the round's rollouts)
+            wins = self._get(td, "judge_wins", "the judge's verdicts (written by loss.process_rollouts)")
+            scores, weight = self._judge_scores(wins.reshape(p, g, 2))
+        best, worst = scores.argmax(-1), scores.argmin(-1)
         rows = torch.arange(p, device=reward.device).unsqueeze(-1) * g + torch.stack([best, worst], -1)
         mask = get_checked(td, inner.response_mask, what="the response-token mask", loss=type(self).__name__,
                            setter="response_mask")
