@@ -181,6 +181,14 @@ class RubricJudge(Judge):
         self.principles, self.template, self.answers, self.batch_size = principles, template, answers, batch_size
         self.truncated_prompts = 0
 
+    def to(self, device) -> "RubricJudge":
+        """Move the judge's model to ``device`` (once; a no-op where it already is)."""
+        import torch
+
+        if next(self.lm.parameters()).device != torch.device(device):
+            self.lm.to(device)
+        return self
+
     def prefer_first(self, asks: Sequence[tuple[str, str, str]]) -> list[float]:
         import torch
 

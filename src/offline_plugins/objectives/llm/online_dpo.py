@@ -215,6 +215,8 @@ class OnlinePreferenceLoss(RolloutLoss):
                                        "offline_plugins.data.rollouts.RolloutCollector")
         prompts, responses = ([str(x) for x in (t.tolist() if hasattr(t, "tolist") else list(t))] for t in text)
         ij = [(i, j) for i in range(g) for j in range(i + 1, g)]
+        if td.device is not None and callable(getattr(self.judge, "to", None)):
+            self.judge.to(td.device)  # a model judge runs where the rollouts are (the policy's device)
         judged = self.judge.compare_many([(prompts[k * g], responses[k * g + i], responses[k * g + j])
                                           for k in range(p) for i, j in ij])
         wins = torch.zeros(p, g, 2, dtype=torch.float64)  # [..., 0] round-robin wins, [..., 1] P(better) summed
