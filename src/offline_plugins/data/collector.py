@@ -163,6 +163,10 @@ class RolloutCollector:
                 f"it exceeds the model's context of {self.context} tokens; shorten the prompt or lower "
                 f"max_new_tokens (--set max_new_tokens=...)")
         self.width = longest + self.max_new_tokens
+        multiturn = source.multiturn
+        if multiturn is not None:  # turns and observations (offline_plugins.data.multiturn), within the context
+            self.width = min(self.context, longest + multiturn.max_turns * (self.max_new_tokens
+                                                                            + multiturn.max_observation_tokens))
         #: what samples the rounds: None, the policy's own ``generate`` (transformers); or an engine
         #: with the same ``generate`` contract, holding its own copy of the policy's weights
         #: (:class:`~offline_plugins.modules.vllm_engine.VLLMGenerator`, ``--generator vllm``; the
@@ -214,8 +218,13 @@ class RolloutCollector:
         device = next(model.parameters()).device
         env = self._env(device)
         td = env.reset(round=round, rank=rank, attempt=attempt)
-        td = env.step(self._act(model, env, td, rollout_seed(self.seed, rank, round, attempt)))
-        row = td.select(*_ROW_KEYS)
+        if self.source.multiturn is not None:  # episodes of turns with tools
+            from offline_plugins.data.multiturn import multiturn_rows
+
+            row = multiturn_rows(self, model, env, td, rollout_seed(self.seed, rank, round, attempt))
+        else:
+            td = env.step(self._act(model, env, td, rollout_seed(self.seed, rank, round, attempt)))
+            row = td.select(*_ROW_KEYS)
         if self.reference is not None:
             # the frozen reference belongs to the data, not to the trained module, so the trainer does not
             # move it: it follows the policy's device here, once (a LoRA reference is the policy itself)

@@ -61,6 +61,8 @@ class PromptSource:
         reward_name: the function's name, for error messages.
         sample_fn: ``sample_fn(n, seed) -> rows`` (a task); default: draw from ``train``.
         max_prompt_chars: the longest prompt the source can give (tasks: their longest form).
+        multiturn: None (one response per episode), or the
+            :class:`~offline_plugins.envs.multiturn.MultiTurn` of episodes with tools.
     """
 
     name: str
@@ -70,6 +72,7 @@ class PromptSource:
     train: Optional[list[dict]] = None
     sample_fn: Optional[Callable[[int, int], list[dict]]] = None
     longest_prompts: list[str] = field(default_factory=list)
+    multiturn: Optional[Any] = None
 
     def sample(self, n: int, seed: int) -> list[dict]:
         """``n`` training rows drawn with ``seed`` (with replacement)."""
@@ -94,8 +97,10 @@ def task_prompt_source(task: Any, *, n_held_out: int = 200) -> PromptSource:
         return task.rewards(prompts, responses)
 
     digits = getattr(task, "digits", 2)
-    longest = [f"{'9' * digits}{op}{'9' * digits}=" for op in getattr(task, "ops", "+")]
-    return PromptSource(task.name, held, reward, f"{task.name} verifier", sample_fn=sample, longest_prompts=longest)
+    longest = getattr(task, "longest_prompts", None) or [f"{'9' * digits}{op}{'9' * digits}="
+                                                         for op in getattr(task, "ops", "+")]
+    return PromptSource(task.name, held, reward, f"{task.name} verifier", sample_fn=sample, longest_prompts=longest,
+                        multiturn=getattr(task, "multiturn", None))
 
 
 def _exact_match(prompts, responses, answer=None, **_):

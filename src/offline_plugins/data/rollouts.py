@@ -62,10 +62,15 @@ BUILTIN_ROLLOUT_TASKS: dict[str, tuple[str, dict]] = {
     "offline-plugins/arithmetic-length/v0": (
         "2-digit addition prompts, gold reward: response length against 6 characters (the RLHF over-optimisation "
         "study)", {"task": "arithmetic-length", "target": 6, "digits": 2, "ops": "+"}),
+    "offline-plugins/tool-arithmetic/v0": (
+        "3-digit multiplication with a calculator tool over up to 3 turns, exact match of the final answer",
+        {"task": "tool-arithmetic", "digits": 3, "max_turns": 3}),
 }
 _ALIASES = {"arithmetic": "offline-plugins/arithmetic/v0", "arithmetic/v0": "offline-plugins/arithmetic/v0",
             "arithmetic-length": "offline-plugins/arithmetic-length/v0",
-            "arithmetic-length/v0": "offline-plugins/arithmetic-length/v0"}
+            "arithmetic-length/v0": "offline-plugins/arithmetic-length/v0",
+            "tool-arithmetic": "offline-plugins/tool-arithmetic/v0",
+            "tool-arithmetic/v0": "offline-plugins/tool-arithmetic/v0"}
 
 
 def resolve_rollout_id(dataset: str) -> Optional[str]:
@@ -92,12 +97,18 @@ def _task_of(dataset_id: str, files: str) -> tuple[str, Any]:
     resolved = resolve_rollout_id(dataset_id)
     if resolved is None:
         raise RolloutError(f"{dataset_id!r} is not a text task; use {', '.join(BUILTIN_ROLLOUT_TASKS)} "
-                           f"(short: arithmetic, arithmetic-length) or {files}")
+                           f"(short: arithmetic, arithmetic-length, tool-arithmetic) or {files}")
     if resolved not in BUILTIN_ROLLOUT_TASKS:
         return resolved, None
     from offline_plugins.envs.tasks import make_task
 
-    return resolved, make_task(**BUILTIN_ROLLOUT_TASKS[resolved][1])
+    settings = dict(BUILTIN_ROLLOUT_TASKS[resolved][1])
+    if settings.get("task") == "tool-arithmetic":  # multi-turn, with tools (offline_plugins.envs.multiturn)
+        from offline_plugins.envs.multiturn import ToolArithmeticTask
+
+        settings.pop("task")
+        return resolved, ToolArithmeticTask(**settings)
+    return resolved, make_task(**settings)
 
 
 class TextTaskData:
@@ -116,11 +127,20 @@ class TextTaskData:
     @staticmethod
     @torch.no_grad()
     def greedy_answers(model, tokenizer, rows: list[dict], answer: Optional[str], *, max_new_tokens: int,
-                       batch_size: int = 100) -> tuple[list[str], Optional[float]]:
-        """``model``'s greedy responses to the rows' prompts, and their exact match against the
-        rows' ``answer`` column (None when ``answer`` is None)."""
-        responses = greedy_responses(model, tokenizer, [r["prompt"] for r in rows], max_new_tokens=max_new_tokens,
-                                     batch_size=batch_size)
+                       batch_size: int = 100, multiturn: Any = None,
+                       width: int = 0) -> tuple[list[str], Optional[float]]:
+        """``model``'s greedy responses to the rows' prompts (with ``multiturn``: the final answers of
+        greedy episodes within ``width`` tokens), and their exact match against the rows' ``answer``
+        column (None when ``answer`` is None)."""
+        prompts = [r["prompt"] for r in rows]
+        if multiturn is not None:
+            from offline_plugins.data.multiturn import greedy_final_answers
+
+            responses = greedy_final_answers(model, tokenizer, prompts, multiturn, width=width,
+                                             max_new_tokens=max_new_tokens, batch_size=batch_size)
+        else:
+            responses = greedy_responses(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
+                                         batch_size=batch_size)
         if answer is None:
             return responses, None
         from offline_plugins.envs.tasks import exact_match
@@ -200,7 +220,8 @@ class RolloutData(TextTaskData):
         if not rows:
             return empty
         responses, em = self.greedy_answers(model, tokenizer, rows, "answer" if source.has_answers else None,
-                                            max_new_tokens=self.collector.max_new_tokens, batch_size=batch_size)
+                                            max_new_tokens=self.collector.max_new_tokens, batch_size=batch_size,
+                                            multiturn=source.multiturn, width=self.collector.width)
         rewards = score_responses(source, rows, responses, guard=guard or self.collector.reward_guard)
         out = {**empty, "exact_match": em, "heldout_reward": sum(rewards) / len(rewards),
                "response_chars": sum(len(r.strip()) for r in responses) / len(responses)}

@@ -42,8 +42,10 @@ __all__ = [
 
 
 def sft_rows(task: Any, n: int, *, split: str = "train", seed: int = 0) -> list[dict]:
-    """``n`` rows ``{"prompt", "completion"}`` with the task's exact answers."""
-    return [{"prompt": p.prompt, "completion": p.answer} for p in task.problems(n, split=split, seed=seed)]
+    """``n`` rows ``{"prompt", "completion"}`` with the task's exact answers (a multi-turn task's
+    ``demonstration``: the episode that calls the tool, as one completion)."""
+    show = getattr(task, "demonstration", lambda p: p.answer)
+    return [{"prompt": p.prompt, "completion": show(p)} for p in task.problems(n, split=split, seed=seed)]
 
 
 def generate(
@@ -238,6 +240,7 @@ def sft_reference(task: Any, *, model: Any = "tiny", seed: int = 0, steps: int =
 
     # a task over another task's problems (LengthTask) shares that task's reference
     task = getattr(task, "reference_task", task)
+    max_length = max(max_length, getattr(task, "sft_max_length", 0))  # a multi-turn demonstration is longer
     tag = f"sft-{task.name}-{model_cache_tag(model)}-s{seed}-n{steps}-b{batch_size}"
     ref_dir = Path(cache_dir) / tag if cache_dir is not None else None
     if ref_dir is not None and (ref_dir / "config.json").is_file():

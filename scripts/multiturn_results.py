@@ -1,0 +1,89 @@
+"""GRPO and expert iteration on ``tool-arithmetic`` (multi-turn episodes with a calculator), several seeds.
+
+    python scripts/multiturn_results.py run --root runs/results-multiturn --steps 60 --seeds 0 1 2
+    python scripts/multiturn_results.py table --root runs/results-multiturn
+
+``run`` trains each algorithm through the CLI (one thread, one run at a time) from the SFT reference
+of ``--reference-steps`` steps on demonstrations that call the calculator (made and cached by the
+first run, ``reference_sft_steps``), into ``ROOT/ALGO/sSEED``; ``table`` prints the rows of
+docs/results.md from each run's ``summary.json`` and ``metrics.csv`` (the first and last rounds'
+rollout reward, tool calls and malformed calls per episode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ALGOS = ("grpo", "expert-iteration")
+SETTINGS = ["max_new_tokens=40", "eval_prompts=200"]
+
+
+def run(root: Path, steps: int, seeds: list[int], reference_steps: int) -> None:
+    for algo in ALGOS:
+        for seed in seeds:
+            out = root / algo / f"s{seed}"
+            if (out / "summary.json").is_file():
+                continue
+            sets = [a for s in SETTINGS + [f"reference_sft_steps={reference_steps}"] for a in ("--set", s)]
+            cmd = ["offline-plugins", "train", algo, "--dataset", "tool-arithmetic", "--steps", str(steps), "--seed", str(seed),
+                    "--out", str(out), "--threads", "1", "--no-progress", *sets]
+            print(" ".join(cmd), flush=True)
+            subprocess.run(cmd, check=True)
+
+
+def _rounds(out: Path) -> list[dict]:
+    with open(out / "metrics.csv") as fh:
+        return [r for r in csv.DictReader(fh) if r.get("rollout/reward_mean")]
+
+
+def table(root: Path) -> None:
+    print("| algorithm | seeds | held-out exact match (greedy) | rollout reward, first -> last round | "
+          "tool calls / episode, last round | malformed calls / episode, last round | train s |")
+    print("|---|---|---|---|---|---|---|")
+    for algo in ALGOS:
+        runs = sorted((root / algo).glob("s*/summary.json"))
+        if not runs:
+            continue
+        s = [json.loads(p.read_text()) for p in runs]
+        r = [_rounds(p.parent) for p in runs]
+
+        def ms(values, pct=False):
+            k = 100 if pct else 1
+            m = statistics.mean(values) * k
+            sd = statistics.stdev(values) * k if len(values) > 1 else 0.0
+            return f"{m:.1f} ± {sd:.1f}" if pct else f"{m:.2f} ± {sd:.2f}"
+
+        col = lambda rows, i, key: [float(x[i][key]) for x in rows]  # noqa: E731
+        print(f"| {algo} | {len(s)} | {ms([x['exact_match_before'] for x in s], True)}% -> "
+              f"{ms([x['exact_match_after'] for x in s], True)}% | {ms(col(r, 0, 'rollout/reward_mean'))} -> "
+              f"{ms(col(r, -1, 'rollout/reward_mean'))} | {ms(col(r, -1, 'rollout/tool_calls'))} | "
+              f"{ms(col(r, -1, 'rollout/tool_failures_malformed'))} | "
+              f"{statistics.mean(x['train_s'] for x in s):.0f} |")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--root", type=Path, default=Path("runs/results-multiturn"))
+    r.add_argument("--steps", type=int, default=60)
+    r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    r.add_argument("--reference-steps", type=int, default=130)
+    t = sub.add_parser("table")
+    t.add_argument("--root", type=Path, default=Path("runs/results-multiturn"))
+    a = p.parse_args(argv)
+    if a.cmd == "run":
+        run(a.root, a.steps, a.seeds, a.reference_steps)
+    else:
+        table(a.root)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""The multi-turn round: episodes of turns and tool observations, written as TED text rows.
+
+When the prompt source carries a :class:`~offline_plugins.envs.multiturn.MultiTurn`, the
+:class:`~offline_plugins.data.collector.RolloutCollector` runs each round's episodes here
+(:func:`multiturn_rows`): turn ``t`` of every unfinished episode is one batched ``generate``
+seeded with ``rollout_seed(round_seed, t)`` (so a resumed run re-samples the same episodes),
+cut after the first ``</tool>`` (a turn sampled past it is the same sample of its prefix: what
+follows is dropped with its log-probs); the turn's calls run in the
+:class:`~offline_plugins.envs.tools.ToolBox` and their answers are appended, tokenised, as the
+observation; a turn with no call, one that ends at eos, or the last turn ends the episode, and the
+source's reward (through the collector's :class:`~offline_plugins.data.prompts.RewardGuard`)
+scores its final answer, the text of its last turn. A row is prompt + turns + observations:
+``("masks", "all_assistant_mask")`` and ``("log_probs", "full")`` (the sampling log-probs) cover
+the policy's own tokens only, so the losses, the KL and the token counts never train on or count
+prompt or tool-output tokens. Per-episode counts go under ``"stats"`` (the round's means:
+``rollout/tool_calls``, ``rollout/tool_failures``, ``rollout/tool_failures_<kind>``,
+``rollout/turns``).
+
+Why not TorchRL's ``ChatEnv`` with its ``History`` and tool transforms: a ``History`` is text
+re-rendered through a chat template each turn, so the tokens a loss reads are a re-tokenisation,
+not the tokens sampled (the PPO ratio needs those), and its turns are the wrapper's ``generate``
+calls, where ours are one seeded batched ``generate`` per turn; the call format is TorchRL's
+(``XMLBlockParser``, :mod:`offline_plugins.envs.tools`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import torch
+from tensordict import NonTensorStack, TensorDict
+
+from offline_plugins.data.prompts import rollout_seed
+from offline_plugins.envs.multiturn import FAILURE_KINDS, MultiTurn
+
+__all__ = ["Episodes", "run_episodes", "multiturn_rows", "greedy_final_answers"]
+
+
+@dataclass
+class Episodes:
+    """Finished episodes, one row each, right-padded to ``width``.
+
+    Attributes:
+        tokens, attention_mask, assistant_mask: ``[B, width]`` prompt + turns + observations;
+            the assistant mask is True on the policy's tokens only.
+        log_probs: ``[B, width]`` the sampling log-prob of each policy token, 0 elsewhere.
+        answers: the final answers (the last turn's text).
+        transcripts: what the policy wrote and was shown, after the prompt.
+        counts: ``{name: [B] float}``: ``turns``, ``tool_calls``, ``tool_failures`` and
+            ``tool_failures_<kind>``.
+    """
+
+    tokens: torch.Tensor
+    attention_mask: torch.Tensor
+    assistant_mask: torch.Tensor
+    log_probs: torch.Tensor
+    answers: list[str]
+    transcripts: list[str]
+    counts: dict[str, torch.Tensor]
+
+
+def _stop_at(tokenizer: Any, seq: list[int], stop: str) -> int:
+    """The number of tokens of ``seq`` up to the one that completes ``stop`` (all of them without it)."""
+    if stop not in tokenizer.decode(seq, skip_special_tokens=True):
+        return len(seq)
+    return next(k for k in range(1, len(seq) + 1) if stop in tokenizer.decode(seq[:k], skip_special_tokens=True))
+
+
+@torch.no_grad()
+def run_episodes(model: torch.nn.Module, tokenizer: Any, prompt_ids: Sequence[Sequence[int]], multiturn: MultiTurn,
+                 *, width: int, max_new_tokens: int, seed: Optional[int] = None, greedy: bool = False,
+                 temperature: float = 1.0, top_p: float = 1.0, generator: Any = None) -> Episodes:
+    """One episode per prompt (``prompt_ids``, one list of ids per row), up to ``multiturn.max_turns``
+    turns of at most ``max_new_tokens`` tokens each, the whole row within ``width`` tokens: a turn's
+    budget is the least room left among the unfinished episodes, and an episode with no room left ends. ``generator``: an engine with :func:`generate`'s contract."""
+    from offline_plugins.modules.generation import generate
+    from offline_plugins.tokens import pad_token_id
+
+    device = next(model.parameters()).device
+    pad, eos = pad_token_id(tokenizer), tokenizer.eos_token_id
+    n = len(prompt_ids)
+    seqs = [list(p) for p in prompt_ids]
+    policy: list[list[int]] = [[] for _ in range(n)]  # positions of each row's policy tokens
+    answers, transcripts = [""] * n, [""] * n
+    counts = {k: [0.0] * n for k in ("turns", "tool_calls", "tool_failures",
+                                     *(f"tool_failures_{f}" for f in FAILURE_KINDS))}
+    log_probs = torch.zeros(n, width, device=device)
+    active = list(range(n))
+    for turn in range(multiturn.max_turns):
+        active = [i for i in active if len(seqs[i]) < width]  # an episode with no room left ends
+        if not active:
+            break
+        # one batch, one budget: the least room left (no row may run past the width, nor the model's positions)
+        budget = min(max_new_tokens, width - max(len(seqs[i]) for i in active))
+        kwargs = dict(pad_id=pad, eos_id=eos, max_new_tokens=budget, temperature=temperature, top_p=top_p,
+                      seed=None if seed is None else rollout_seed(seed, turn))
+        ids = [seqs[i] for i in active]
+        out = (generator.generate(ids, device=device, **kwargs) if generator is not None
+               else generate(model, ids, greedy=greedy, log_probs=not greedy, **kwargs))
+        tokens, lengths = out.tokens.tolist(), out.lengths.tolist()
+        src, dst = [], []  # (generated row, step) -> (episode row, position): the turn's log-probs, placed on device
+        still = []
+        for j, i in enumerate(active):
+            seq = tokens[j][:lengths[j]]
+            seq = seq[:_stop_at(tokenizer, seq, multiturn.stop)]
+            src += [(j, k) for k in range(len(seq))]
+            dst += [(i, len(seqs[i]) + k) for k in range(len(seq))]
+            policy[i] += range(len(seqs[i]), len(seqs[i]) + len(seq))
+            seqs[i] += seq
+            text = tokenizer.decode(seq, skip_special_tokens=True)
+            answers[i] = text
+            transcripts[i] += text
+            counts["turns"][i] += 1
+            if (eos is not None and seq and seq[-1] == eos) or turn == multiturn.max_turns - 1:
+                continue  # the policy stopped, or the turn limit: this turn's text is the answer
+            results = multiturn.tools.run_response(text)
+            for r in results:
+                counts["tool_calls"][i] += r.failure != "malformed"
+                if not r.ok:
+                    counts["tool_failures"][i] += 1
+                    counts[f"tool_failures_{r.failure}"][i] += 1
+            if not results:
+                continue
+            obs = tokenizer(multiturn.observe([r.text for r in results]), add_special_tokens=False)["input_ids"]
+            obs = obs[:min(multiturn.max_observation_tokens, width - len(seqs[i]))]
+            seqs[i] += obs
+            transcripts[i] += tokenizer.decode(obs, skip_special_tokens=True)
+            still.append(i)
+        if src and out.log_probs is not None:
+            (sj, sk), (di, dp) = (torch.tensor(list(zip(*src)), device=device),
+                                  torch.tensor(list(zip(*dst)), device=device))
+            log_probs[di, dp] = out.log_probs[sj, sk].float()
+        active = still
+    full = torch.full((n, width), pad, dtype=torch.long)
+    attn = torch.zeros(n, width, dtype=torch.bool)
+    mask = torch.zeros(n, width, dtype=torch.bool)
+    for i, seq in enumerate(seqs):
+        full[i, :len(seq)] = torch.tensor(seq)
+        attn[i, :len(seq)] = True
+        mask[i, policy[i]] = True
+    both = torch.cat([full, attn.long(), mask.long(), torch.tensor(list(counts.values())).T.long()], 1).to(device)
+    return Episodes(both[:, :width], both[:, width:2 * width].bool(), both[:, 2 * width:3 * width].bool(),
+                    log_probs, answers, transcripts,
+                    {k: both[:, 3 * width + c].float() for c, k in enumerate(counts)})
+
+
+def multiturn_rows(collector: Any, model: torch.nn.Module, env: Any, td: TensorDict, seed: int) -> TensorDict:
+    """The round's rows in the TED text layout (the collector's ``_ROW_KEYS`` and ``"stats"``): the
+    episodes of ``env``'s prompts after ``reset``, sampled with ``seed``, scored by ``env.score``."""
+    g = env.group_size
+    ep = run_episodes(model, collector.tokenizer, [env.prompt_ids[i // g] for i in range(len(env.rows))],
+                      collector.source.multiturn, width=collector.width, max_new_tokens=collector.max_new_tokens,
+                      seed=seed, temperature=collector.temperature, top_p=collector.top_p,
+                      generator=collector.generator)
+    device = ep.tokens.device
+    reward = torch.tensor(env.score(env.rows, ep.answers), dtype=torch.float32, device=device).unsqueeze(-1)
+    done = torch.ones_like(reward, dtype=torch.bool)
+    row = TensorDict({"tokens": {"full": ep.tokens},
+                      "masks": {"all_attention_mask": ep.attention_mask, "all_assistant_mask": ep.assistant_mask},
+                      "log_probs": {"full": ep.log_probs},
+                      "next": {"reward": reward, "done": done, "terminated": done.clone()},
+                      "response_length": ep.assistant_mask.sum(-1).float(), "group": td.get("group"),
+                      "stats": ep.counts}, batch_size=[len(env.rows)], device=device)
+    row.set(("text", "prompt"), td.get(("text", "prompt")))
+    row.set(("text", "response"), NonTensorStack.from_list(ep.transcripts))
+    return row
+
+
+def greedy_final_answers(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[str], multiturn: MultiTurn, *,
+                         width: int, max_new_tokens: int, batch_size: int = 100) -> list[str]:
+    """The final answers of greedy episodes from ``prompts``, ``batch_size`` episodes at a time."""
+    from offline_plugins.tokens import prompt_token_ids
+
+    ids = [prompt_token_ids(tokenizer, p) for p in prompts]
+    return [a for s in range(0, len(ids), batch_size)
+            for a in run_episodes(model, tokenizer, ids[s:s + batch_size], multiturn, width=width,
+                                  max_new_tokens=max_new_tokens, greedy=True).answers]

@@ -1,0 +1,227 @@
+"""Multi-turn text episodes with tools: the rows' masks and log-probs against a scripted policy,
+tool failures as observations, the turn limit, the verifier on the final answer, the round's tool
+counts, seeded episodes, and GRPO / expert iteration on ``tool-arithmetic`` through the CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+import torch
+
+from offline_plugins.data.collector import RolloutCollector
+from offline_plugins.data.multiturn import run_episodes
+from offline_plugins.data.prompts import task_prompt_source
+from offline_plugins.envs.multiturn import MultiTurn, ToolArithmeticTask
+from offline_plugins.envs.tools import Calculator, PythonTool, ToolBox, ToolError
+from offline_plugins.modules.generation import Generation
+from offline_plugins.modules.tiny_lm import char_tokenizer
+
+torch.set_num_threads(1)
+
+TOK = char_tokenizer()
+EOS = TOK.eos_token_id
+
+
+def ids(text: str) -> list[int]:
+    return TOK(text, add_special_tokens=False)["input_ids"]
+
+
+class Scripted:
+    """A policy that writes ``script(prompt_text, turn)`` (a string; ``"$"`` stands for eos), with the
+    log-prob of its ``k``-th token of a turn ``-(k + 1) / 10``; it records the budgets it was given."""
+
+    def __init__(self, script):
+        self.script, self.calls = script, []
+
+    def generate(self, prompt_ids, *, device, max_new_tokens, pad_id, eos_id, **_):
+        turn = len(self.calls)
+        self.calls.append(max_new_tokens)
+        texts = [self.script(TOK.decode(p, skip_special_tokens=True), turn) for p in prompt_ids]
+        rows = [(ids(t.replace("$", "")) + [eos_id] * t.endswith("$"))[:max_new_tokens] for t in texts]
+        k = max(len(r) for r in rows)
+        tokens = torch.tensor([r + [pad_id] * (k - len(r)) for r in rows])
+        lengths = torch.tensor([len(r) for r in rows])
+        steps = torch.arange(k).expand(len(rows), k)
+        lp = torch.where(steps < lengths[:, None], -(steps + 1) / 10, torch.zeros(()))
+        return Generation(tokens, torch.ones_like(tokens), tokens, lengths, lp)
+
+
+MODEL = torch.nn.Linear(1, 1)  # only its device is read: the scripted policy samples
+CALC = MultiTurn(ToolBox([Calculator()]), max_turns=3)
+
+
+def test_rows_mask_and_log_probs_cover_the_policys_tokens_only():
+    call, answer = '<tool name="calculator">12*34</tool>', "408$"
+    policy = Scripted(lambda prompt, turn: call + " and more" if turn == 0 else answer)
+    prompt = ids("Q=")
+    ep = run_episodes(MODEL, TOK, [prompt], CALC, width=96, max_new_tokens=48, generator=policy)
+    obs = ids("<result>408</result>")
+    # by hand: prompt, the call (cut after </tool>: " and more" dropped), the observation, the answer and eos
+    row = prompt + ids(call) + obs + ids("408") + [EOS]
+    assert ep.tokens[0, :len(row)].tolist() == row and ep.attention_mask[0].sum() == len(row)
+    expected_mask = [0] * len(prompt) + [1] * len(call) + [0] * len(obs) + [1] * 4
+    assert ep.assistant_mask[0, :len(row)].int().tolist() == expected_mask and not ep.assistant_mask[0, len(row):].any()
+    turn1 = [-(k + 1) / 10 for k in range(len(call))]
+    turn2 = [-(k + 1) / 10 for k in range(4)]
+    expected_lp = [0.0] * len(prompt) + turn1 + [0.0] * len(obs) + turn2
+    assert ep.log_probs[0, :len(row)].tolist() == pytest.approx(expected_lp)
+    assert (ep.log_probs[0, len(row):] == 0).all()
+    assert ep.answers == ["408"] and ep.transcripts == [call + "<result>408</result>408"]
+    assert {k: v.item() for k, v in ep.counts.items() if v.item()} == {"turns": 2.0, "tool_calls": 1.0}
+
+
+def test_a_hanging_python_tool_ends_in_a_timeout_observation_within_its_limit():
+    mt = MultiTurn(ToolBox([PythonTool(timeout=1)]), max_turns=2)
+    policy = Scripted(lambda prompt, turn: '<tool name="python">while True: pass</tool>' if turn == 0 else "7$")
+    start = time.monotonic()
+    ep = run_episodes(MODEL, TOK, [ids("Q=")], mt, width=120, max_new_tokens=48, generator=policy)
+    assert time.monotonic() - start < 10
+    assert "<result>python timeout: no answer within 1 s</result>" in ep.transcripts[0] and ep.answers == ["7"]
+    assert ep.counts["tool_failures_timeout"].item() == 1 and ep.counts["tool_failures"].item() == 1
+
+
+def test_a_malformed_call_gets_the_malformed_observation_and_the_policy_goes_on():
+    policy = Scripted(lambda prompt, turn: '<tool name="calculator">2+2' if turn == 0 else "4$")
+    ep = run_episodes(MODEL, TOK, [ids("Q=")], CALC, width=120, max_new_tokens=30, generator=policy)
+    assert ep.transcripts == ['<tool name="calculator">2+2<result>malformed tool call: write '
+                              '<tool name="NAME">ARGUMENT</tool></result>4']
+    assert ep.answers == ["4"]
+    assert ep.counts["tool_failures_malformed"].item() == 1 and ep.counts["tool_calls"].item() == 0
+
+
+def test_the_turn_limit_ends_the_episode_and_zero_turns_are_refused():
+    policy = Scripted(lambda prompt, turn: '<tool name="calculator">1+1</tool>')  # calls forever
+    ep = run_episodes(MODEL, TOK, [ids("Q=")], MultiTurn(ToolBox([Calculator()]), max_turns=2), width=120,
+                      max_new_tokens=40, generator=policy)
+    assert len(policy.calls) == 2 and ep.counts["turns"].item() == 2 and ep.counts["tool_calls"].item() == 1
+    assert ep.answers == ['<tool name="calculator">1+1</tool>']  # what it said last: not an answer
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ToolError, match=f"max_turns must be a whole number >= 1.*got {bad}"):
+            MultiTurn(ToolBox([Calculator()]), max_turns=bad)
+
+
+def test_an_episode_stops_where_the_width_is_full():
+    policy = Scripted(lambda prompt, turn: '<tool name="calculator">1+1</tool>')
+    ep = run_episodes(MODEL, TOK, [ids("Q=")], CALC, width=60, max_new_tokens=40, generator=policy)
+    assert policy.calls[0] == 40 and sum(policy.calls) <= 60 - 3 and ep.attention_mask.sum() <= 60
+
+
+def _collector(script, **kw):
+    task = ToolArithmeticTask()
+    collector = RolloutCollector(task_prompt_source(task), TOK, None, group_size=2, prompts_per_round=3,
+                                 max_new_tokens=40, seed=0, context=128, **kw)
+    collector.generator = Scripted(script)
+    return task, collector
+
+
+def _operands(text: str) -> str:
+    return re.search(r"(\d+\*\d+)=", text).group(1)
+
+
+def _product(text: str) -> int:
+    a, b = _operands(text).split("*")
+    return int(a) * int(b)
+
+
+def test_the_round_scores_the_final_answer_and_counts_the_tool_calls():
+    answered = {}
+
+    def script(prompt, turn):
+        if turn == 0:  # one episode per group calls the calculator, the other guesses
+            answered[prompt] = answered.get(prompt, -1) + 1
+            return f'<tool name="calculator">{_operands(prompt)}</tool>' if answered[prompt] % 2 == 0 else "1$"
+        return f"{_product(prompt)}$"
+
+    task, collector = _collector(script)
+    td, stats = collector.collect(MODEL, round=0)
+    assert td["next", "reward"].squeeze(-1).tolist() == [1.0, 0.0] * 3
+    assert stats["tool_calls"] == 0.5 and stats["turns"] == 1.5 and stats["tool_failures"] == 0
+    assert stats["reward_mean"] == 0.5
+    # the observation's tokens are in the row, outside the assistant mask
+    row, mask = td["tokens", "full"][0], td["masks", "all_assistant_mask"][0]
+    obs = ids(f"<result>{_product(td['text', 'prompt'][0])}</result>")
+    start = next(i for i in range(len(row)) if row[i:i + len(obs)].tolist() == obs)
+    assert not mask[start:start + len(obs)].any() and mask[start - 1] and mask[start + len(obs)]
+    assert td["response_length"][0] == mask.sum()
+    # the prompt is told the format; a rollout round of the task resolves by name
+    assert td["text", "prompt"][0].startswith('<tool name="calculator">...</tool> ')
+
+
+def test_a_reward_function_that_raises_on_an_episode_gives_it_the_defined_reward_and_a_count():
+    seen = {}
+
+    def script(prompt, turn):  # the first of each group answers right, the second "1"
+        seen[prompt] = seen.get(prompt, -1) + 1
+        return f"{_product(prompt)}$" if seen[prompt] % 2 == 0 else "1$"
+
+    task, collector = _collector(script, reward_on_failure=0.0)
+
+    def fragile(prompts, responses, **_):
+        if "1" in responses:
+            raise RuntimeError("cannot score 1")
+        return task.rewards(prompts, responses)
+
+    collector.source.reward_fn, collector.source.reward_name = fragile, "fragile"
+    td, stats = collector.collect(MODEL, round=0)
+    assert td["next", "reward"].squeeze(-1).tolist() == [1.0, 0.0] * 3 and stats["reward_failed"] == 3
+
+
+def test_episodes_of_the_tiny_model_are_seeded():
+    from offline_plugins.modules.tiny_lm import load_causal_lm
+
+    model, tok = load_causal_lm("tiny", seed=0)
+    prompts = [ids("Q=")] * 3
+    a, b, c = (run_episodes(model, tok, prompts, CALC, width=64, max_new_tokens=20, seed=s) for s in (5, 5, 6))
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.log_probs, b.log_probs)
+    assert not torch.equal(a.tokens, c.tokens)
+    assert ((a.log_probs != 0) == a.assistant_mask).all() and (a.log_probs <= 0).all()
+
+
+def test_tool_arithmetic_sft_then_grpo_and_expert_iteration_run_through_the_cli(tmp_path, capsys):
+    from offline_plugins.cli import main
+
+    small = ["--set", "reference_sft_steps=10", "--set", "group_size=2", "--set", "prompts_per_round=2",
+             "--set", "max_new_tokens=40", "--set", "eval_prompts=4", "--set", "batch_size=4"]
+    for algo in ("grpo", "expert-iteration"):
+        out = tmp_path / algo
+        assert main(["train", algo, "--dataset", "tool-arithmetic", "--steps", "2", "--seed", "0", "--out", str(out),
+                     "--no-progress", *small]) == 0, capsys.readouterr().err
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["dataset"] == "offline-plugins/tool-arithmetic/v0"
+        header = (out / "metrics.csv").read_text().splitlines()[0].split(",")
+        assert {"rollout/tool_calls", "rollout/tool_failures_malformed", "rollout/turns"} <= set(header)
+
+
+def test_the_losses_and_the_kl_read_no_observation_token():
+    from offline_plugins.modules.causal_lm import CausalLMLogProbs
+    from offline_plugins.modules.tiny_lm import tiny_causal_lm
+    from offline_plugins.objectives.llm.online import ExpertIterationLoss, TextGRPOLoss
+
+    seen = {}
+
+    def script(prompt, turn):
+        seen[prompt] = seen.get(prompt, -1) + 1
+        if turn == 0:
+            return f'<tool name="calculator">{_operands(prompt)}</tool>'
+        return f"{_product(prompt)}$" if seen[prompt] % 2 else "12$"
+
+    task, collector = _collector(script)
+    policy = tiny_causal_lm(TOK, seed=1)
+    collector.reference = tiny_causal_lm(TOK, seed=2)
+    grpo, ei = TextGRPOLoss(CausalLMLogProbs(policy), beta=0.04), ExpertIterationLoss(CausalLMLogProbs(policy))
+    td, _ = collector.collect(MODEL, round=0)
+    assert td["next", "reward"].squeeze(-1).tolist() == [0.0, 1.0] * 3
+    outside = td["masks", "all_attention_mask"] & ~td["masks", "all_assistant_mask"]  # prompt and observations
+    assert outside.sum(-1).min() > len(ids(task.hint)) + 8
+    # garbage at the prompt's and the observations' positions changes nothing the losses report
+    noisy = td.clone()
+    for key in (("log_probs", "full"), ("next", "ref_log_probs", "full")):
+        noisy.set(key, torch.where(outside, torch.full_like(td.get(key), 5.0), td.get(key)))
+    for loss in (grpo, ei):
+        a, b = loss(loss.process_rollouts(td.clone())), loss(loss.process_rollouts(noisy))
+        for k in a.keys():
+            assert torch.allclose(a[k], b[k]), (type(loss).__name__, k)
+    assert set(grpo(grpo.process_rollouts(td.clone())).keys()) >= {"loss_objective", "loss_kl", "kl_to_reference"}
