@@ -143,6 +143,8 @@ class EnvironmentSteps(DataKind):
             "eval_episodes": eval_episodes,
             "ms_per_action": last.get("ms_per_action"),
             "dropped": dict(getattr(data, "dropped", None) or {}),
+            # the return per inner episode of a learning-history task (algorithm distillation)
+            **({"in_context_return_mean": last["in_context_return_mean"]} if last.get("in_context_return_mean") else {}),
         }
 
     def evaluate(self, module, data, *, episodes: int, seed: int, device: str) -> dict[str, Any]:
@@ -174,6 +176,12 @@ class EnvironmentSteps(DataKind):
                          f"{result['seed']}: {score} in {result['wall_s']:.0f} s; wrote {result['out_dir']}")
         else:  # an evaluation of a checkpoint
             lines.append(f"{result['algorithm']} on {result['dataset']} (step {result['step']}): {score}")
+        curve = result.get("in_context_return_mean")
+        if curve:  # a task family whose episode is a learning history (algorithm distillation)
+            tenth = max(1, len(curve) // 10)
+            first, last = sum(curve[:tenth]) / tenth, sum(curve[-tenth:]) / tenth
+            lines.append(f"in context: mean return per inner episode {first:.3f} in the first tenth of the history, "
+                         f"{last:.3f} in the last (of {len(curve)}; the whole curve with --json)")
         return "\n".join(lines)
 
 
