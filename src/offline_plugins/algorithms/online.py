@@ -263,7 +263,7 @@ def _parts(config: Any, data: Any, name: str, loss_cls: str, kwargs: dict):
     if isinstance(config, _PolicyGradientFields):
         kwargs["rollout_correction"] = config.rollout_correction
     try:
-        loss = getattr(online, loss_cls)(actor, **kwargs)
+        loss = (loss_cls if isinstance(loss_cls, type) else getattr(online, loss_cls))(actor, **kwargs)
     except ValueError as exc:
         from offline_plugins.errors import UserError
 

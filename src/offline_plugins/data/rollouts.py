@@ -65,12 +65,17 @@ BUILTIN_ROLLOUT_TASKS: dict[str, tuple[str, dict]] = {
     "offline-plugins/tool-arithmetic/v0": (
         "3-digit multiplication with a calculator tool over up to 3 turns, exact match of the final answer",
         {"task": "tool-arithmetic", "digits": 3, "max_turns": 3}),
+    "offline-plugins/steps-arithmetic/v0": (
+        "chains of 2-3 operations on 1..9 solved one step a line, exact match of the final value (step labels "
+        "are generated: the PRM's task)", {"task": "steps-arithmetic"}),
 }
 _ALIASES = {"arithmetic": "offline-plugins/arithmetic/v0", "arithmetic/v0": "offline-plugins/arithmetic/v0",
             "arithmetic-length": "offline-plugins/arithmetic-length/v0",
             "arithmetic-length/v0": "offline-plugins/arithmetic-length/v0",
             "tool-arithmetic": "offline-plugins/tool-arithmetic/v0",
-            "tool-arithmetic/v0": "offline-plugins/tool-arithmetic/v0"}
+            "tool-arithmetic/v0": "offline-plugins/tool-arithmetic/v0",
+            "steps-arithmetic": "offline-plugins/steps-arithmetic/v0",
+            "steps-arithmetic/v0": "offline-plugins/steps-arithmetic/v0"}
 
 
 def resolve_rollout_id(dataset: str) -> Optional[str]:
@@ -97,7 +102,7 @@ def _task_of(dataset_id: str, files: str) -> tuple[str, Any]:
     resolved = resolve_rollout_id(dataset_id)
     if resolved is None:
         raise RolloutError(f"{dataset_id!r} is not a text task; use {', '.join(BUILTIN_ROLLOUT_TASKS)} "
-                           f"(short: arithmetic, arithmetic-length, tool-arithmetic) or {files}")
+                           f"(short: arithmetic, arithmetic-length, tool-arithmetic, steps-arithmetic) or {files}")
     if resolved not in BUILTIN_ROLLOUT_TASKS:
         return resolved, None
     from offline_plugins.envs.tasks import make_task
@@ -108,6 +113,11 @@ def _task_of(dataset_id: str, files: str) -> tuple[str, Any]:
 
         settings.pop("task")
         return resolved, ToolArithmeticTask(**settings)
+    if settings.get("task") == "steps-arithmetic":  # one step a line (offline_plugins.envs.steps)
+        from offline_plugins.envs.steps import StepChainTask
+
+        settings.pop("task")
+        return resolved, StepChainTask(**settings)
     return resolved, make_task(**settings)
 
 

@@ -57,8 +57,11 @@ class StepChainTask:
     max_operand: int = 9
     ops: str = "+-*"
     test_fraction: float = 0.1
-    #: the outcome verifier (ORM) is exact match of the last step's result against the answer
-    scores_exact_match: ClassVar[bool] = True
+    #: the outcome verifier (ORM) is exact match of the last step's result, not of the whole solution (a
+    #: problem's ``answer``): the rollout task's held-out gold is the verifier's reward (``heldout_reward``)
+    scores_exact_match: ClassVar[bool] = False
+    #: the SFT reference's token budget: the prompt and its whole solution (the ``steps-arithmetic`` rollout task)
+    sft_max_length: ClassVar[int] = 64
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_steps <= self.max_steps or self.max_operand < 1 or not self.ops or set(self.ops) - set(_OPS):
@@ -137,6 +140,14 @@ class StepChainTask:
         """The outcome verifier (ORM): 1.0 when the last line's result is the answer, whatever the steps."""
         last = response.strip().split(STEP_SEPARATOR)[-1]
         return exact_match(last.split("=")[-1], self.answer(prompt))
+
+    def rewards(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
+        return [self.reward(p, r) for p, r in zip(prompts, responses)]
+
+    @property
+    def longest_prompts(self) -> list[str]:
+        """The longest prompts the task makes (what the collector checks against the model's context)."""
+        return [f"{self.max_operand}{f'{op}{self.max_operand}' * self.max_steps}=" for op in self.ops]
 
     def rows(self, n: int, *, split: str = "train", seed: int = 0, error_rate: float = 0.5) -> list[dict]:
         """``n`` step-labelled rows ``{"prompt", "steps", "labels"}``: a share ``error_rate`` of them with

@@ -66,6 +66,7 @@ _EXPORTS = {
     "OnPolicyDistillationLoss": "llm.distill",
     "GKDLoss": "llm.distill",
     "ProcessRewardLoss": "llm.prm",
+    "PRMRewardGRPOLoss": "llm.prm_rl",
 }
 
 __all__ = sorted(_EXPORTS)

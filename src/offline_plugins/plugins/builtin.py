@@ -31,5 +31,6 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "offline_plugins.algorithms.distill": "offline_plugins.algorithms.distill",
     "datasets": "offline_plugins.data.recipes",
     "offline_plugins.algorithms.prm": "offline_plugins.algorithms.prm",
+    "offline_plugins.algorithms.prm_rl": "offline_plugins.algorithms.prm_rl",
     "judges": "offline_plugins.plugins.judges",
 }

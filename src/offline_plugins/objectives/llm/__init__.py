@@ -39,3 +39,8 @@ __all__ += ["GKDLoss", "OnPolicyDistillationLoss", "TextDistillationLoss"]
 from offline_plugins.objectives.llm.prm import CausalLMStepReward, ProcessRewardLoss  # noqa: E402
 
 __all__ += ["CausalLMStepReward", "ProcessRewardLoss"]
+
+# the PRM as a dense reward for GRPO (grpo-prm): appended
+from offline_plugins.objectives.llm.prm_rl import PRMRewardGRPOLoss  # noqa: E402
+
+__all__ += ["PRMRewardGRPOLoss"]

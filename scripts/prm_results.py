@@ -1,0 +1,80 @@
+"""GRPO with the outcome verifier (ORM) against ``grpo-prm`` (a trained PRM's step rewards) on ``steps-arithmetic``.
+
+    python scripts/prm_results.py run --root runs/results-prm --steps 60 --seeds 0 1 2
+    python scripts/prm_results.py table --root runs/results-prm
+
+``run`` trains the PRM once (``train prm`` on ``steps/arithmetic-v0``, ``--prm-steps``) into ``ROOT/prm``, then
+each arm through the CLI (one thread, one run at a time) from the SFT reference of ``--reference-steps``
+steps, into ``ROOT/ALGO/sSEED``; ``table`` prints the rows of docs/results.md: the held-out verifier
+reward (greedy; the gold the reward-hacking monitor watches) before and after, the rollout reward of
+the first and last rounds, and the monitor's warnings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import subprocess
+from pathlib import Path
+
+ALGOS = ("grpo", "grpo-prm")
+SETTINGS = ["max_new_tokens=32", "eval_prompts=200"]
+
+
+def _train(cmd: list[str], out: Path) -> None:
+    if not (out / "summary.json").is_file():
+        cmd = ["offline-plugins", "train", *cmd, "--out", str(out), "--threads", "1", "--no-progress"]
+        print(" ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
+
+
+def run(root: Path, steps: int, seeds: list[int], reference_steps: int, prm_steps: int) -> None:
+    _train(["prm", "--dataset", "steps/arithmetic-v0", "--steps", str(prm_steps), "--seed", "0"], root / "prm")
+    for algo in ALGOS:
+        extra = [f"prm={root / 'prm'}"] if algo == "grpo-prm" else []
+        sets = [a for s in SETTINGS + [f"reference_sft_steps={reference_steps}", *extra] for a in ("--set", s)]
+        for seed in seeds:
+            _train([algo, "--dataset", "steps-arithmetic", "--steps", str(steps), "--seed", str(seed), *sets],
+                   root / algo / f"s{seed}")
+
+
+def table(root: Path) -> None:
+    print("| rewards | seeds | held-out verifier reward (greedy), before -> after | rollout reward, first -> last "
+          "round | KL to reference | monitor warnings | train s |")
+    print("|---|---|---|---|---|---|---|")
+    ms = lambda v: f"{statistics.mean(v):.3f} ± {statistics.stdev(v) if len(v) > 1 else 0.0:.3f}"  # noqa: E731
+    for algo in ALGOS:
+        runs = sorted((root / algo).glob("s*/summary.json"))
+        if not runs:
+            continue
+        s = [json.loads(p.read_text()) for p in runs]
+        warnings = sum(len(x["reward_hacking"].get("hacking_warnings") or []) for x in s)
+        print(f"| {'ORM (grpo)' if algo == 'grpo' else 'PRM (grpo-prm)'} | {len(s)} | "
+              f"{ms([x['heldout_reward_before'] for x in s])} -> {ms([x['heldout_reward_after'] for x in s])} | "
+              f"{ms([x['reward_mean_first_round'] for x in s])} -> {ms([x['reward_mean'] for x in s])} | "
+              f"{ms([x['kl_to_reference'] for x in s])} | {warnings} | {statistics.mean(x['train_s'] for x in s):.0f} |")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--root", type=Path, default=Path("runs/results-prm"))
+    r.add_argument("--steps", type=int, default=60)
+    r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    r.add_argument("--reference-steps", type=int, default=800)
+    r.add_argument("--prm-steps", type=int, default=300)
+    t = sub.add_parser("table")
+    t.add_argument("--root", type=Path, default=Path("runs/results-prm"))
+    a = p.parse_args(argv)
+    if a.cmd == "run":
+        run(a.root, a.steps, a.seeds, a.reference_steps, a.prm_steps)
+    else:
+        table(a.root)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
