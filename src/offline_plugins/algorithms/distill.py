@@ -20,8 +20,7 @@ from typing import Any, ClassVar, Optional
 
 from offline_plugins.algorithms.online import GeneratorFields, _RolloutFields
 from offline_plugins.config import config_field
-from offline_plugins.plugins.hookspecs import hookimpl
-from offline_plugins.plugins.registry import AlgorithmSpec
+from offline_plugins.plugins.registry import builtin_hook, builtin_text_algorithm
 
 __all__ = ["OPDConfig", "GKDConfig", "load_teacher", "build_opd", "build_gkd"]
 
@@ -120,19 +119,6 @@ _SPECS = (
 )
 
 
-@hookimpl
-def offline_plugins_register_algorithms(registry):
-    for name, summary, loss, build, config, paper in _SPECS:
-        registry.add(
-            AlgorithmSpec(
-                name=name,
-                summary=summary,
-                family="online-llm",
-                data="text-rollouts",
-                loss=f"offline_plugins.objectives.llm.distill:{loss}",
-                build=f"offline_plugins.algorithms.distill:{build}",
-                config=config,
-                paper=paper,
-                action_spaces=("tokens",),
-            )
-        )
+offline_plugins_register_algorithms = builtin_hook(*(
+    builtin_text_algorithm(name, summary, config, paper, loss=f"distill:{loss}", build=f"distill:{build}")
+    for name, summary, loss, build, config, paper in _SPECS))

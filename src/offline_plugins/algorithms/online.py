@@ -31,13 +31,10 @@ from typing import Any, ClassVar, Optional
 from offline_plugins.algorithms.preference import LoRAFields
 from offline_plugins.config import ROLLOUT_DEFAULTS as _D
 from offline_plugins.config import config_field
-from offline_plugins.plugins.hookspecs import hookimpl
-from offline_plugins.plugins.registry import AlgorithmSpec
+from offline_plugins.plugins.registry import builtin_hook, builtin_text_algorithm
 
 __all__ = ["GeneratorFields", "rollout_generator", "VLLM_ROLLOUT_CORRECTION", "SFTConfig", "GRPOConfig", "DAPOConfig", "DrGRPOConfig", "RLOOConfig", "CISPOConfig", "GSPOConfig",
            "ExpertIterationConfig"]
-
-_LOSSES = "offline_plugins.objectives.llm.online"
 
 
 def _lr_help(pretrained: float) -> str:
@@ -376,19 +373,7 @@ _SPECS = (
 )
 
 
-@hookimpl
-def offline_plugins_register_algorithms(registry):
-    for name, summary, loss, build, config, paper in _SPECS:
-        registry.add(
-            AlgorithmSpec(
-                name=name,
-                summary=summary,
-                family="online-llm",
-                data="text-completions" if name == "sft" else "text-rollouts",
-                loss=f"{_LOSSES}:{loss}",
-                build=f"offline_plugins.algorithms.online:{build}",
-                config=config,
-                paper=paper,
-                action_spaces=("tokens",),
-            )
-        )
+offline_plugins_register_algorithms = builtin_hook(*(
+    builtin_text_algorithm(name, summary, config, paper, loss=f"online:{loss}", build=f"online:{build}",
+                           data="text-completions" if name == "sft" else "text-rollouts")
+    for name, summary, loss, build, config, paper in _SPECS))

@@ -36,8 +36,7 @@ from typing import Any, Optional
 
 from offline_plugins.algorithms.online import GeneratorFields, SamplingFields
 from offline_plugins.config import ROLLOUT_DEFAULTS, config_field
-from offline_plugins.plugins.hookspecs import hookimpl
-from offline_plugins.plugins.registry import AlgorithmSpec
+from offline_plugins.plugins.registry import builtin_hook, builtin_text_algorithm
 
 __all__ = ["OnlineDPOConfig", "IterativeDPOConfig", "INNER_LOSSES", "build_online_dpo", "build_iterative_dpo"]
 
@@ -210,19 +209,7 @@ _SPECS = (
 )
 
 
-@hookimpl
-def offline_plugins_register_algorithms(registry):
-    for name, summary, build, config, paper in _SPECS:
-        registry.add(
-            AlgorithmSpec(
-                name=name,
-                summary=summary,
-                family="online-llm",
-                data="text-rollouts",
-                loss="offline_plugins.objectives.llm.online_dpo:OnlinePreferenceLoss",
-                build=f"offline_plugins.algorithms.online_dpo:{build}",
-                config=config,
-                paper=paper,
-                action_spaces=("tokens",),
-            )
-        )
+offline_plugins_register_algorithms = builtin_hook(*(
+    builtin_text_algorithm(name, summary, config, paper, loss="online_dpo:OnlinePreferenceLoss",
+                           build=f"online_dpo:{build}")
+    for name, summary, build, config, paper in _SPECS))

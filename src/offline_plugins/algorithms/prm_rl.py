@@ -15,8 +15,7 @@ from typing import Any, Optional
 
 from offline_plugins.algorithms.online import GRPOConfig
 from offline_plugins.config import config_field
-from offline_plugins.plugins.hookspecs import hookimpl
-from offline_plugins.plugins.registry import AlgorithmSpec
+from offline_plugins.plugins.registry import builtin_hook, builtin_text_algorithm
 
 __all__ = ["GRPOPRMConfig", "build_grpo_prm"]
 
@@ -50,16 +49,7 @@ def build_grpo_prm(config: GRPOPRMConfig, data: Any):
                    "max_length": getattr(prm.model.config, "n_positions", 128)})
 
 
-@hookimpl
-def offline_plugins_register_algorithms(registry):
-    registry.add(AlgorithmSpec(
-        name="grpo-prm",
-        summary="GRPO with a trained PRM's per-step rewards: group-normalised, summed over the steps to come",
-        family="online-llm",
-        data="text-rollouts",
-        loss="offline_plugins.objectives.llm.prm_rl:PRMRewardGRPOLoss",
-        build="offline_plugins.algorithms.prm_rl:build_grpo_prm",
-        config=GRPOPRMConfig,
-        paper="Shao et al. 2024, DeepSeekMath, arXiv:2402.03300 (section 4.1.3, process supervision)",
-        action_spaces=("tokens",),
-    ))
+offline_plugins_register_algorithms = builtin_hook(builtin_text_algorithm(
+    "grpo-prm", "GRPO with a trained PRM's per-step rewards: group-normalised, summed over the steps to come",
+    GRPOPRMConfig, "Shao et al. 2024, DeepSeekMath, arXiv:2402.03300 (section 4.1.3, process supervision)",
+    loss="prm_rl:PRMRewardGRPOLoss", build="prm_rl:build_grpo_prm"))

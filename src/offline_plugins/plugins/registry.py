@@ -268,6 +268,21 @@ def builtin_hook(*specs: AlgorithmSpec) -> Callable:
 
     return offline_plugins_register_algorithms
 
+def builtin_text_algorithm(name: str, summary: str, config: type, paper: str, *, loss: str, build: str,
+                           data: str = "text-rollouts", experimental: str = "") -> AlgorithmSpec:
+    """:func:`builtin_algorithm` for an LLM algorithm this package ships that trains on text it samples
+    (family ``online-llm``, token actions): ``loss`` is relative to ``offline_plugins.objectives.llm``
+    and ``build`` to ``offline_plugins.algorithms``.
+
+    >>> from offline_plugins.algorithms.online import GRPOConfig
+    >>> spec = builtin_text_algorithm("grpo", "GRPO", GRPOConfig, "", loss="online:TextGRPOLoss", build="online:build_grpo")
+    >>> spec.loss, spec.build, spec.family, spec.data, spec.action_spaces
+    ('offline_plugins.objectives.llm.online:TextGRPOLoss', 'offline_plugins.algorithms.online:build_grpo', 'online-llm', 'text-rollouts', ('tokens',))
+    """
+    return builtin_algorithm(name, summary, config, paper, loss=f"llm.{loss}", build=build, family="online-llm",
+                             data=data, action_space="tokens", experimental=experimental)
+
+
 @dataclass(frozen=True)
 class DatasetSpec:
     """A dataset recipe a plugin provides: how to make a Minari dataset locally.
