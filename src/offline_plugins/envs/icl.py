@@ -28,6 +28,7 @@ Numpy and Gymnasium only; :func:`learning_history` runs a :class:`UCB1` or
 
 from __future__ import annotations
 
+import abc
 from typing import Optional
 
 import gymnasium as gym
@@ -49,7 +50,7 @@ def env_spec(name: str, **kwargs) -> gym.envs.registration.EnvSpec:
                                          kwargs=kwargs)
 
 
-class InContextEnv(gym.Env):
+class InContextEnv(gym.Env, abc.ABC):
     """A task drawn at reset, then ``episodes`` in-context episodes of ``episode_len`` steps on it.
 
     Subclasses draw the task (:meth:`_draw_task`), start an episode (:meth:`_start`,
@@ -89,18 +90,21 @@ class InContextEnv(gym.Env):
             info["in_context_returns"] = list(self.episode_returns)
         return obs, reward, False, truncated, info
 
+    @abc.abstractmethod
     def oracle_return(self) -> float:
         """The expected return of the whole history of a policy that knows the task (after ``reset``)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _draw_task(self, rng: np.random.Generator) -> None:
-        raise NotImplementedError
+        """Draw this history's task (arm means, goal cell) from ``rng``."""
 
+    @abc.abstractmethod
     def _start(self) -> np.ndarray:
-        raise NotImplementedError
+        """The observation an inner episode starts from (and the agent's position reset)."""
 
+    @abc.abstractmethod
     def _move(self, action: int) -> tuple[np.ndarray, float]:
-        raise NotImplementedError
+        """Apply ``action``: the next observation and the step's reward."""
 
 
 class BanditEnv(InContextEnv):

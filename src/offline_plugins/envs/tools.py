@@ -31,6 +31,7 @@ out of it.
 
 from __future__ import annotations
 
+import abc
 import ast
 import dataclasses
 import operator
@@ -66,14 +67,15 @@ class ToolResult:
     failure: Optional[str] = None
 
 
-class Tool:
+class Tool(abc.ABC):
     """A named tool: ``run(argument) -> ToolResult``."""
 
     name: str = ""
     description: str = ""
 
-    def run(self, argument: str) -> ToolResult:  # pragma: no cover - interface
-        raise NotImplementedError
+    @abc.abstractmethod
+    def run(self, argument: str) -> ToolResult:
+        """Run the call with its ``argument`` text; every failure is a :class:`ToolResult` with ``ok=False``."""
 
     def _fail(self, failure: str, message: str) -> ToolResult:
         return ToolResult(self.name, f"{self.name} {failure}: {message}", ok=False, failure=failure)
