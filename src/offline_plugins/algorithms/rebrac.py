@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from offline_plugins.algorithms.td3_bc import TD3Fields
 from offline_plugins.config import FineTuneConfig, TDConfig, config_field
 from offline_plugins.plugins.registry import builtin_algorithm, builtin_hook
 
@@ -22,7 +23,7 @@ PAPER = ("Tarasov, Kurenkov, Nikulin & Kolesnikov 2023, Revisiting the Minimalis
 
 
 @dataclass
-class ReBRACConfig(FineTuneConfig, TDConfig):
+class ReBRACConfig(FineTuneConfig, TD3Fields, TDConfig):
     batch_size: int = config_field(1024, "transitions per gradient step (CORL: 1024)")
     hidden: tuple = config_field((256, 256, 256), "hidden layer widths of the actor and the critics (CORL: 3 x 256)")
     actor_lr: float = config_field(1e-3, "Adam learning rate of the actor (CORL: 1e-3)")
@@ -32,9 +33,6 @@ class ReBRACConfig(FineTuneConfig, TDConfig):
     critic_layer_norm: bool = config_field(True, "LayerNorm after every hidden activation of the critics (CORL: on)")
     normalize_q: bool = config_field(True, "divide the actor's Q term by mean|Q| (CORL: on)")
     num_critics: int = config_field(2, "critics in the ensemble; the target takes their minimum", bounds=">=2")
-    policy_noise: float = config_field(0.2, "std of the target policy smoothing noise, as a fraction of max action")
-    noise_clip: float = config_field(0.5, "clip of that noise, as a fraction of max action")
-    policy_freq: int = config_field(2, "critic steps per actor (and target) step")
     normalize_observations: bool = config_field(False, "standardise observations with dataset statistics (CORL: off)")
 
 

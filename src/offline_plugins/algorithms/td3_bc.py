@@ -16,13 +16,19 @@ PAPER = "Fujimoto & Gu 2021, A Minimalist Approach to Offline Reinforcement Lear
 
 
 @dataclass
-class TD3BCConfig(TDConfig):
+class TD3Fields:
+    """TD3's target smoothing and delayed updates (Fujimoto et al. 2018), shared by TD3+BC and ReBRAC."""
+
+    policy_noise: float = config_field(0.2, "std of the target policy smoothing noise, as a fraction of max action")
+    noise_clip: float = config_field(0.5, "clip of that noise, as a fraction of max action")
+    policy_freq: int = config_field(2, "critic steps per actor (and target) step: delayed policy updates")
+
+
+@dataclass
+class TD3BCConfig(TD3Fields, TDConfig):
     actor_lr: float = config_field(3e-4, "Adam learning rate of the actor")
     critic_lr: float = config_field(3e-4, "Adam learning rate of the twin critics")
     alpha: float = config_field(2.5, "alpha in lambda = alpha / mean|Q(s, mu(s))|, the weight of the Q term")
-    policy_noise: float = config_field(0.2, "std of the target policy smoothing noise, as a fraction of max action")
-    noise_clip: float = config_field(0.5, "clip of that noise, as a fraction of max action")
-    policy_freq: int = config_field(2, "critic steps per actor step (delayed policy updates)")
     normalize_observations: bool = config_field(True, "standardise observations with dataset statistics (data layer)")
 
 
