@@ -1,13 +1,16 @@
-"""GRPO and expert iteration on ``tool-arithmetic`` (multi-turn episodes with a calculator), several seeds.
+"""GRPO, expert iteration and REINFORCE++ on ``tool-arithmetic`` (multi-turn episodes with a calculator),
+with the verifier's reward at the end or per-turn rewards beside it, several seeds.
 
     python scripts/multiturn_results.py run --root runs/results-multiturn --steps 60 --seeds 0 1 2
+    python scripts/multiturn_results.py run --arms reinforce-pp reinforce-pp+turn grpo+turn ...
     python scripts/multiturn_results.py table --root runs/results-multiturn
 
-``run`` trains each algorithm through the CLI (one thread, one run at a time) from the SFT reference
-of ``--reference-steps`` steps on demonstrations that call the calculator (made and cached by the
-first run, ``reference_sft_steps``), into ``ROOT/ALGO/sSEED``; ``table`` prints the rows of
-docs/results.md from each run's ``summary.json`` and ``metrics.csv`` (the first and last rounds'
-rollout reward, tool calls and malformed calls per episode).
+``run`` trains each arm (:data:`ARMS`: an algorithm and its settings; ``+turn``: ``tool_reward=0.2``,
+a turn whose call answered the product earns 0.2) through the CLI (one thread, one run at a time)
+from the SFT reference of ``--reference-steps`` steps on demonstrations that call the calculator
+(made and cached by the first run, ``reference_sft_steps``), into ``ROOT/ARM/sSEED``; ``table``
+prints the rows of docs/results.md from each run's ``summary.json`` and ``metrics.csv`` (the first
+and last rounds' rollout reward and turn reward, tool calls and malformed calls per episode).
 """
 
 from __future__ import annotations
@@ -20,17 +23,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-ALGOS = ("grpo", "expert-iteration")
+#: arm -> (algorithm, its settings beside SETTINGS)
+ARMS = {"grpo": ("grpo", []), "expert-iteration": ("expert-iteration", []), "reinforce-pp": ("reinforce-pp", []),
+        "grpo+turn": ("grpo", ["tool_reward=0.2"]), "reinforce-pp+turn": ("reinforce-pp", ["tool_reward=0.2"])}
 SETTINGS = ["max_new_tokens=40", "eval_prompts=200"]
 
 
-def run(root: Path, steps: int, seeds: list[int], reference_steps: int) -> None:
-    for algo in ALGOS:
+def run(root: Path, steps: int, seeds: list[int], reference_steps: int, arms: list[str]) -> None:
+    for arm in arms:
+        algo, extra = ARMS[arm]
         for seed in seeds:
-            out = root / algo / f"s{seed}"
+            out = root / arm / f"s{seed}"
             if (out / "summary.json").is_file():
                 continue
-            sets = [a for s in SETTINGS + [f"reference_sft_steps={reference_steps}"] for a in ("--set", s)]
+            sets = [a for s in SETTINGS + extra + [f"reference_sft_steps={reference_steps}"] for a in ("--set", s)]
             cmd = ["offline-plugins", "train", algo, "--dataset", "tool-arithmetic", "--steps", str(steps), "--seed", str(seed),
                     "--out", str(out), "--threads", "1", "--no-progress", *sets]
             print(" ".join(cmd), flush=True)
@@ -43,10 +49,11 @@ def _rounds(out: Path) -> list[dict]:
 
 
 def table(root: Path) -> None:
-    print("| algorithm | seeds | held-out exact match (greedy) | rollout reward, first -> last round | "
-          "tool calls / episode, last round | malformed calls / episode, last round | train s |")
-    print("|---|---|---|---|---|---|---|")
-    for algo in ALGOS:
+    print("| arm | seeds | held-out exact match (greedy) | rollout reward, first -> last round | "
+          "turn reward / episode, last round | tool calls / episode, last round | "
+          "malformed calls / episode, last round | train s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for algo in ARMS:
         runs = sorted((root / algo).glob("s*/summary.json"))
         if not runs:
             continue
@@ -62,7 +69,8 @@ def table(root: Path) -> None:
         col = lambda rows, i, key: [float(x[i][key]) for x in rows]  # noqa: E731
         print(f"| {algo} | {len(s)} | {ms([x['exact_match_before'] for x in s], True)}% -> "
               f"{ms([x['exact_match_after'] for x in s], True)}% | {ms(col(r, 0, 'rollout/reward_mean'))} -> "
-              f"{ms(col(r, -1, 'rollout/reward_mean'))} | {ms(col(r, -1, 'rollout/tool_calls'))} | "
+              f"{ms(col(r, -1, 'rollout/reward_mean'))} | {ms([float(x[-1].get('rollout/turn_reward') or 0) for x in r])} | "
+              f"{ms(col(r, -1, 'rollout/tool_calls'))} | "
               f"{ms(col(r, -1, 'rollout/tool_failures_malformed'))} | "
               f"{statistics.mean(x['train_s'] for x in s):.0f} |")
 
@@ -75,11 +83,12 @@ def main(argv=None) -> int:
     r.add_argument("--steps", type=int, default=60)
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     r.add_argument("--reference-steps", type=int, default=130)
+    r.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     t = sub.add_parser("table")
     t.add_argument("--root", type=Path, default=Path("runs/results-multiturn"))
     a = p.parse_args(argv)
     if a.cmd == "run":
-        run(a.root, a.steps, a.seeds, a.reference_steps)
+        run(a.root, a.steps, a.seeds, a.reference_steps, a.arms)
     else:
         table(a.root)
     return 0

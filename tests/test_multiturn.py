@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+from tensordict import TensorDict
 
 from offline_plugins.data.collector import RolloutCollector
 from offline_plugins.data.multiturn import run_episodes
@@ -185,14 +186,107 @@ def test_tool_arithmetic_sft_then_grpo_and_expert_iteration_run_through_the_cli(
 
     small = ["--set", "reference_sft_steps=10", "--set", "group_size=2", "--set", "prompts_per_round=2",
              "--set", "max_new_tokens=40", "--set", "eval_prompts=4", "--set", "batch_size=4"]
-    for algo in ("grpo", "expert-iteration"):
+    for algo, more in (("grpo", []), ("expert-iteration", []),
+                       ("reinforce-pp", ["--set", "tool_reward=0.2", "--set", "max_turns=2"])):
         out = tmp_path / algo
         assert main(["train", algo, "--dataset", "tool-arithmetic", "--steps", "2", "--seed", "0", "--out", str(out),
-                     "--no-progress", *small]) == 0, capsys.readouterr().err
+                     "--no-progress", *small, *more]) == 0, capsys.readouterr().err
         summary = json.loads((out / "summary.json").read_text())
         assert summary["dataset"] == "offline-plugins/tool-arithmetic/v0"
         header = (out / "metrics.csv").read_text().splitlines()[0].split(",")
-        assert {"rollout/tool_calls", "rollout/tool_failures_malformed", "rollout/turns"} <= set(header)
+        assert {"rollout/tool_calls", "rollout/tool_failures_malformed", "rollout/turns",
+                "rollout/turn_reward"} <= set(header)
+    assert json.loads((tmp_path / "reinforce-pp" / "summary.json").read_text())["config"]["max_turns"] == 2
+
+
+@pytest.mark.parametrize("setting, message", [
+    (["--dataset", "tool-arithmetic", "--set", "max_turns=0"], "max_turns"),
+    (["--dataset", "arithmetic", "--set", "max_turns=2"], "max_turns applies to multi-turn tasks"),
+    (["--dataset", "tool-arithmetic", "--set", "tools=calculator,abacus"], "unknown tool 'abacus'"),
+    (["--dataset", "tool-arithmetic", "--set", "tool_timeout=0"], "tool_timeout"),
+])
+def test_bad_turn_settings_are_refused_in_one_line(setting, message, tmp_path, capsys):
+    from offline_plugins.cli import main
+
+    assert main(["train", "grpo", *setting, "--steps", "1", "--out", str(tmp_path / "x"), "--no-progress",
+                 "--set", "reference_sft_steps=1"]) != 0
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_turn_rewards_sit_on_each_turns_last_token_and_sum_to_the_return():
+    task = ToolArithmeticTask(tool_reward=0.25)
+    prompt = task.problems(1, seed=3)[0].prompt
+    call = f'<tool name="calculator">{_operands(prompt)}</tool>'
+    policy = Scripted(lambda text, turn: call if turn == 0 else f"{_product(text)}$")
+    ep = run_episodes(MODEL, TOK, [ids(prompt)], task.multiturn, width=128, max_new_tokens=40, generator=policy)
+    end_of_call = len(ids(prompt)) + len(ids(call)) - 1  # the call's last token: ">" of </tool>
+    assert ep.turn_rewards[0, end_of_call] == 0.25 and ep.turn_rewards.sum() == 0.25
+    assert ep.counts["turn_reward"].tolist() == [0.25]
+    # a call of the wrong product earns nothing
+    wrong = Scripted(lambda text, turn: '<tool name="calculator">2*3</tool>' if turn == 0 else "6$")
+    assert run_episodes(MODEL, TOK, [ids(prompt)], task.multiturn, width=128, max_new_tokens=40,
+                        generator=wrong).turn_rewards.sum() == 0
+    # through the collector: the verifier's 1 on the last token, the return is 1.25
+    collector = RolloutCollector(task_prompt_source(task), TOK, None, group_size=2, prompts_per_round=1,
+                                 max_new_tokens=40, seed=0, context=128)
+    collector.generator = Scripted(lambda text, turn: f'<tool name="calculator">{_operands(text)}</tool>'
+                                   if turn == 0 else f"{_product(text)}$")
+    td, stats = collector.collect(MODEL, round=0)
+    dense, mask = td["next", "turn_reward"], td["masks", "all_assistant_mask"]
+    last = [int(torch.nonzero(m).max()) for m in mask]
+    assert [dense[i, last[i]].item() for i in range(2)] == [1.0, 1.0]
+    assert td["next", "reward"].squeeze(-1).tolist() == [1.25, 1.25] and dense.sum(-1).tolist() == [1.25, 1.25]
+    assert stats["turn_reward"] == 0.25
+
+
+def test_reinforce_pp_returns_the_rewards_earned_at_or_after_each_token():
+    from offline_plugins.objectives.llm.online import REINFORCEPPLoss
+
+    loss = REINFORCEPPLoss(None)
+    mask = torch.tensor([[False, True, True, True, True, True]])
+    dense = torch.tensor([[0.0, 0.0, 0.25, 0.0, 0.0, 1.0]])  # a turn reward, then the verifier's
+    td = TensorDict({"next": {"reward": dense.sum(-1, keepdim=True), "turn_reward": dense}}, [1])
+    to_go = [1.25, 1.25, 1.0, 1.0, 1.0]  # by hand: sum of the rewards at or after each response token
+    mean = sum(to_go) / 5
+    std = (sum((x - mean) ** 2 for x in to_go) / 5) ** 0.5
+    expected = [0.0] + [(x - mean) / std for x in to_go]
+    assert torch.allclose(loss.token_advantages(td, mask)[0], torch.tensor(expected), atol=1e-5)
+    # without per-token rewards every token's return is the episode's: no signal within one row
+    td.del_(("next", "turn_reward"))
+    assert torch.allclose(loss.token_advantages(td, mask), torch.zeros(1, 6), atol=1e-3)
+
+
+def test_a_round_whose_every_tool_call_crashes_stops_with_one_line():
+    from offline_plugins.envs.tools import Tool
+
+    class Broken(Tool):
+        name = "calculator"
+
+        def run(self, argument):
+            raise RuntimeError("the tool's own bug")
+
+    box = MultiTurn(ToolBox([Broken()]), max_turns=2)
+    policy = Scripted(lambda text, turn: '<tool name="calculator">1+1</tool>')
+    with pytest.raises(ToolError, match=r"every tool call of the round crashed \(2 calls; the last: calculator "
+                                        r"crashed: RuntimeError: the tool's own bug\).*fix the tool"):
+        run_episodes(MODEL, TOK, [ids("Q="), ids("R=")], box, width=96, max_new_tokens=40, generator=policy)
+    # one call that crashes among good ones is the policy's observation, not the run's end
+    mixed = MultiTurn(ToolBox([Broken(), PythonTool(timeout=5)]), max_turns=2)
+    calls = ['<tool name="calculator">1+1</tool>', '<tool name="python">print(6*7)</tool>']
+    policy = Scripted(lambda text, turn: calls[text.startswith("R")] if turn == 0 else "done$")
+    ep = run_episodes(MODEL, TOK, [ids("Q="), ids("R=")], mixed, width=96, max_new_tokens=40, generator=policy)
+    assert ep.counts["tool_failures_crash"].tolist() == [1.0, 0.0] and "<result>42</result>" in ep.transcripts[1]
+
+
+def test_the_tools_setting_adds_the_python_tool_with_its_time_limit():
+    from offline_plugins.data.rollouts import _with_turn_settings
+
+    task = _with_turn_settings("offline-plugins/tool-arithmetic/v0", ToolArithmeticTask(), max_turns=2,
+                               tools="calculator, python", tool_timeout=1.5, tool_reward=0.0)
+    turns = task.multiturn
+    assert turns.max_turns == 2 and list(turns.tools.tools) == ["calculator", "python"]
+    assert turns.tools.tools["python"].timeout == 1.5 and turns.turn_reward is None
 
 
 def test_the_losses_and_the_kl_read_no_observation_token():

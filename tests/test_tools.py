@@ -79,7 +79,7 @@ def test_the_toolbox_gives_a_defined_result_for_every_failure():
             raise RuntimeError("the tool's own bug")
 
     crashed = ToolBox([Broken()]).run("broken", "1")
-    assert (crashed.ok, crashed.failure) == (False, "error") and "RuntimeError: the tool's own bug" in crashed.text
+    assert (crashed.ok, crashed.failure) == (False, "crash") and "RuntimeError: the tool's own bug" in crashed.text
 
 
 def test_tools_set_up_wrongly_are_refused_by_name():

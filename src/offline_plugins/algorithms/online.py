@@ -58,6 +58,15 @@ class SamplingFields(LoRAFields):
                                          "response whose call raises, exits or runs past it is counted and gets "
                                          "reward_on_failure (0: no limit)")
     reward_on_failure: float = config_field(_D["reward_on_failure"], "reward of a response its reward call failed on")
+    max_turns: Optional[int] = config_field(_D["max_turns"], "multi-turn tasks: turns per episode (unset: the "
+                                            "task's, 3 for tool-arithmetic)", bounds=">=1")
+    tools: Optional[str] = config_field(_D["tools"], "multi-turn tasks: the tools the policy may call, comma-"
+                                        "separated, of calculator and python (unset: the task's)")
+    tool_timeout: float = config_field(_D["tool_timeout"], "multi-turn tasks: seconds one Python tool call may take",
+                                       bounds=">0")
+    tool_reward: float = config_field(_D["tool_reward"], "multi-turn tasks: the reward of a turn whose tool call "
+                                      "answered the problem, on that turn's last token (0: the verifier's reward at "
+                                      "the end only)")
 
 
 @dataclass

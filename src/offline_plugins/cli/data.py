@@ -85,15 +85,23 @@ def cmd_data_list(args) -> int:
         )
     from offline_plugins.data.preference_sources import BUILTIN_PREFERENCE_DATASETS
 
+    from offline_plugins.data.text_ids import BUILTIN_ROLLOUT_TASKS
+
     preference = [{"id": k, "summary": v[0]} for k, v in BUILTIN_PREFERENCE_DATASETS.items()]
+    text_tasks = [{"id": k, "summary": v[0]} for k, v in BUILTIN_ROLLOUT_TASKS.items()]
     if args.json:
-        print(json.dumps({"store": str(store_path()), "datasets": rows, "preference_datasets": preference}, indent=2))
+        print(json.dumps({"store": str(store_path()), "datasets": rows, "preference_datasets": preference,
+                          "text_tasks": text_tasks}, indent=2))
         return 0
     _print_rows(rows)
     print("\npreference datasets (offline-plugins train dpo --dataset ID --model tiny|PATH):")
     for r in preference:
         print(f"  {r['id']}  {r['summary']}")
     print("  FILE.jsonl, hf:NAME[:SPLIT]  your prompt/chosen/rejected (or prompt/completion/label) rows")
+    print("\ntext tasks for the online algorithms (offline-plugins train grpo --dataset ID):")
+    for r in text_tasks:
+        print(f"  {r['id']}  {r['summary']}")
+    print("  FILE.jsonl  your prompt/answer rows (prompt rows with --reward module:function)")
     return 0
 
 

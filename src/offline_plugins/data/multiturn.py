@@ -9,12 +9,17 @@ follows is dropped with its log-probs); the turn's calls run in the
 :class:`~offline_plugins.envs.tools.ToolBox` and their answers are appended, tokenised, as the
 observation; a turn with no call, one that ends at eos, or the last turn ends the episode, and the
 source's reward (through the collector's :class:`~offline_plugins.data.prompts.RewardGuard`)
-scores its final answer, the text of its last turn. A row is prompt + turns + observations:
+scores its final answer, the text of its last turn. With a ``turn_reward`` each turn that called
+tools is also scored from its calls' results. A row is prompt + turns + observations:
 ``("masks", "all_assistant_mask")`` and ``("log_probs", "full")`` (the sampling log-probs) cover
 the policy's own tokens only, so the losses, the KL and the token counts never train on or count
-prompt or tool-output tokens. Per-episode counts go under ``"stats"`` (the round's means:
-``rollout/tool_calls``, ``rollout/tool_failures``, ``rollout/tool_failures_<kind>``,
-``rollout/turns``).
+prompt or tool-output tokens. ``("next", "turn_reward")`` (``[B, T]``) holds each turn's reward on
+its last token and the verifier's on the last turn's, and ``("next", "reward")`` is the episode's
+return, their sum: the group methods read the return, REINFORCE++ its per-token rewards (each
+token's return is the rewards of the turns ending at or after it). Per-episode counts go under
+``"stats"`` (the round's means: ``rollout/tool_calls``, ``rollout/tool_failures``,
+``rollout/tool_failures_<kind>``, ``rollout/turns``, ``rollout/turn_reward``). A round in which every
+tool call crashed (the tool's own code raised) stops the run: that is the tool's bug.
 
 Why not TorchRL's ``ChatEnv`` with its ``History`` and tool transforms: a ``History`` is text
 re-rendered through a chat template each turn, so the tokens a loss reads are a re-tokenisation,
@@ -33,6 +38,7 @@ from tensordict import NonTensorStack, TensorDict
 
 from offline_plugins.data.prompts import rollout_seed
 from offline_plugins.envs.multiturn import FAILURE_KINDS, MultiTurn
+from offline_plugins.envs.tools import ToolError
 
 __all__ = ["Episodes", "run_episodes", "multiturn_rows", "greedy_final_answers"]
 
@@ -45,16 +51,18 @@ class Episodes:
         tokens, attention_mask, assistant_mask: ``[B, width]`` prompt + turns + observations;
             the assistant mask is True on the policy's tokens only.
         log_probs: ``[B, width]`` the sampling log-prob of each policy token, 0 elsewhere.
+        turn_rewards: ``[B, width]`` each turn's reward (``multiturn.turn_reward``) on its last token.
         answers: the final answers (the last turn's text).
         transcripts: what the policy wrote and was shown, after the prompt.
-        counts: ``{name: [B] float}``: ``turns``, ``tool_calls``, ``tool_failures`` and
-            ``tool_failures_<kind>``.
+        counts: ``{name: [B] float}``: ``turns``, ``tool_calls``, ``tool_failures``,
+            ``tool_failures_<kind>`` and ``turn_reward`` (the episode's sum of turn rewards).
     """
 
     tokens: torch.Tensor
     attention_mask: torch.Tensor
     assistant_mask: torch.Tensor
     log_probs: torch.Tensor
+    turn_rewards: torch.Tensor
     answers: list[str]
     transcripts: list[str]
     counts: dict[str, torch.Tensor]
@@ -80,11 +88,14 @@ def run_episodes(model: torch.nn.Module, tokenizer: Any, prompt_ids: Sequence[Se
     device = next(model.parameters()).device
     pad, eos = pad_token_id(tokenizer), tokenizer.eos_token_id
     n = len(prompt_ids)
+    prompts = [tokenizer.decode(p, skip_special_tokens=True) for p in prompt_ids]
     seqs = [list(p) for p in prompt_ids]
     policy: list[list[int]] = [[] for _ in range(n)]  # positions of each row's policy tokens
     answers, transcripts = [""] * n, [""] * n
     counts = {k: [0.0] * n for k in ("turns", "tool_calls", "tool_failures",
-                                     *(f"tool_failures_{f}" for f in FAILURE_KINDS))}
+                                     *(f"tool_failures_{f}" for f in FAILURE_KINDS), "turn_reward")}
+    turn_rewards: list[tuple[int, int, float]] = []  # (row, position of the turn's last token, reward)
+    last_crash = ""
     log_probs = torch.zeros(n, width, device=device)
     active = list(range(n))
     for turn in range(multiturn.max_turns):
@@ -120,8 +131,13 @@ def run_episodes(model: torch.nn.Module, tokenizer: Any, prompt_ids: Sequence[Se
                 if not r.ok:
                     counts["tool_failures"][i] += 1
                     counts[f"tool_failures_{r.failure}"][i] += 1
+                    last_crash = r.text if r.failure == "crash" else last_crash
             if not results:
                 continue
+            if multiturn.turn_reward is not None and seq:
+                value = float(multiturn.turn_reward(prompts[i], results))
+                turn_rewards.append((i, len(seqs[i]) - 1, value))
+                counts["turn_reward"][i] += value
             obs = tokenizer(multiturn.observe([r.text for r in results]), add_special_tokens=False)["input_ids"]
             obs = obs[:min(multiturn.max_observation_tokens, width - len(seqs[i]))]
             seqs[i] += obs
@@ -132,6 +148,10 @@ def run_episodes(model: torch.nn.Module, tokenizer: Any, prompt_ids: Sequence[Se
                                   torch.tensor(list(zip(*dst)), device=device))
             log_probs[di, dp] = out.log_probs[sj, sk].float()
         active = still
+    calls, crashes = sum(counts["tool_calls"]), sum(counts["tool_failures_crash"])
+    if calls and crashes == calls:
+        raise ToolError(f"every tool call of the round crashed ({int(calls)} calls; the last: {last_crash}); the "
+                        "tool's own code raises, whatever the policy asks: fix the tool")
     full = torch.full((n, width), pad, dtype=torch.long)
     attn = torch.zeros(n, width, dtype=torch.bool)
     mask = torch.zeros(n, width, dtype=torch.bool)
@@ -139,10 +159,14 @@ def run_episodes(model: torch.nn.Module, tokenizer: Any, prompt_ids: Sequence[Se
         full[i, :len(seq)] = torch.tensor(seq)
         attn[i, :len(seq)] = True
         mask[i, policy[i]] = True
-    both = torch.cat([full, attn.long(), mask.long(), torch.tensor(list(counts.values())).T.long()], 1).to(device)
-    return Episodes(both[:, :width], both[:, width:2 * width].bool(), both[:, 2 * width:3 * width].bool(),
-                    log_probs, answers, transcripts,
-                    {k: both[:, 3 * width + c].float() for c, k in enumerate(counts)})
+    shaped = torch.zeros(n, width)
+    for i, pos, value in turn_rewards:
+        shaped[i, pos] += value
+    both = torch.cat([full.double(), attn.double(), mask.double(), shaped.double(),
+                      torch.tensor(list(counts.values()), dtype=torch.float64).T], 1).to(device)  # one copy
+    return Episodes(both[:, :width].long(), both[:, width:2 * width].bool(), both[:, 2 * width:3 * width].bool(),
+                    log_probs, both[:, 3 * width:4 * width].float(), answers, transcripts,
+                    {k: both[:, 4 * width + c].float() for c, k in enumerate(counts)})
 
 
 def multiturn_rows(collector: Any, model: torch.nn.Module, env: Any, td: TensorDict, seed: int) -> TensorDict:
@@ -154,12 +178,17 @@ def multiturn_rows(collector: Any, model: torch.nn.Module, env: Any, td: TensorD
                       seed=seed, temperature=collector.temperature, top_p=collector.top_p,
                       generator=collector.generator)
     device = ep.tokens.device
-    reward = torch.tensor(env.score(env.rows, ep.answers), dtype=torch.float32, device=device).unsqueeze(-1)
+    verifier = torch.tensor(env.score(env.rows, ep.answers), dtype=torch.float32, device=device)
+    # the verifier's reward on the last policy token, beside the turns' own
+    last = ep.assistant_mask.long().cumsum(-1).argmax(-1, keepdim=True)
+    per_token = ep.turn_rewards.scatter_add(1, last, verifier.unsqueeze(-1))
+    reward = per_token.sum(-1, keepdim=True)
     done = torch.ones_like(reward, dtype=torch.bool)
     row = TensorDict({"tokens": {"full": ep.tokens},
                       "masks": {"all_attention_mask": ep.attention_mask, "all_assistant_mask": ep.assistant_mask},
                       "log_probs": {"full": ep.log_probs},
-                      "next": {"reward": reward, "done": done, "terminated": done.clone()},
+                      "next": {"reward": reward, "turn_reward": per_token, "done": done,
+                               "terminated": done.clone()},
                       "response_length": ep.assistant_mask.sum(-1).float(), "group": td.get("group"),
                       "stats": ep.counts}, batch_size=[len(env.rows)], device=device)
     row.set(("text", "prompt"), td.get(("text", "prompt")))

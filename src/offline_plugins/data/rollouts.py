@@ -29,6 +29,7 @@ from offline_plugins.data.prompts import (
     score_responses,
     task_prompt_source,
 )
+from offline_plugins.data.text_ids import BUILTIN_ROLLOUT_TASKS, resolve_rollout_id
 from offline_plugins.data.text_tasks import sft_reference
 from offline_plugins.modules.generation import generate_left_padded, model_context
 
@@ -55,47 +56,6 @@ __all__ = [
 ]
 
 
-#: the built-in online tasks: id -> (summary, task settings: ``task``, a name in
-#: :data:`offline_plugins.envs.tasks.TASKS` (default arithmetic), and its settings)
-BUILTIN_ROLLOUT_TASKS: dict[str, tuple[str, dict]] = {
-    "offline-plugins/arithmetic/v0": ("2-digit addition, exact-match reward", {"digits": 2, "ops": "+"}),
-    "offline-plugins/arithmetic-length/v0": (
-        "2-digit addition prompts, gold reward: response length against 6 characters (the RLHF over-optimisation "
-        "study)", {"task": "arithmetic-length", "target": 6, "digits": 2, "ops": "+"}),
-    "offline-plugins/tool-arithmetic/v0": (
-        "3-digit multiplication with a calculator tool over up to 3 turns, exact match of the final answer",
-        {"task": "tool-arithmetic", "digits": 3, "max_turns": 3}),
-    "offline-plugins/steps-arithmetic/v0": (
-        "chains of 2-3 operations on 1..9 solved one step a line, exact match of the final value (step labels "
-        "are generated: the PRM's task)", {"task": "steps-arithmetic"}),
-}
-_ALIASES = {"arithmetic": "offline-plugins/arithmetic/v0", "arithmetic/v0": "offline-plugins/arithmetic/v0",
-            "arithmetic-length": "offline-plugins/arithmetic-length/v0",
-            "arithmetic-length/v0": "offline-plugins/arithmetic-length/v0",
-            "tool-arithmetic": "offline-plugins/tool-arithmetic/v0",
-            "tool-arithmetic/v0": "offline-plugins/tool-arithmetic/v0",
-            "steps-arithmetic": "offline-plugins/steps-arithmetic/v0",
-            "steps-arithmetic/v0": "offline-plugins/steps-arithmetic/v0"}
-
-
-def resolve_rollout_id(dataset: str) -> Optional[str]:
-    """The canonical id of a built-in task or a ``.jsonl`` prompt file; None otherwise.
-
-    >>> resolve_rollout_id("arithmetic"), resolve_rollout_id("pendulum/medium-v0")
-    ('offline-plugins/arithmetic/v0', None)
-    >>> resolve_rollout_id("arithmetic-length")
-    'offline-plugins/arithmetic-length/v0'
-    """
-    dataset = dataset.strip()
-    if dataset in BUILTIN_ROLLOUT_TASKS:
-        return dataset
-    if dataset in _ALIASES:
-        return _ALIASES[dataset]
-    if dataset.endswith(".jsonl"):
-        return dataset
-    return None
-
-
 def _task_of(dataset_id: str, files: str) -> tuple[str, Any]:
     """``(canonical id, the built-in task or None for a file)``; a :class:`RolloutError` naming what
     ids are accepted (the built-in tasks and ``files``) otherwise."""
@@ -119,6 +79,25 @@ def _task_of(dataset_id: str, files: str) -> tuple[str, Any]:
         settings.pop("task")
         return resolved, StepChainTask(**settings)
     return resolved, make_task(**settings)
+
+
+def _with_turn_settings(resolved: str, task: Any, **settings: Any) -> Any:
+    """``task`` with the multi-turn settings that differ from their defaults; refused by name for a
+    task without turns."""
+    import dataclasses
+
+    from offline_plugins.config import ROLLOUT_DEFAULTS
+
+    changed = {k: v for k, v in settings.items() if v != ROLLOUT_DEFAULTS[k]}
+    if not changed:
+        return task
+    if getattr(task, "multiturn", None) is None:
+        name = next(iter(changed))
+        raise RolloutError(f"{name} applies to multi-turn tasks with tools (tool-arithmetic); {resolved} is answered "
+                           f"in one turn: drop --set {name}")
+    if "tools" in changed:
+        changed["tools"] = tuple(t.strip() for t in str(changed["tools"]).split(",") if t.strip())
+    return dataclasses.replace(task, **changed)
 
 
 class TextTaskData:
@@ -245,8 +224,9 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
                       group_size: int = 8, prompts_per_round: int = 16, max_new_tokens: int = 6,
                       temperature: float = 1.0, top_p: float = 1.0, reference_sft_steps: int = 2000,
                       eval_prompts: int = 200, max_attempts: int = 4, reward_timeout: Optional[float] = 60.0,
-                      reward_on_failure: float = 0.0, cache_dir: Optional[Path] = None, progress: bool = False,
-                      finetune: Optional[Any] = None) -> RolloutData:
+                      reward_on_failure: float = 0.0, max_turns: Optional[int] = None, tools: Optional[str] = None,
+                      tool_timeout: float = 5.0, tool_reward: float = 0.0, cache_dir: Optional[Path] = None,
+                      progress: bool = False, finetune: Optional[Any] = None) -> RolloutData:
     """Load a rollout task (:func:`resolve_rollout_id`) and its reference.
 
     The built-in task with ``model="tiny"`` starts from the cached SFT reference of the
@@ -256,12 +236,16 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
     ``model`` (a ``save_pretrained`` folder such as an ``sft`` run's ``OUT/model``, or a hub
     id) is the reference itself. A JSONL file's reference is ``model`` as given. The reward is
     called under ``reward_timeout`` seconds a call, a failed call costing ``reward_on_failure``
-    (:class:`~offline_plugins.data.prompts.RewardGuard`).
+    (:class:`~offline_plugins.data.prompts.RewardGuard`). A multi-turn task's episodes take
+    ``max_turns`` turns with ``tools`` (comma-separated names; None: the task's own), a Python call
+    ``tool_timeout`` seconds, and a turn whose call answered the problem earns ``tool_reward``.
     """
     from offline_plugins.data.preference_sources import cache_root
     from offline_plugins.modules.tiny_lm import load_causal_lm
 
     resolved, task = _task_of(dataset_id, "a .jsonl file of prompt/answer rows")
+    task = _with_turn_settings(resolved, task, max_turns=max_turns, tools=tools, tool_timeout=tool_timeout,
+                               tool_reward=tool_reward)
     gold, gold_key = None, None
     if task is not None:
         if not task.scores_exact_match:  # its held-out rows carry answers, but its verifier is not exact match

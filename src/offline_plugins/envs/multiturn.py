@@ -5,8 +5,10 @@ the end of a tool call (``</tool>``), at eos or at the turn's token budget; the 
 run by the :class:`~offline_plugins.envs.tools.ToolBox` and their answers appended as one
 observation (``<result>56088</result>``), and the policy goes on; a turn without a call (or the
 last turn) ends the episode, and the verifier scores its final answer, the text of its last turn.
-The rollout collector runs the episodes (:mod:`offline_plugins.data.multiturn`) when its prompt
-source carries a :class:`MultiTurn`.
+Rewards come at the end (the verifier) and, where :attr:`MultiTurn.turn_reward` is set, per turn:
+each turn's reward sits on its last token, the verifier's on the last turn's, and the episode's
+return is their sum. The rollout collector runs the episodes (:mod:`offline_plugins.data.multiturn`)
+when its prompt source carries a :class:`MultiTurn`.
 
 :class:`ToolArithmeticTask` is multiplication of ``digits``-digit numbers, beyond the tiny model's
 reach unless it calls the calculator; its SFT demonstrations call it
@@ -20,6 +22,13 @@ reach unless it calls the calculator; its SFT demonstrations call it
 '<tool name="calculator">329*165</tool><result>54285</result>54285'
 >>> task.reward(p.prompt, "54285"), task.reward(p.prompt, '<tool name="calculator">329*165</tool>')
 (1.0, 0.0)
+>>> shaped = ToolArithmeticTask(tool_reward=0.25).multiturn
+>>> shaped.turn_reward(p.prompt, shaped.tools.run_response('<tool name="calculator">329*165</tool>'))
+0.25
+>>> ToolArithmeticTask(tools=("calculator", "abacus"))
+Traceback (most recent call last):
+...
+offline_plugins.envs.tools.ToolError: unknown tool 'abacus' in tools=('calculator', 'abacus'); the built-in tools are calculator, python
 >>> MultiTurn(ToolBox([Calculator()]), max_turns=0)
 Traceback (most recent call last):
 ...
@@ -28,17 +37,36 @@ offline_plugins.envs.tools.ToolError: max_turns must be a whole number >= 1 (tur
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import Callable, ClassVar, Optional, Sequence
 
 from offline_plugins.envs.tasks import Problem, exact_match
-from offline_plugins.envs.tools import Calculator, ToolBox, ToolError
+from offline_plugins.envs.tools import Calculator, PythonTool, Tool, ToolBox, ToolError, ToolResult
 
-__all__ = ["MultiTurn", "ToolArithmeticTask", "FAILURE_KINDS"]
+__all__ = ["MultiTurn", "ToolArithmeticTask", "FAILURE_KINDS", "BUILTIN_TOOLS", "make_tools"]
 
 #: the kinds of a failed tool call (:class:`~offline_plugins.envs.tools.ToolResult`), each counted per round
-FAILURE_KINDS = ("malformed", "unknown_tool", "error", "timeout", "sandbox")
+FAILURE_KINDS = ("malformed", "unknown_tool", "error", "timeout", "sandbox", "crash")
+
+#: the built-in tools by name: ``timeout`` is the seconds one call may take (the Python tool's limit)
+BUILTIN_TOOLS: dict[str, Callable[[float], Tool]] = {
+    "calculator": lambda timeout: Calculator(),
+    "python": lambda timeout: PythonTool(timeout=timeout),
+}
+
+
+def make_tools(names: Sequence[str], *, timeout: float = 5.0) -> ToolBox:
+    """A :class:`~offline_plugins.envs.tools.ToolBox` of the built-in tools ``names``."""
+    names = tuple(names)
+    if not names:
+        raise ToolError("tools is empty; name at least one tool, e.g. tools=calculator")
+    unknown = [n for n in names if n not in BUILTIN_TOOLS]
+    if unknown:
+        raise ToolError(f"unknown tool {unknown[0]!r} in tools={names!r}; the built-in tools are "
+                        f"{', '.join(BUILTIN_TOOLS)}")
+    return ToolBox([BUILTIN_TOOLS[n](timeout) for n in names])
 
 
 @dataclass(frozen=True)
@@ -51,6 +79,8 @@ class MultiTurn:
         stop: where a turn that calls a tool ends (the call's closing tag).
         observation: the form of one tool answer shown to the policy (``{}``: its text).
         max_observation_tokens: an observation longer than this is cut to it.
+        turn_reward: None (the verifier's reward at the end only), or ``turn_reward(prompt, results)
+            -> float``, the reward of a turn that called tools, from the calls' results.
     """
 
     tools: ToolBox
@@ -58,6 +88,7 @@ class MultiTurn:
     stop: str = "</tool>"
     observation: str = "<result>{}</result>"
     max_observation_tokens: int = 96
+    turn_reward: Optional[Callable[[str, Sequence[ToolResult]], float]] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int) or self.max_turns < 1:
@@ -83,11 +114,18 @@ class ToolArithmeticTask:
         digits: the operands' digits.
         max_turns: the episode's turn limit.
         test_fraction: share of problems held out.
+        tools: the built-in tools the episodes may call (:data:`BUILTIN_TOOLS`).
+        tool_timeout: seconds one call of the Python tool may take.
+        tool_reward: the per-turn reward of a turn whose call answered the product (0: the verifier's
+            reward at the end only).
     """
 
     digits: int = 3
     max_turns: int = 3
     test_fraction: float = 0.1
+    tools: tuple = ("calculator",)
+    tool_timeout: float = 5.0
+    tool_reward: float = 0.0
     scores_exact_match: ClassVar[bool] = True
     #: the SFT reference's token budget: prompt, call, observation and answer (the tiny model's context)
     sft_max_length: ClassVar[int] = 128
@@ -97,7 +135,12 @@ class ToolArithmeticTask:
     def __post_init__(self) -> None:
         if self.digits < 1:
             raise ToolError(f"ToolArithmeticTask needs digits >= 1, got {self.digits!r}")
-        self.multiturn  # checks max_turns
+        object.__setattr__(self, "tools", tuple(self.tools))
+        if isinstance(self.tool_reward, bool) or not isinstance(self.tool_reward, (int, float)) \
+                or not math.isfinite(self.tool_reward):
+            raise ToolError(f"tool_reward must be a finite number (the reward of a turn whose call answered the "
+                            f"product), got {self.tool_reward!r}; e.g. tool_reward=0.2")
+        self.multiturn  # checks max_turns and the tools
 
     @property
     def name(self) -> str:
@@ -110,7 +153,13 @@ class ToolArithmeticTask:
     @property
     def multiturn(self) -> MultiTurn:
         # an answer's observation is <= 23 tokens; a failure's is cut to 24, so an episode fits 128 positions
-        return MultiTurn(ToolBox([Calculator()]), max_turns=self.max_turns, max_observation_tokens=24)
+        return MultiTurn(make_tools(self.tools, timeout=self.tool_timeout), max_turns=self.max_turns,
+                         max_observation_tokens=24, turn_reward=self._turn_reward if self.tool_reward else None)
+
+    def _turn_reward(self, prompt: str, results: Sequence[ToolResult]) -> float:
+        """``tool_reward`` for a turn with a call that answered this prompt's product, else 0."""
+        answer = self.answer(prompt)
+        return float(self.tool_reward) if any(r.ok and r.text.strip() == answer for r in results) else 0.0
 
     @property
     def longest_prompts(self) -> list[str]:

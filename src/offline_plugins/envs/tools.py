@@ -9,7 +9,9 @@ and each call is run by a :class:`ToolBox`, whose answer becomes the next observ
 episode. Every way a call can go wrong ends in a defined :class:`ToolResult` (``ok=False`` and a
 ``failure`` of ``"malformed"``, ``"unknown_tool"``, ``"error"``, ``"timeout"`` or ``"sandbox"``) that
 the environment shows the policy and counts; nothing a response does can hang the run or raise
-out of it.
+out of it. A tool whose own code raises is a ``"crash"`` result: the policy sees it too, but a
+round in which every call crashed stops the run (the tool's bug, not the policy's:
+:func:`offline_plugins.data.multiturn.run_episodes`).
 
 - :class:`Calculator` evaluates arithmetic by walking Python's ``ast`` (numbers, ``+ - * / // %``,
   ``**`` with a bounded exponent, parentheses), never ``eval``.
@@ -58,7 +60,8 @@ class ToolResult:
         tool: the name called (``""`` for a malformed call).
         text: the answer, or a one-line description of the failure.
         ok: the call ran and answered.
-        failure: None, or ``"malformed"``, ``"unknown_tool"``, ``"error"``, ``"timeout"``, ``"sandbox"``.
+        failure: None, or ``"malformed"``, ``"unknown_tool"``, ``"error"``, ``"timeout"``, ``"sandbox"``,
+            ``"crash"`` (the tool's own code raised).
     """
 
     tool: str
@@ -241,8 +244,8 @@ class ToolBox:
                               ok=False, failure="unknown_tool")
         try:
             return tool.run(argument)
-        except Exception as exc:  # a tool's own bug must not end the run: the policy sees it, it is counted
-            return ToolResult(name, f"{name} error: {type(exc).__name__}: {exc}", ok=False, failure="error")
+        except Exception as exc:  # a tool's own bug: the policy sees it, it is counted (a round of them stops the run)
+            return ToolResult(name, f"{name} crashed: {type(exc).__name__}: {exc}", ok=False, failure="crash")
 
     def run_response(self, response: str) -> list[ToolResult]:
         """Every call ``response`` makes, run in order; a malformed call adds a ``"malformed"`` result."""

@@ -555,7 +555,8 @@ class REINFORCEPPLoss(TextGRPOLoss):
     """REINFORCE++: no critic, the KL in the reward token by token, advantages normalised over the round.
 
     Hu et al. 2025, REINFORCE++, arXiv:2501.03262. Each response token's return is
-    ``r * 1[t is the last] - beta * sum_{s >= t} KL_s`` with ``KL_s = log pi_sample - log pi_ref``
+    ``r * 1[t is the last] - beta * sum_{s >= t} KL_s`` (with per-token rewards, a multi-turn
+    episode's, ``sum_{s >= t} r_s`` in place of the first term) with ``KL_s = log pi_sample - log pi_ref``
     (k1), so a token is charged the divergence of what follows it; the returns are standardised
     over every response token of the round (the global batch, not the prompt's group), and the
     update is PPO's clipped ratio (0.2). ``beta = 0.01``. With no reference log-probs the return is
@@ -573,16 +574,20 @@ class REINFORCEPPLoss(TextGRPOLoss):
         return td
 
     def token_advantages(self, td: TensorDictBase, mask: torch.Tensor) -> torch.Tensor:
-        """``[B, T]`` standardised returns on the response tokens, 0 elsewhere."""
-        reward = self.rollout_rewards(td)
+        """``[B, T]`` standardised returns on the response tokens, 0 elsewhere. Rows with per-token
+        rewards (``token_reward``: a multi-turn episode's turn rewards) return the rewards earned
+        at or after each token in place of the episode's reward."""
+        dense = td.get(self.tensor_keys.token_reward, None)
+        reward = (self.rollout_rewards(td).unsqueeze(-1) if dense is None
+                  else dense.to(torch.float32).flip(-1).cumsum(-1).flip(-1))  # sum_{s >= t} r_s
         ref = td.get(self.tensor_keys.ref_log_probs, None)
         if ref is not None:
             sample = self._get(td, "sample_log_probs", "the sampling policy's log-probs")
             kl = torch.where(mask, sample - ref, torch.zeros_like(sample)).to(torch.float32)
             to_go = kl.flip(-1).cumsum(-1).flip(-1)  # sum_{s >= t} KL_s
-            returns = reward.unsqueeze(-1) - self.beta * to_go
+            returns = reward - self.beta * to_go
         else:
-            returns = reward.unsqueeze(-1).expand(mask.shape)
+            returns = reward.expand(mask.shape)
         return masked_whiten(returns, mask)
 
     def advantages(self, rewards, groups):

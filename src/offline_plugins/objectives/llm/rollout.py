@@ -44,7 +44,8 @@ class RolloutLoss(LossModule):
             response_mask: ``("masks", "all_assistant_mask")``.
             sample_log_probs: ``("log_probs", "full")`` (the sampling policy's).
             ref_log_probs: ``("next", "ref_log_probs", "full")``. reward: ``("next", "reward")``.
-            group: ``"group"`` (prompt id). advantage: ``"advantage"`` (``[B, T, 1]``, as TorchRL's
+            token_reward: ``("next", "turn_reward")``, optional: ``[B, T]`` rewards on the tokens where
+            they were earned (a multi-turn episode's turns; they sum to ``reward``). group: ``"group"`` (prompt id). advantage: ``"advantage"`` (``[B, T, 1]``, as TorchRL's
             GRPOLoss; written by :meth:`process_rollouts`).
         """
 
@@ -54,6 +55,7 @@ class RolloutLoss(LossModule):
         sample_log_probs: NestedKey = ("log_probs", "full")
         ref_log_probs: NestedKey = ("next", "ref_log_probs", "full")
         reward: NestedKey = ("next", "reward")
+        token_reward: NestedKey = ("next", "turn_reward")
         group: NestedKey = "group"
         advantage: NestedKey = "advantage"
 
