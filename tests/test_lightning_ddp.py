@@ -33,3 +33,15 @@ def test_two_cpu_ranks_stay_in_sync_and_sample_differently(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 8
     assert (out / "checkpoints" / "last.ckpt").is_file()
+
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_error_on_rank_zero_ends_the_rank_it_launched_instead_of_leaving_it_in_a_collective(tmp_path):
+    # rank 0 catches the error and lives on, so only ending rank 1 frees it from its all-reduce
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    proc = launch([sys.executable, str(Path(__file__).parent / "_ddp_rank0_fails.py"), str(tmp_path / "ddp")], env,
+                  240)
+    assert "rank 0 caught: planted failure on rank 0" in proc.stdout, proc.stderr[-3000:]
+    assert "launched rank ended with" in proc.stdout and proc.returncode == 0, proc.stdout

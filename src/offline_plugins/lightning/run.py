@@ -582,8 +582,12 @@ def _fit(plan: RunPlan, settings: RunSettings, out: Path, ckpt_path: Optional[Pa
         except SystemExit:
             # Lightning exits 1 after a KeyboardInterrupt it caught (a second Ctrl-C)
             if interrupt.signal is None:
+                _stop_launched_ranks(trainer)
                 raise
             interrupted = f"{interrupt.signal} twice"
+        except BaseException:
+            _stop_launched_ranks(trainer)
+            raise
     train_s = time.perf_counter() - fit_started
     exported = parts
     if sharded and not interrupted:
@@ -751,6 +755,19 @@ def _default_out_dir(algorithm: str, dataset_id: str, seed: int) -> Path:
 def _is_launched_rank() -> bool:
     # Lightning's DDP launcher re-runs the command in child processes with LOCAL_RANK set
     return int(os.environ.get("LOCAL_RANK", "0") or 0) > 0 or int(os.environ.get("NODE_RANK", "0") or 0) > 0
+
+
+def _stop_launched_ranks(trainer) -> None:
+    """Rank 0 failed: end the ranks its launcher started. Lightning ends them after a Ctrl-C, and its
+    observer ends every rank when a launched one fails, but after an error on rank 0 they would wait
+    in their next collective for the process group's timeout (30 minutes)."""
+    import signal
+
+    from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+
+    launcher = getattr(trainer.strategy, "launcher", None)
+    if trainer.is_global_zero and isinstance(launcher, _SubprocessScriptLauncher) and launcher.procs:
+        launcher.kill(getattr(signal, "SIGKILL", signal.SIGTERM))  # SIGTERM does not end a rank inside a collective
 
 
 def _needs_unused_parameters(parts) -> bool:
