@@ -5,8 +5,9 @@ with the verifier's reward at the end or per-turn rewards beside it, several see
     python scripts/multiturn_results.py run --arms reinforce-pp reinforce-pp+turn grpo+turn ...
     python scripts/multiturn_results.py table --root runs/results-multiturn
 
-``run`` trains each arm (:data:`ARMS`: an algorithm and its settings; ``+turn``: ``tool_reward=0.2``,
-a turn whose call answered the product earns 0.2) through the CLI (one thread, one run at a time)
+``run`` trains each arm (:data:`ARMS`: an algorithm, its settings and its task; ``+turn``:
+``tool_reward=0.2``, a turn whose call answered the product earns 0.2; ``python/``: ``tool-python``,
+the reversed product with the Python tool) through the CLI (one thread, one run at a time)
 from the SFT reference of ``--reference-steps`` steps on demonstrations that call the calculator
 (made and cached by the first run, ``reference_sft_steps``), into ``ROOT/ARM/sSEED``; ``table``
 prints the rows of docs/results.md from each run's ``summary.json`` and ``metrics.csv`` (the first
@@ -23,21 +24,28 @@ import subprocess
 import sys
 from pathlib import Path
 
-#: arm -> (algorithm, its settings beside SETTINGS)
-ARMS = {"grpo": ("grpo", []), "expert-iteration": ("expert-iteration", []), "reinforce-pp": ("reinforce-pp", []),
-        "grpo+turn": ("grpo", ["tool_reward=0.2"]), "reinforce-pp+turn": ("reinforce-pp", ["tool_reward=0.2"])}
+#: arm -> (algorithm, its settings beside SETTINGS, task); a turn of tool-python's call is 52 tokens
+PYTHON = ["max_new_tokens=56"]
+ARMS = {"grpo": ("grpo", [], "tool-arithmetic"), "expert-iteration": ("expert-iteration", [], "tool-arithmetic"),
+        "reinforce-pp": ("reinforce-pp", [], "tool-arithmetic"),
+        "grpo+turn": ("grpo", ["tool_reward=0.2"], "tool-arithmetic"),
+        "reinforce-pp+turn": ("reinforce-pp", ["tool_reward=0.2"], "tool-arithmetic"),
+        "python/grpo": ("grpo", PYTHON, "tool-python"),
+        "python/expert-iteration": ("expert-iteration", PYTHON, "tool-python")}
 SETTINGS = ["max_new_tokens=40", "eval_prompts=200"]
 
 
 def run(root: Path, steps: int, seeds: list[int], reference_steps: int, arms: list[str]) -> None:
     for arm in arms:
-        algo, extra = ARMS[arm]
+        algo, extra, task = ARMS[arm]
         for seed in seeds:
             out = root / arm / f"s{seed}"
             if (out / "summary.json").is_file():
                 continue
-            sets = [a for s in SETTINGS + extra + [f"reference_sft_steps={reference_steps}"] for a in ("--set", s)]
-            cmd = ["offline-plugins", "train", algo, "--dataset", "tool-arithmetic", "--steps", str(steps), "--seed", str(seed),
+            own = {e.split("=")[0] for e in extra}  # the arm's own value of a setting replaces SETTINGS'
+            settings = [s for s in SETTINGS if s.split("=")[0] not in own] + extra
+            sets = [a for s in settings + [f"reference_sft_steps={reference_steps}"] for a in ("--set", s)]
+            cmd = ["offline-plugins", "train", algo, "--dataset", task, "--steps", str(steps), "--seed", str(seed),
                     "--out", str(out), "--threads", "1", "--no-progress", *sets]
             print(" ".join(cmd), flush=True)
             subprocess.run(cmd, check=True)

@@ -110,6 +110,18 @@ def test_an_episode_stops_where_the_width_is_full():
     assert policy.calls[0] == 40 and sum(policy.calls) <= 60 - 3 and ep.attention_mask.sum() <= 60
 
 
+def test_a_row_near_the_width_does_not_cut_the_other_rows_turns_short():
+    # row Q writes a long call, row R a short one; both then answer with 30 characters
+    calls = {"Q=": '<tool name="calculator">' + "1+" * 10 + "1</tool>", "R=": '<tool name="calculator">1+1</tool>'}
+    answer = "0123456789" * 3
+    policy = Scripted(lambda prompt, turn: calls[prompt[:2]] if turn == 0 else answer + "$")
+    ep = run_episodes(MODEL, TOK, [ids("Q="), ids("R=")], CALC, width=100, max_new_tokens=60, generator=policy)
+    # by hand: Q holds 2 + 52 (call) + 19 ("<result>11</result>") = 73 tokens, 27 left; R 2 + 34 + 18 = 54, 46 left
+    assert policy.calls == [60, 46, 27]
+    assert ep.answers == [answer[:27], answer]  # R's answer whole (before, both were cut at Q's 27)
+    assert ((ep.log_probs != 0) == ep.assistant_mask).all() and ep.attention_mask.sum(-1).tolist() == [100, 54 + 31]
+
+
 def _collector(script, **kw):
     task = ToolArithmeticTask()
     collector = RolloutCollector(task_prompt_source(task), TOK, None, group_size=2, prompts_per_round=3,
@@ -119,7 +131,7 @@ def _collector(script, **kw):
 
 
 def _operands(text: str) -> str:
-    return re.search(r"(\d+\*\d+)=", text).group(1)
+    return re.search(r"(\d+\*\d+)\)?=", text).group(1)
 
 
 def _product(text: str) -> int:
@@ -181,22 +193,23 @@ def test_episodes_of_the_tiny_model_are_seeded():
     assert ((a.log_probs != 0) == a.assistant_mask).all() and (a.log_probs <= 0).all()
 
 
-def test_tool_arithmetic_sft_then_grpo_and_expert_iteration_run_through_the_cli(tmp_path, capsys):
+def test_tool_tasks_sft_then_grpo_expert_iteration_and_reinforce_pp_run_through_the_cli(tmp_path, capsys):
     from offline_plugins.cli import main
 
     small = ["--set", "reference_sft_steps=10", "--set", "group_size=2", "--set", "prompts_per_round=2",
              "--set", "max_new_tokens=40", "--set", "eval_prompts=4", "--set", "batch_size=4"]
-    for algo, more in (("grpo", []), ("expert-iteration", []),
-                       ("reinforce-pp", ["--set", "tool_reward=0.2", "--set", "max_turns=2"])):
-        out = tmp_path / algo
-        assert main(["train", algo, "--dataset", "tool-arithmetic", "--steps", "2", "--seed", "0", "--out", str(out),
+    for algo, task, more in (("grpo", "tool-arithmetic", []), ("expert-iteration", "tool-arithmetic", []),
+                             ("reinforce-pp", "tool-arithmetic", ["--set", "tool_reward=0.2", "--set", "max_turns=2"]),
+                             ("grpo", "tool-python", ["--set", "tool_timeout=2"])):
+        out = tmp_path / f"{algo}-{task}"
+        assert main(["train", algo, "--dataset", task, "--steps", "2", "--seed", "0", "--out", str(out),
                      "--no-progress", *small, *more]) == 0, capsys.readouterr().err
         summary = json.loads((out / "summary.json").read_text())
-        assert summary["dataset"] == "offline-plugins/tool-arithmetic/v0"
+        assert summary["dataset"] == f"offline-plugins/{task}/v0"
         header = (out / "metrics.csv").read_text().splitlines()[0].split(",")
         assert {"rollout/tool_calls", "rollout/tool_failures_malformed", "rollout/turns",
                 "rollout/turn_reward"} <= set(header)
-    assert json.loads((tmp_path / "reinforce-pp" / "summary.json").read_text())["config"]["max_turns"] == 2
+    assert json.loads((tmp_path / "reinforce-pp-tool-arithmetic" / "summary.json").read_text())["config"]["max_turns"] == 2
 
 
 @pytest.mark.parametrize("setting, message", [
@@ -319,3 +332,21 @@ def test_the_losses_and_the_kl_read_no_observation_token():
         for k in a.keys():
             assert torch.allclose(a[k], b[k]), (type(loss).__name__, k)
     assert set(grpo(grpo.process_rollouts(td.clone())).keys()) >= {"loss_objective", "loss_kl", "kl_to_reference"}
+
+
+def test_tool_python_needs_the_python_tool_and_its_episodes_are_scored_by_the_reversed_product():
+    from offline_plugins.envs.multiturn import ToolPythonTask
+
+    task = ToolPythonTask(tool_reward=0.5)
+    prompt = task.problems(1, split="test", seed=2)[0].prompt
+    a, b = (int(x) for x in _operands(prompt).split("*"))
+    assert task.answer(prompt) == str(a * b)[::-1] and prompt.startswith('<tool name="python">')
+    policy = Scripted(lambda text, turn: f'<tool name="python">print(str({a}*{b})[::-1])</tool>' if turn == 0
+                      else f"{str(a * b)[::-1]}$")
+    ep = run_episodes(MODEL, TOK, [ids(prompt)], task.multiturn, width=128, max_new_tokens=56, generator=policy)
+    assert f"<result>{str(a * b)[::-1]}</result>" in ep.transcripts[0] and task.reward(prompt, ep.answers[0]) == 1.0
+    assert ep.turn_rewards.sum() == 0.5
+    # the calculator is not in this task's box: calling it is an unknown tool, not an answer
+    calc = Scripted(lambda text, turn: f'<tool name="calculator">{a}*{b}</tool>' if turn == 0 else "1$")
+    ep = run_episodes(MODEL, TOK, [ids(prompt)], task.multiturn, width=128, max_new_tokens=56, generator=calc)
+    assert ep.counts["tool_failures_unknown_tool"].tolist() == [1.0] and ep.turn_rewards.sum() == 0

@@ -80,8 +80,9 @@ def run_episodes(model: torch.nn.Module, tokenizer: Any, prompt_ids: Sequence[Se
                  *, width: int, max_new_tokens: int, seed: Optional[int] = None, greedy: bool = False,
                  temperature: float = 1.0, top_p: float = 1.0, generator: Any = None) -> Episodes:
     """One episode per prompt (``prompt_ids``, one list of ids per row), up to ``multiturn.max_turns``
-    turns of at most ``max_new_tokens`` tokens each, the whole row within ``width`` tokens: a turn's
-    budget is the least room left among the unfinished episodes, and an episode with no room left ends. ``generator``: an engine with :func:`generate`'s contract."""
+    turns of at most ``max_new_tokens`` tokens each, the whole row within ``width`` tokens: a row's
+    turn is cut at the room it has left, and an episode with no room left ends. ``generator``: an
+    engine with :func:`generate`'s contract."""
     from offline_plugins.modules.generation import generate
     from offline_plugins.tokens import pad_token_id
 
@@ -102,21 +103,29 @@ def run_episodes(model: torch.nn.Module, tokenizer: Any, prompt_ids: Sequence[Se
         active = [i for i in active if len(seqs[i]) < width]  # an episode with no room left ends
         if not active:
             break
-        # one batch, one budget: the least room left (no row may run past the width, nor the model's positions)
-        budget = min(max_new_tokens, width - max(len(seqs[i]) for i in active))
-        kwargs = dict(pad_id=pad, eos_id=eos, max_new_tokens=budget, temperature=temperature, top_p=top_p,
-                      seed=None if seed is None else rollout_seed(seed, turn))
-        ids = [seqs[i] for i in active]
-        out = (generator.generate(ids, device=device, **kwargs) if generator is not None
-               else generate(model, ids, greedy=greedy, log_probs=not greedy, **kwargs))
-        tokens, lengths = out.tokens.tolist(), out.lengths.tolist()
-        src, dst = [], []  # (generated row, step) -> (episode row, position): the turn's log-probs, placed on device
+        # each row's budget is the room it has left, up to max_new_tokens (no row may run past the width, nor
+        # the model's positions); rows with the same budget share one generate: all of them until rows near
+        # the width differ, and then a long row no longer cuts the others' turns short
+        budgets = {i: min(max_new_tokens, width - len(seqs[i])) for i in active}
+        generated: dict[int, tuple[list[int], Any, int]] = {}  # row -> (its tokens, the batch's log-probs, index)
+        for k, budget in enumerate(sorted(set(budgets.values()), reverse=True)):
+            rows = [i for i in active if budgets[i] == budget]
+            kwargs = dict(pad_id=pad, eos_id=eos, max_new_tokens=budget, temperature=temperature, top_p=top_p,
+                          seed=None if seed is None else rollout_seed(seed, turn, *([k] if k else [])))
+            ids = [seqs[i] for i in rows]
+            out = (generator.generate(ids, device=device, **kwargs) if generator is not None
+                   else generate(model, ids, greedy=greedy, log_probs=not greedy, **kwargs))
+            for j, (i, toks, length) in enumerate(zip(rows, out.tokens.tolist(), out.lengths.tolist())):
+                generated[i] = (toks[:length], out.log_probs, j)
+        placed: list[tuple[Any, list[tuple[int, int]], list[tuple[int, int]]]] = []  # per batch: log-probs, src, dst
         still = []
-        for j, i in enumerate(active):
-            seq = tokens[j][:lengths[j]]
+        for i in active:
+            seq, batch_lp, j = generated[i]
             seq = seq[:_stop_at(tokenizer, seq, multiturn.stop)]
-            src += [(j, k) for k in range(len(seq))]
-            dst += [(i, len(seqs[i]) + k) for k in range(len(seq))]
+            if not placed or placed[-1][0] is not batch_lp:
+                placed.append((batch_lp, [], []))
+            placed[-1][1].extend((j, k) for k in range(len(seq)))
+            placed[-1][2].extend((i, len(seqs[i]) + k) for k in range(len(seq)))
             policy[i] += range(len(seqs[i]), len(seqs[i]) + len(seq))
             seqs[i] += seq
             text = tokenizer.decode(seq, skip_special_tokens=True)
@@ -143,10 +152,11 @@ def run_episodes(model: torch.nn.Module, tokenizer: Any, prompt_ids: Sequence[Se
             seqs[i] += obs
             transcripts[i] += tokenizer.decode(obs, skip_special_tokens=True)
             still.append(i)
-        if src and out.log_probs is not None:
-            (sj, sk), (di, dp) = (torch.tensor(list(zip(*src)), device=device),
-                                  torch.tensor(list(zip(*dst)), device=device))
-            log_probs[di, dp] = out.log_probs[sj, sk].float()
+        for batch_lp, src, dst in placed:  # the turn's log-probs, placed on device
+            if src and batch_lp is not None:
+                (sj, sk), (di, dp) = (torch.tensor(list(zip(*src)), device=device),
+                                      torch.tensor(list(zip(*dst)), device=device))
+                log_probs[di, dp] = batch_lp[sj, sk].float()
         active = still
     calls, crashes = sum(counts["tool_calls"]), sum(counts["tool_failures_crash"])
     if calls and crashes == calls:

@@ -61,18 +61,18 @@ def _task_of(dataset_id: str, files: str) -> tuple[str, Any]:
     ids are accepted (the built-in tasks and ``files``) otherwise."""
     resolved = resolve_rollout_id(dataset_id)
     if resolved is None:
-        raise RolloutError(f"{dataset_id!r} is not a text task; use {', '.join(BUILTIN_ROLLOUT_TASKS)} "
-                           f"(short: arithmetic, arithmetic-length, tool-arithmetic, steps-arithmetic) or {files}")
+        raise RolloutError(f"{dataset_id!r} is not a text task; use {', '.join(BUILTIN_ROLLOUT_TASKS)} (short: "
+                           f"arithmetic, arithmetic-length, tool-arithmetic, tool-python, steps-arithmetic) or {files}")
     if resolved not in BUILTIN_ROLLOUT_TASKS:
         return resolved, None
     from offline_plugins.envs.tasks import make_task
 
     settings = dict(BUILTIN_ROLLOUT_TASKS[resolved][1])
-    if settings.get("task") == "tool-arithmetic":  # multi-turn, with tools (offline_plugins.envs.multiturn)
-        from offline_plugins.envs.multiturn import ToolArithmeticTask
+    if settings.get("task") in ("tool-arithmetic", "tool-python"):  # multi-turn, with tools (envs.multiturn)
+        from offline_plugins.envs.multiturn import ToolArithmeticTask, ToolPythonTask
 
-        settings.pop("task")
-        return resolved, ToolArithmeticTask(**settings)
+        kind = settings.pop("task")
+        return resolved, (ToolArithmeticTask if kind == "tool-arithmetic" else ToolPythonTask)(**settings)
     if settings.get("task") == "steps-arithmetic":  # one step a line (offline_plugins.envs.steps)
         from offline_plugins.envs.steps import StepChainTask
 

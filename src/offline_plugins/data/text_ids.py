@@ -19,6 +19,9 @@ BUILTIN_ROLLOUT_TASKS: dict[str, tuple[str, dict]] = {
     "offline-plugins/tool-arithmetic/v0": (
         "3-digit multiplication with a calculator tool over up to 3 turns, exact match of the final answer",
         {"task": "tool-arithmetic", "digits": 3, "max_turns": 3}),
+    "offline-plugins/tool-python/v0": (
+        "the digits of a 3-digit product written backwards, with a sandboxed Python tool over up to 3 turns, exact "
+        "match of the final answer", {"task": "tool-python", "digits": 3, "max_turns": 3}),
     "offline-plugins/steps-arithmetic/v0": (
         "chains of 2-3 operations on 1..9 solved one step a line, exact match of the final value (step labels "
         "are generated: the PRM's task)", {"task": "steps-arithmetic"}),
@@ -28,6 +31,7 @@ _ALIASES = {"arithmetic": "offline-plugins/arithmetic/v0", "arithmetic/v0": "off
             "arithmetic-length/v0": "offline-plugins/arithmetic-length/v0",
             "tool-arithmetic": "offline-plugins/tool-arithmetic/v0",
             "tool-arithmetic/v0": "offline-plugins/tool-arithmetic/v0",
+            "tool-python": "offline-plugins/tool-python/v0", "tool-python/v0": "offline-plugins/tool-python/v0",
             "steps-arithmetic": "offline-plugins/steps-arithmetic/v0",
             "steps-arithmetic/v0": "offline-plugins/steps-arithmetic/v0"}
 

@@ -39,13 +39,14 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Optional, Sequence
 
 from offline_plugins.envs.tasks import Problem, exact_match
 from offline_plugins.envs.tools import Calculator, PythonTool, Tool, ToolBox, ToolError, ToolResult
 
-__all__ = ["MultiTurn", "ToolArithmeticTask", "FAILURE_KINDS", "BUILTIN_TOOLS", "make_tools"]
+__all__ = ["MultiTurn", "ToolArithmeticTask", "ToolPythonTask", "FAILURE_KINDS", "BUILTIN_TOOLS", "make_tools"]
 
 #: the kinds of a failed tool call (:class:`~offline_plugins.envs.tools.ToolResult`), each counted per round
 FAILURE_KINDS = ("malformed", "unknown_tool", "error", "timeout", "sandbox", "crash")
@@ -131,6 +132,10 @@ class ToolArithmeticTask:
     sft_max_length: ClassVar[int] = 128
     #: the call format, before each problem (short: prompt and episode fit the tiny model's 128 positions)
     hint: ClassVar[str] = '<tool name="calculator">...</tool> '
+    #: the problem after the hint (``{a}``, ``{b}``: the operands)
+    question: ClassVar[str] = "{a}*{b}="
+    #: the task's name before its digits
+    kind: ClassVar[str] = "tool-arithmetic"
 
     def __post_init__(self) -> None:
         if self.digits < 1:
@@ -144,7 +149,7 @@ class ToolArithmeticTask:
 
     @property
     def name(self) -> str:
-        return f"tool-arithmetic-{self.digits}d"
+        return f"{self.kind}-{self.digits}d"
 
     @property
     def reference_task(self) -> "ToolArithmeticTask":
@@ -163,16 +168,16 @@ class ToolArithmeticTask:
 
     @property
     def longest_prompts(self) -> list[str]:
-        return [f"{self.hint}{'9' * self.digits}*{'9' * self.digits}="]
+        return [self.hint + self.question.format(a="9" * self.digits, b="9" * self.digits)]
 
     def _operands(self, prompt: str) -> tuple[int, int]:
         body = prompt[len(self.hint):] if prompt.startswith(self.hint) else prompt
-        a, _, b = body.strip().rstrip("=").partition("*")
-        try:
-            return int(a), int(b)
-        except ValueError:
+        found = re.fullmatch(re.escape(self.question).replace(r"\{a\}", r"(\d+)").replace(r"\{b\}", r"(\d+)"),
+                             body.strip())
+        if found is None:
             raise ToolError(f"{self.name}: cannot parse prompt {prompt!r}; prompts look like "
-                            f"'{self.hint}123*456='") from None
+                            f"{self.hint + self.question.format(a=123, b=456)!r}")
+        return int(found.group(1)), int(found.group(2))
 
     def problems(self, n: int, *, split: str = "train", seed: int = 0) -> list[Problem]:
         """``n`` problems of ``split``, reproducible from ``seed``."""
@@ -185,20 +190,60 @@ class ToolArithmeticTask:
         while len(out) < n:
             a, b = rng.randint(lo, hi), rng.randint(lo, hi)
             if splitter._split_of(a, "*", b) == split:
-                out.append(Problem(f"{self.hint}{a}*{b}=", str(a * b)))
+                out.append(Problem(self.hint + self.question.format(a=a, b=b), self.solve(a, b)))
         return out
 
-    def answer(self, prompt: str) -> str:
-        a, b = self._operands(prompt)
+    @staticmethod
+    def solve(a: int, b: int) -> str:
+        """The answer to the problem of ``a`` and ``b``."""
         return str(a * b)
 
+    @staticmethod
+    def call(a: int, b: int) -> str:
+        """The tool call that answers the problem of ``a`` and ``b`` (the demonstrations')."""
+        return f'<tool name="calculator">{a}*{b}</tool>'
+
+    def answer(self, prompt: str) -> str:
+        return self.solve(*self._operands(prompt))
+
     def demonstration(self, problem: Problem) -> str:
-        """An episode that calls the calculator and answers with its result, as one SFT completion."""
-        a, b = self._operands(problem.prompt)
-        return f'<tool name="calculator">{a}*{b}</tool>{self.multiturn.observe([problem.answer])}{problem.answer}'
+        """An episode that calls the tool and answers with its result, as one SFT completion."""
+        return f"{self.call(*self._operands(problem.prompt))}{self.multiturn.observe([problem.answer])}{problem.answer}"
 
     def reward(self, prompt: str, response: str) -> float:
         return exact_match(response, self.answer(prompt))
 
     def rewards(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
         return [self.reward(p, r) for p, r in zip(prompts, responses)]
+
+
+@dataclass(frozen=True)
+class ToolPythonTask(ToolArithmeticTask):
+    """The digits of ``a*b`` written backwards, answered with the Python tool's help.
+
+    The calculator cannot reverse a number; one line of Python can. The demonstrations call
+    ``print(str(a*b)[::-1])`` in the sandboxed :class:`~offline_plugins.envs.tools.PythonTool`
+    (a fresh process per call, under ``tool_timeout`` seconds):
+
+    >>> task = ToolPythonTask()
+    >>> p = task.problems(1, seed=0)[0]
+    >>> p.prompt, p.answer
+    ('<tool name="python">...</tool> rev(387*584)=', '800622')
+    >>> task.demonstration(p)
+    '<tool name="python">print(str(387*584)[::-1])</tool><result>800622</result>800622'
+    >>> [r.text for r in task.multiturn.tools.run_response(task.call(329, 165))]
+    ['58245']
+    """
+
+    tools: tuple = ("python",)
+    hint: ClassVar[str] = '<tool name="python">...</tool> '
+    question: ClassVar[str] = "rev({a}*{b})="
+    kind: ClassVar[str] = "tool-python"
+
+    @staticmethod
+    def solve(a: int, b: int) -> str:
+        return str(a * b)[::-1]
+
+    @staticmethod
+    def call(a: int, b: int) -> str:
+        return f'<tool name="python">print(str({a}*{b})[::-1])</tool>'

@@ -82,7 +82,7 @@ class TextRollouts(DataKind):
         resolved = resolve_rollout_id(dataset)
         if resolved is None:
             raise RolloutError(f"{spec.name} trains on its own rollouts of a text task, but {dataset!r} is not one; "
-                               "use a built-in task (arithmetic, arithmetic-length, tool-arithmetic, "
+                               "use a built-in task (arithmetic, arithmetic-length, tool-arithmetic, tool-python, "
                                "steps-arithmetic) or a .jsonl file of prompt/answer rows (prompt rows with --reward "
                                "module:function)")
         return resolved, "tokens"
