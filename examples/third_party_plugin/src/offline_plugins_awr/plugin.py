@@ -1,11 +1,11 @@
-"""Registers ``awr`` with offline-plugins. No torch import here: listing stays fast."""
+"""Registers ``awr`` and the ``arith`` judge with offline-plugins. No torch import here: listing stays fast."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from offline_plugins.config import config_field
-from offline_plugins.plugins import AlgorithmSpec, hookimpl
+from offline_plugins.plugins import AlgorithmSpec, JudgeSpec, hookimpl
 
 
 @dataclass
@@ -78,5 +78,17 @@ def offline_plugins_register_algorithms(registry):
             config=AWRConfig,
             paper="Peng, Kumar, Zhang, Levine 2019, arXiv:1910.00177",
             action_spaces=("continuous",),
+        )
+    )
+
+
+@hookimpl
+def offline_plugins_register_judges(registry):
+    registry.add(
+        JudgeSpec(
+            name="arith",
+            summary="prefers the response whose last number is the prompt's chain (a+b*c=, left to right) "
+            "evaluated; no preference when both or neither are right",
+            judge="offline_plugins_awr.judge:arithmetic_judge",
         )
     )
