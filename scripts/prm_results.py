@@ -1,9 +1,11 @@
 """GRPO with the outcome verifier (ORM) against ``grpo-prm`` (a trained PRM's step rewards) on ``steps-arithmetic``.
 
-    python scripts/prm_results.py run --root runs/results-prm --steps 60 --seeds 0 1 2
+    python scripts/prm_results.py run --root runs/results-prm --steps 60 --seeds 0 1 2 [--prm PRM_OUT]
     python scripts/prm_results.py table --root runs/results-prm
 
-``run`` trains the PRM once (``train prm`` on ``steps/arithmetic-v0``, ``--prm-steps``) into ``ROOT/prm``, then
+``run`` trains the PRM once (``train prm``'s recipe of docs/prm.md, :data:`PRM_RECIPE`: ``steps/arithmetic-v1``
+from the SFT reference, with the language-modelling term, ``--prm-steps``) into ``ROOT/prm`` unless ``--prm``
+names a trained one, then
 each arm through the CLI (one thread, one run at a time) from the SFT reference of ``--reference-steps``
 steps, into ``ROOT/ALGO/sSEED``; ``table`` prints the rows of docs/results.md: the held-out verifier
 reward (greedy; the gold the reward-hacking monitor watches) before and after, the rollout reward of
@@ -21,6 +23,10 @@ from pathlib import Path
 
 ALGOS = ("grpo", "grpo-prm")
 SETTINGS = ["max_new_tokens=32", "eval_prompts=200"]
+#: the PRM that checks arithmetic (docs/prm.md): v1's rows and the policy's own labelled solutions, from the
+#: policy's SFT reference, with the LM term
+PRM_RECIPE = ["--dataset", "steps/arithmetic-v1", "--set", "lm_coef=1", "--set", "lr=1e-3", "--set", "batch_size=32",
+              "--set", "reference_sft_steps=800", "--set", "policy_rows=20000"]
 
 
 def _train(cmd: list[str], out: Path) -> None:
@@ -30,10 +36,12 @@ def _train(cmd: list[str], out: Path) -> None:
         subprocess.run(cmd, check=True)
 
 
-def run(root: Path, steps: int, seeds: list[int], reference_steps: int, prm_steps: int) -> None:
-    _train(["prm", "--dataset", "steps/arithmetic-v0", "--steps", str(prm_steps), "--seed", "0"], root / "prm")
+def run(root: Path, steps: int, seeds: list[int], reference_steps: int, prm_steps: int, prm: Path = None) -> None:
+    if prm is None:
+        prm = root / "prm"
+        _train(["prm", *PRM_RECIPE, "--steps", str(prm_steps), "--seed", "0"], prm)
     for algo in ALGOS:
-        extra = [f"prm={root / 'prm'}"] if algo == "grpo-prm" else []
+        extra = [f"prm={prm}"] if algo == "grpo-prm" else []
         sets = [a for s in SETTINGS + [f"reference_sft_steps={reference_steps}", *extra] for a in ("--set", s)]
         for seed in seeds:
             _train([algo, "--dataset", "steps-arithmetic", "--steps", str(steps), "--seed", str(seed), *sets],
@@ -65,12 +73,13 @@ def main(argv=None) -> int:
     r.add_argument("--steps", type=int, default=60)
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     r.add_argument("--reference-steps", type=int, default=800)
-    r.add_argument("--prm-steps", type=int, default=300)
+    r.add_argument("--prm-steps", type=int, default=6000)
+    r.add_argument("--prm", type=Path, default=None, help="a trained PRM (train prm's OUT) instead of training one")
     t = sub.add_parser("table")
     t.add_argument("--root", type=Path, default=Path("runs/results-prm"))
     a = p.parse_args(argv)
     if a.cmd == "run":
-        run(a.root, a.steps, a.seeds, a.reference_steps, a.prm_steps)
+        run(a.root, a.steps, a.seeds, a.reference_steps, a.prm_steps, a.prm)
     else:
         table(a.root)
     return 0

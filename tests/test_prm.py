@@ -13,7 +13,8 @@ from tensordict import TensorDict
 
 from _cli_checks import fails_cleanly
 from offline_plugins.cli import main
-from offline_plugins.data.steps import StepDataError, load_step_jsonl, tokenize_steps, validate_step_rows
+from offline_plugins.data.steps import (BUILTIN_STEP_ROWS, StepDataError, load_step_jsonl, tokenize_steps,
+                                       validate_step_rows)
 from offline_plugins.envs.steps import StepChainTask
 from offline_plugins.eval.search import (PRMScorer, StepSampler, aggregate_steps, beam_search, best_of_n,
                                          compare_search, exhaustive_search, load_prm)
@@ -216,3 +217,146 @@ def test_compare_search_scores_every_method_by_the_outcome_and_counts_tokens():
     # best-of-2 ranks the same two samples by either judge; beam search spends more than greedy
     assert out["best_of_n_orm"]["tokens_per_prompt"] == out["best_of_n_prm"]["tokens_per_prompt"]
     assert out["beam_prm"]["tokens_per_prompt"] > out["greedy"]["tokens_per_prompt"] > 0
+
+
+def test_the_language_modelling_term_against_a_hand_computation():
+    # one row: bos, prompt "1=" (tokens 0..2), step 0 "a\n" (3..4), step 1 "b\n" (5..6), then padding (7);
+    # step 0 is labelled correct, step 1 wrong: only tokens 3 and 4 are imitated, each predicted from the
+    # token before it (logits at 2 and 3)
+    vocab, T = 4, 8
+    tokens = torch.tensor([[0, 1, 2, 3, 1, 2, 3, 0]])
+    logits = torch.arange(T * vocab, dtype=torch.float).reshape(1, T, vocab).sin() * 3
+    batch = TensorDict({("steps", "score"): torch.tensor([[1.0, -1.0]]), ("steps", "label"): torch.tensor([[1.0, 0.0]]),
+                        ("steps", "mask"): torch.tensor([[True, True]]), ("steps", "position"): torch.tensor([[4, 6]]),
+                        ("tokens", "full"): tokens, ("steps", "lm_logits"): logits,
+                        ("masks", "all_assistant_mask"): torch.tensor([[False] * 3 + [True] * 4 + [False]])}, [1])
+
+    def nll(t):  # -log softmax(logits[t - 1])[tokens[t]], by hand
+        row = logits[0, t - 1].tolist()
+        return -(row[tokens[0, t]] - math.log(sum(math.exp(v) for v in row)))
+
+    out = ProcessRewardLoss(lm_coef=0.5)(batch)
+    assert out["loss_lm"].item() == pytest.approx(0.5 * (nll(3) + nll(4)) / 2, rel=1e-5)
+    both_good = ProcessRewardLoss(lm_coef=1.0)(batch.clone().set(("steps", "label"), torch.ones(1, 2)))
+    assert both_good["loss_lm"].item() == pytest.approx(sum(nll(t) for t in (3, 4, 5, 6)) / 4, rel=1e-5)
+    plain = ProcessRewardLoss()
+    assert "loss_lm" not in plain(batch).keys() and ("steps", "lm_logits") not in plain.in_keys
+    with pytest.raises(Exception, match="lm_coef must be >= 0"):
+        ProcessRewardLoss(lm_coef=-1.0)
+
+
+def test_the_step_network_writes_the_logits_of_its_one_forward():
+    tok = char_tokenizer()
+    td, _ = tokenize_steps([{"prompt": "2+3=", "steps": ["2+3=5"], "labels": [1]}], tok, max_length=32)
+    assert td["masks", "all_assistant_mask"].tolist() == [[False] * 5 + [True] * 6]  # bos + "2+3=", then "2+3=5\n"
+    prm = CausalLMStepReward(tiny_causal_lm(tok, seed=0), logits_key=("steps", "lm_logits")).eval()
+    out = prm(td.clone())
+    expected = prm.model(input_ids=td["tokens", "full"]).logits
+    torch.testing.assert_close(out["steps", "lm_logits"], expected)
+    loss = ProcessRewardLoss(prm, lm_coef=1.0)(td)
+    loss["loss_lm"].backward()
+    assert prm.model.transformer.wte.weight.grad.abs().sum() > 0
+
+
+def test_v1_holds_v0s_rows_and_more():
+    task = StepChainTask()
+    v1 = task.rows(BUILTIN_STEP_ROWS["steps/arithmetic-v1"], seed=0)
+    assert v1[: BUILTIN_STEP_ROWS["steps/arithmetic-v0"]] == task.rows(BUILTIN_STEP_ROWS["steps/arithmetic-v0"], seed=0)
+    assert len({r["prompt"] for r in v1}) > 10_000  # distinct chains, not 2000 rows repeated
+    held_out = {r["prompt"] for r in task.rows(200, split="test", seed=0)}
+    assert not held_out & {r["prompt"] for r in v1}
+
+
+def _search_folders(tmp_path, prm_tokenizer=None):
+    """A tiny policy (save_pretrained) and a tiny PRM (as train prm exports it) in tmp_path."""
+    from offline_plugins.data.reward_source import save_reward_model
+
+    tok = char_tokenizer()
+    policy = tiny_causal_lm(tok, seed=0)
+    policy.save_pretrained(tmp_path / "policy")
+    tok.save_pretrained(tmp_path / "policy")
+    prm_tok = prm_tokenizer or tok
+    save_reward_model(CausalLMStepReward(tiny_causal_lm(prm_tok, seed=1)), prm_tok, tmp_path / "prm" / "reward_model")
+    return tmp_path / "policy", tmp_path / "prm"
+
+
+def test_search_command_prints_each_method_and_writes_json_and_a_plot(capsys, tmp_path):
+    policy, prm = _search_folders(tmp_path)
+    out = tmp_path / "res" / "search.json"
+    code = main(["search", "--policy", str(policy), "--prm", str(prm), "--n", "1", "2", "--beam-width", "1",
+                 "--prompts", "2", "--max-steps", "2", "--seed", "3", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0
+    for label in ("greedy", "best-of-N, outcome verifier", "best-of-N, PRM", "beam search, PRM", "step checker"):
+        assert label in printed
+    rows = json.loads(out.read_text())["results"]
+    # greedy once, then each of the four searches at n = 1 and n = 2
+    assert [(r["method"], r["n"]) for r in rows] == [("greedy", 1)] + [
+        (m, k) for m in ("best_of_n_orm", "best_of_n_prm", "beam_prm", "beam_gold_steps") for k in (1, 2)]
+    tokens = {(r["method"], r["n"]): r["tokens_per_prompt"] for r in rows}
+    assert 0 < tokens["best_of_n_prm", 1] < tokens["best_of_n_prm", 2] == tokens["best_of_n_orm", 2]
+    assert out.with_suffix(".png").stat().st_size > 0
+    # a train run's OUT folder is read through its OUT/model
+    (tmp_path / "run").mkdir()
+    policy.rename(tmp_path / "run" / "model")
+    assert main(["search", "--policy", str(tmp_path / "run"), "--prm", str(prm), "--n", "1", "--prompts", "1",
+                 "--max-steps", "1"]) == 0
+    assert "wrote" not in capsys.readouterr().out  # no --out: nothing written
+
+
+def _search_fails(capsys, *args, match):
+    capsys.readouterr()  # what making the folders printed
+    code = main(["search", *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("offline-plugins: error:"), err
+    assert match in err, err
+
+
+def test_search_refuses_bad_inputs_in_one_line(capsys, tmp_path):
+    policy, prm = _search_folders(tmp_path)
+    _search_fails(capsys, "--policy", str(tmp_path / "nope"), "--prm", str(prm), match="does not exist")
+    _search_fails(capsys, "--policy", str(policy), "--prm", str(tmp_path / "nope"), match="is no PRM folder")
+    _search_fails(capsys, "--policy", str(policy), "--prm", str(prm), "--n", "0", match="n=0")
+    _search_fails(capsys, "--policy", str(policy), "--prm", str(prm), "--beam-width", "2", "-1",
+                  match="beam_width=-1")
+    _search_fails(capsys, "--policy", str(policy), "--prm", str(prm), "--dataset", "arithmetic",
+                  match="no step task")
+    other = tmp_path / "other"
+    other.mkdir()
+    _, digits_prm = _search_folders(other, prm_tokenizer=char_tokenizer("0123456789+-*="))
+    _search_fails(capsys, "--policy", str(policy), "--prm", str(digits_prm), match="reads another tokenizer")
+
+
+def test_train_prm_from_the_tasks_sft_reference_with_the_language_modelling_term(tmp_path, capsys):
+    from offline_plugins.data.preference_sources import cache_root
+
+    out = tmp_path / "run"
+    assert main(["train", "prm", "--dataset", "steps/arithmetic-v0", "--steps", "2", "--seed", "0", "--log-every", "1",
+                 "--set", "reference_sft_steps=10", "--set", "lm_coef=0.5", "--set", "batch_size=8",
+                 "--out", str(out), "--no-progress"]) == 0, capsys.readouterr().err
+    assert list((cache_root() / "preference").glob("sft-steps-2to3x9-muladdsub-*-n10-b64"))  # shared with grpo's
+    rows = [line.split(",") for line in (out / "metrics.csv").read_text().splitlines()]
+    col = rows[0].index("train/loss_lm")
+    lm = [float(r[col]) for r in rows[1:] if r[col]]
+    assert lm and all(0 < v < 0.5 * math.log(99) for v in lm)  # weighted, and below a uniform guess: it is read
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["lm_coef"] == 0.5 and summary["config"]["reference_sft_steps"] == 10
+
+
+def test_sampled_rows_are_the_models_own_solutions_labelled_by_the_task():
+    from offline_plugins.data.steps import sampled_rows
+
+    tok, task = char_tokenizer(), StepChainTask()
+    prompts = task.prompts(3, seed=5)
+    rows = sampled_rows(task, tiny_causal_lm(tok, seed=0), tok, prompts, num_samples=2, max_new_tokens=12, seed=0)
+    assert 0 < len(rows) <= 6 and {r["prompt"] for r in rows} <= set(prompts)
+    for r in validate_step_rows(rows):
+        assert r["labels"] == task.step_labels(r["prompt"], r["steps"]) and all("\n" not in s for s in r["steps"])
+    again = sampled_rows(task, tiny_causal_lm(tok, seed=0), tok, prompts, num_samples=2, max_new_tokens=12, seed=0)
+    assert again == rows  # seeded
+    from offline_plugins.data.steps import load_step_source
+
+    plain = load_step_source("steps/arithmetic-v0", n_train=10, n_test=4)
+    mixed = load_step_source("steps/arithmetic-v0", n_train=10, n_test=4, policy_rows=6)
+    assert plain.train.batch_size[0] == 10 and 10 < mixed.train.batch_size[0] <= 16
+    assert mixed.test.batch_size[0] == plain.test.batch_size[0] == 4  # held out: the planted rows only

@@ -44,7 +44,9 @@ class PPORLHFConfig(GeneratorFields, _RolloutFields):
     value_lr: Optional[float] = config_field(None, "critic learning rate; unset: the policy's")
 
 
-def build(config: PPORLHFConfig, data: Any):
+def build(config: PPORLHFConfig, data: Any, *, name: str = "ppo-rlhf", loss_cls: Any = None, **loss_kwargs):
+    """The parts of ``ppo-rlhf``; a variant passes its ``name`` (in errors), its ``loss_cls`` (a
+    :class:`~offline_plugins.objectives.llm.ppo_rlhf.PPORLHFLoss` subclass) and that class's extra keywords."""
     from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup, RolloutPlan
     from offline_plugins.algorithms.preference import _trainable_copy, policy_and_reference, resolve_lr
     from offline_plugins.algorithms.preference import policy_log_probs
@@ -53,18 +55,19 @@ def build(config: PPORLHFConfig, data: Any):
 
     from offline_plugins.algorithms.online import rollout_generator
 
-    require_rollouts(data, "ppo-rlhf")
-    generator = rollout_generator(config, data, "ppo-rlhf")
+    require_rollouts(data, name)
+    generator = rollout_generator(config, data, name)
     # the critic is copied before LoRA (if asked) wraps the reference in place: a full trainable copy
     critic = TokenValueHead(_trainable_copy(data.reference))
     critic.train()
-    policy, reference = policy_and_reference(config, data, "ppo-rlhf")
-    actor = policy_log_probs(config, policy, "ppo-rlhf")
-    loss = PPORLHFLoss(actor, critic, kl_coef=config.kl_coef, kl_target=config.kl_target,
-                       kl_horizon=config.kl_horizon, kl_estimator=config.kl_estimator,
-                       clip_epsilon=config.clip_epsilon, clip_value=config.clip_value, vf_coef=config.vf_coef,
-                       gamma=config.gamma, lmbda=config.lmbda, whiten_advantages=config.whiten_advantages)
-    lr = resolve_lr(config, data, "ppo-rlhf")
+    policy, reference = policy_and_reference(config, data, name)
+    actor = policy_log_probs(config, policy, name)
+    loss = (loss_cls or PPORLHFLoss)(
+        actor, critic, kl_coef=config.kl_coef, kl_target=config.kl_target, kl_horizon=config.kl_horizon,
+        kl_estimator=config.kl_estimator, clip_epsilon=config.clip_epsilon, clip_value=config.clip_value,
+        vf_coef=config.vf_coef, gamma=config.gamma, lmbda=config.lmbda, whiten_advantages=config.whiten_advantages,
+        **loss_kwargs)
+    lr = resolve_lr(config, data, name)
     groups = [OptimizerGroup("policy", list(policy.parameters()), lr, ("loss_objective",),
                              max_grad_norm=config.max_grad_norm),
               OptimizerGroup("value", list(critic.parameters()), float(config.value_lr or lr), ("loss_critic",),

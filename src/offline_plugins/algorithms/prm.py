@@ -24,6 +24,13 @@ class PRMConfig:
     lr: float = config_field(1e-3, "Adam learning rate of the PRM (backbone and head)")
     batch_size: int = config_field(16, "step-labelled solutions per gradient step")
     max_grad_norm: float = config_field(1.0, "clip the PRM's gradient norm to this")
+    reference_sft_steps: int = config_field(0, "built-in dataset with --model tiny: start from the task's cached "
+                                               "SFT reference of this many steps (steps-arithmetic's; 0: random init)")
+    policy_rows: int = config_field(0, "built-in dataset: add this many of the starting model's own solutions, "
+                                       "each step labelled by the task's checker (its errors, not planted ones)",
+                                    bounds=">=0")
+    lm_coef: float = config_field(0.0, "weight of the next-token loss on the correct steps' tokens (0: none; the "
+                                       "verifier also learns to solve, Cobbe et al. 2021)", bounds=">=0")
 
 
 def build_prm(config: PRMConfig, data):
@@ -37,9 +44,12 @@ def build_prm(config: PRMConfig, data):
     if not isinstance(data, StepData):
         raise UserError(f"prm: build(config, data) expects an offline_plugins.data.steps.StepData (step-labelled "
                         f"rows: load_step_source), got {type(data).__name__}")
-    prm = CausalLMStepReward(_trainable_copy(data.reference)).train()
-    group = OptimizerGroup("prm", list(prm.parameters()), config.lr, ("loss_prm",), max_grad_norm=config.max_grad_norm)
-    return AlgorithmParts(loss=ProcessRewardLoss(prm), policy=prm, optimizers=[group], tokenizer=data.tokenizer)
+    lm = config.lm_coef > 0
+    prm = CausalLMStepReward(_trainable_copy(data.reference), logits_key=("steps", "lm_logits") if lm else None).train()
+    group = OptimizerGroup("prm", list(prm.parameters()), config.lr, ("loss_prm",) + (("loss_lm",) if lm else ()),
+                           max_grad_norm=config.max_grad_norm)
+    return AlgorithmParts(loss=ProcessRewardLoss(prm, lm_coef=config.lm_coef), policy=prm, optimizers=[group],
+                          tokenizer=data.tokenizer)
 
 
 @hookimpl

@@ -1,7 +1,7 @@
 """``offline-plugins``: list and describe installed algorithms, make data, train, evaluate.
 
 Argument parsing and printing live in this package only (``cli/data.py``: the ``data``
-commands; ``cli/train.py``: ``train`` and ``eval``); the library below knows no
+commands; ``cli/train.py``: ``train`` and ``eval``; ``cli/search.py``: ``search``); the library below knows no
 argparse. One plugin registry serves the whole command (``cli/registry.py``). The CLI
 only parses and calls. A bad input (a :class:`~offline_plugins.errors.UserError`)
 is printed as one line on stderr and exits 2; no traceback unless
@@ -28,6 +28,7 @@ __all__ = ["main", "build_parser"]
 _COMMAND_MODULES: tuple[str, ...] = (
     "offline_plugins.cli.data",
     "offline_plugins.cli.train",
+    "offline_plugins.cli.search",
 )
 
 from offline_plugins.cli.registry import registry_for as _registry  # noqa: E402

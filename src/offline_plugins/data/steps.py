@@ -34,14 +34,18 @@ from offline_plugins.envs.steps import STEP_SEPARATOR, StepChainTask
 from offline_plugins.errors import UserError
 from offline_plugins.tokens import TokenizeReport, pad_token_id, prompt_token_ids
 
-__all__ = ["StepDataError", "STEP_FIELDS", "RATINGS", "BUILTIN_STEP_DATASETS", "validate_step_rows",
-           "load_step_jsonl", "tokenize_steps", "StepData", "resolve_step_id", "load_step_source"]
+__all__ = ["StepDataError", "STEP_FIELDS", "RATINGS", "BUILTIN_STEP_DATASETS", "BUILTIN_STEP_ROWS",
+           "validate_step_rows",
+           "load_step_jsonl", "tokenize_steps", "StepData", "resolve_step_id", "load_step_source",
+           "sampled_rows"]
 
 STEP_FIELDS = ("prompt", "steps", "labels")
 #: PRM800K's per-step ratings
 RATINGS = (-1, 0, 1)
 #: built-in step-labelled datasets: id -> the task that generates them
-BUILTIN_STEP_DATASETS = {"steps/arithmetic-v0": StepChainTask()}
+BUILTIN_STEP_DATASETS = {"steps/arithmetic-v0": StepChainTask(), "steps/arithmetic-v1": StepChainTask()}
+#: their training rows: v1 is v0's task with 20 times the rows (v0 stays as it was, so earlier numbers reproduce)
+BUILTIN_STEP_ROWS = {"steps/arithmetic-v0": 2000, "steps/arithmetic-v1": 40_000}
 #: the prefix of a JSONL file of step-labelled rows (a bare .jsonl is read as preference data)
 FILE_PREFIX = "steps:"
 _SHAPE = '{"prompt": "...", "steps": ["...", ...], "labels": [1, -1, ...]}'
@@ -106,12 +110,14 @@ def load_step_jsonl(path: Any) -> list[dict]:
 
 def tokenize_steps(rows: Sequence[Mapping[str, Any]], tokenizer: Any, *, max_length: int,
                    separator: str = STEP_SEPARATOR) -> tuple[TensorDict, TokenizeReport]:
-    """``[N]`` rows: ``("tokens", "full")``, ``("masks", "all_attention_mask")``, and per step slot
+    """``[N]`` rows: ``("tokens", "full")``, ``("masks", "all_attention_mask")``, ``("masks", "all_assistant_mask")``
+    (the steps' tokens, not the prompt's), and per step slot
     ``("steps", "position"|"mask"|"label")``; and what was kept, cut and dropped."""
     report = TokenizeReport()
     encoded = []
     for row in rows:
-        ids, positions = prompt_token_ids(tokenizer, row["prompt"]), []
+        ids = prompt_token_ids(tokenizer, row["prompt"])
+        start, positions = len(ids), []
         for step in row["steps"]:
             step_ids = list(tokenizer(step + separator, add_special_tokens=False)["input_ids"])
             if len(ids) + len(step_ids) > max_length:
@@ -122,23 +128,59 @@ def tokenize_steps(rows: Sequence[Mapping[str, Any]], tokenizer: Any, *, max_len
             report.drop("prompt_over_context")
             continue
         report.truncated_responses += len(positions) < len(row["steps"])
-        encoded.append((ids, positions, [float(v >= 0) for v in row["labels"][: len(positions)]]))
+        encoded.append((ids, positions, [float(v >= 0) for v in row["labels"][: len(positions)]], start))
     report.kept = len(encoded)
     n, length = len(encoded), max((len(e[0]) for e in encoded), default=1)
     slots = max((len(e[1]) for e in encoded), default=1)
     tokens = torch.full((n, length), pad_token_id(tokenizer), dtype=torch.long)
     attn = torch.zeros(n, length, dtype=torch.bool)
+    steps = torch.zeros(n, length, dtype=torch.bool)
     position = torch.zeros(n, slots, dtype=torch.long)
     label = torch.zeros(n, slots)
-    for i, (ids, pos, lab) in enumerate(encoded):
+    for i, (ids, pos, lab, start) in enumerate(encoded):
         tokens[i, : len(ids)] = torch.tensor(ids)
         attn[i, : len(ids)] = True
+        steps[i, start: len(ids)] = True
         position[i, : len(pos)] = torch.tensor(pos)
         label[i, : len(lab)] = torch.tensor(lab)
     mask = torch.arange(slots) < torch.tensor([len(e[1]) for e in encoded], dtype=torch.long).reshape(n, 1)
     td = TensorDict({("tokens", "full"): tokens, ("masks", "all_attention_mask"): attn,
+                     ("masks", "all_assistant_mask"): steps,
                      ("steps", "position"): position, ("steps", "mask"): mask, ("steps", "label"): label}, [n])
     return td, report
+
+
+def sampled_rows(task: Any, model: Any, tokenizer: Any, prompts: Sequence[str], *, num_samples: int = 4,
+                 max_new_tokens: int = 40, seed: int = 0, batch_prompts: int = 64) -> list[dict]:
+    """Step-labelled rows of ``model``'s own solutions to ``prompts`` (``num_samples`` each, temperature 1), each
+    step labelled by ``task.step_labels``: the generator's errors, as PRM800K labels the generator's samples
+    (Lightman et al. 2023) and Math-Shepherd labels them automatically (Wang et al. 2024), here exactly. A
+    solution is cut into steps at the separator's token; one with no step is left out."""
+    from offline_plugins.modules.generation import generate
+
+    sep = list(tokenizer(STEP_SEPARATOR, add_special_tokens=False)["input_ids"])
+    if len(sep) != 1:
+        raise StepDataError(f"the tokenizer writes the step separator {STEP_SEPARATOR!r} as {len(sep)} tokens; "
+                            "sampled solutions can be cut into steps only at a single-token separator")
+    rows = []
+    for start in range(0, len(prompts), batch_prompts):
+        chunk = prompts[start:start + batch_prompts]
+        out = generate(model, [prompt_token_ids(tokenizer, p) for p in chunk], pad_id=pad_token_id(tokenizer),
+                       eos_id=tokenizer.eos_token_id, max_new_tokens=max_new_tokens, num_samples=num_samples,
+                       seed=seed + start)
+        for i, (ids, n) in enumerate(zip(out.tokens.tolist(), out.lengths.tolist())):
+            pieces, current = [], []
+            for t in ids[:n] + sep:
+                if t == sep[0]:
+                    pieces.append(current)
+                    current = []
+                else:
+                    current.append(t)
+            steps = [text for piece in pieces if (text := tokenizer.decode(piece, skip_special_tokens=True).strip())]
+            if steps:
+                prompt = chunk[i // num_samples]
+                rows.append({"prompt": prompt, "steps": steps, "labels": task.step_labels(prompt, steps)})
+    return rows
 
 
 @dataclass
@@ -160,15 +202,25 @@ def resolve_step_id(dataset: str) -> Optional[str]:
     return None
 
 
-def load_step_source(dataset_id: str, *, model: Any = "tiny", n_train: int = 2000, n_test: int = 200,
-                     max_length: int = 96, seed: int = 0) -> StepData:
-    """The :class:`StepData` of a built-in id (rows generated by its task: half of them with a planted
-    error) or of ``steps:FILE.jsonl`` (the held-out prompts chosen by a hash, as preference files)."""
+def load_step_source(dataset_id: str, *, model: Any = "tiny", n_train: Optional[int] = None, n_test: int = 200,
+                     max_length: int = 96, seed: int = 0, reference_sft_steps: int = 0, progress: bool = False,
+                     finetune: Optional[Any] = None, policy_rows: int = 0) -> StepData:
+    """The :class:`StepData` of a built-in id (``n_train`` rows generated by its task, by default its
+    :data:`BUILTIN_STEP_ROWS`: half of them with a planted error) or of ``steps:FILE.jsonl`` (the held-out
+    prompts chosen by a hash, as preference files).
+
+    A built-in id with ``model="tiny"`` and ``reference_sft_steps > 0`` starts from the task's SFT
+    reference (:func:`~offline_plugins.data.text_tasks.sft_reference`, ``finetune``, cached as the
+    ``steps-arithmetic`` rollout task's: the model that writes the solutions); else from ``model``. With
+    ``policy_rows > 0`` a built-in id's training rows also hold that many of the starting model's own
+    solutions to other training prompts, labelled by the task (:func:`sampled_rows`)."""
+    from offline_plugins.data.preference_sources import cache_root
+    from offline_plugins.data.text_tasks import sft_reference
     from offline_plugins.modules.tiny_lm import load_causal_lm
 
     task = BUILTIN_STEP_DATASETS.get(dataset_id)
     if task is not None:
-        train_rows = task.rows(n_train, split="train", seed=seed)
+        train_rows = task.rows(n_train or BUILTIN_STEP_ROWS[dataset_id], split="train", seed=seed)
         test_rows = task.rows(n_test, split="test", seed=seed)
     elif resolve_step_id(dataset_id) is not None:
         from offline_plugins.data.preference_sources import held_out_prompts
@@ -180,10 +232,18 @@ def load_step_source(dataset_id: str, *, model: Any = "tiny", n_train: int = 200
     else:
         raise StepDataError(f"{dataset_id!r} is no step-labelled dataset; use one of {sorted(BUILTIN_STEP_DATASETS)} "
                             f"or {FILE_PREFIX}FILE.jsonl with rows {_SHAPE}")
-    reference, tokenizer = load_causal_lm(model, seed=0)
+    sft = task is not None and str(model) == "tiny" and reference_sft_steps > 0
+    if sft:
+        reference, tokenizer = sft_reference(task, steps=int(reference_sft_steps), progress=progress,
+                                             cache_dir=cache_root() / "preference", finetune=finetune)
+    else:
+        reference, tokenizer = load_causal_lm(model, seed=0)
     reference.eval()
+    if task is not None and policy_rows > 0:
+        prompts = task.prompts(-(-int(policy_rows) // 4), split="train", seed=seed + 1)
+        train_rows = train_rows + sampled_rows(task, reference, tokenizer, prompts, seed=seed)[: int(policy_rows)]
     limit = min(int(max_length), int(getattr(reference.config, "n_positions", max_length) or max_length))
     train, report = tokenize_steps(train_rows, tokenizer, max_length=limit)
     test, _ = tokenize_steps(test_rows, tokenizer, max_length=limit)
     return StepData("step-labels", train, reference, tokenizer, test=test, report=report, dataset_id=dataset_id,
-                    task=task, model=str(model), from_scratch=str(model) == "tiny")
+                    task=task, model=str(model), from_scratch=str(model) == "tiny" and not sft)

@@ -34,7 +34,7 @@ from offline_plugins.envs.steps import STEP_SEPARATOR
 from offline_plugins.errors import UserError
 
 __all__ = ["AGGREGATES", "aggregate_steps", "evaluate_prm", "load_prm", "best_of_n", "beam_search", "exhaustive_search",
-           "PRMScorer", "StepSampler", "sample_solution", "compare_search"]
+           "PRMScorer", "StepSampler", "sample_solution", "METHODS", "search_sweep", "compare_search"]
 
 AGGREGATES = ("min", "prod")
 
@@ -270,35 +270,69 @@ def sample_solution(sampler: StepSampler) -> list[str]:
     return steps
 
 
-def compare_search(task: Any, policy: Any, tokenizer: Any, prm: Any, prompts: Sequence[str], *, n: int = 4,
-                   beam_width: int = 2, max_steps: int = 4, aggregate: str = "min", seed: int = 0) -> dict:
-    """Exact match (by the task's outcome verifier) and generated tokens per prompt of each method on
-    ``prompts``: ``greedy``; ``best_of_n_orm`` (the outcome verifier ranks ``n`` samples: an oracle,
-    since it knows the answer); ``best_of_n_prm``; ``beam_prm`` (``beam_width`` beams, ``n``
-    candidates per expansion); and ``beam_gold_steps`` (the same beam, steps scored by the task's
-    own step checker: what a perfect PRM would give)."""
-    def gold(prompt):
-        return lambda steps: float(min(task.step_labels(prompt, steps)) > 0)
+#: the methods :func:`search_sweep` compares
+METHODS = ("greedy", "best_of_n_orm", "best_of_n_prm", "beam_prm", "beam_gold_steps")
+
+
+def search_sweep(task: Any, policy: Any, tokenizer: Any, prm: Any, prompts: Sequence[str], *,
+                 ns: Sequence[int] = (4,), beam_widths: Sequence[int] = (2,), max_steps: int = 4,
+                 aggregate: str = "min", seed: int = 0) -> list[dict]:
+    """Exact match (by the task's outcome verifier) and generated tokens per prompt of each method at each
+    compute setting, one row ``{"method", "n", "beam_width", "exact_match", "tokens_per_prompt"}`` each:
+
+    * ``greedy`` (``n`` 1), once;
+    * ``best_of_n_orm`` (the outcome verifier ranks the samples: an oracle, since it knows the answer) and
+      ``best_of_n_prm``, for each ``n`` in ``ns``: the first ``n`` of ``max(ns)`` samples at temperature 1,
+      each ranked by its judge, the tokens of those ``n`` counted;
+    * ``beam_prm`` and ``beam_gold_steps`` (the same beam, steps scored by the task's own step checker: what
+      a perfect PRM would give), for each ``n`` (candidates per expansion) and each width in ``beam_widths``.
+    """
+    bad = [f"{name}={v}" for name, vs in (("n", ns), ("beam_width", beam_widths)) for v in vs if int(v) < 1]
+    if bad or not ns or not beam_widths or not prompts:
+        raise UserError(f"search needs at least one prompt and n, beam widths >= 1, got {len(prompts)} prompts, "
+                        f"n {list(ns)}, beam widths {list(beam_widths)}; fix {', '.join(bad) or 'the empty list'}")
+    aggregate_steps(torch.ones(1), torch.ones(1, dtype=torch.bool), aggregate)  # refuse a bad name now
 
     def sampler(prompt, k, **kw):
         return StepSampler(policy, tokenizer, prompt, num_samples=k, max_steps=max_steps, seed=seed, **kw)
 
-    totals = {m: [0.0, 0] for m in ("greedy", "best_of_n_orm", "best_of_n_prm", "beam_prm", "beam_gold_steps")}
+    totals: dict = {}
+
+    def add(key, steps, tokens, prompt):
+        hits, spent = totals.get(key, (0.0, 0))
+        totals[key] = (hits + (task.reward(prompt, STEP_SEPARATOR.join(steps)) if steps else 0.0), spent + tokens)
+
     for prompt in prompts:
-        chosen = {}
         s = sampler(prompt, 1, greedy=True)
-        chosen["greedy"] = (sample_solution(s), s.generated_tokens)
-        s = sampler(prompt, 1)
-        samples = [sample_solution(s) for _ in range(n)]
-        for name, score in (("orm", lambda st: task.reward(prompt, STEP_SEPARATOR.join(st))),
-                            ("prm", PRMScorer(prm, tokenizer, prompt, aggregate=aggregate))):
-            chosen[f"best_of_n_{name}"] = (samples[best_of_n(samples, score)[0]], s.generated_tokens)
-        for name, score in (("prm", PRMScorer(prm, tokenizer, prompt, aggregate=aggregate)), ("gold_steps", gold(prompt))):
-            s = sampler(prompt, n)
-            chosen[f"beam_{name}"] = (beam_search(s, score, beam_width=beam_width, max_steps=max_steps)[0],
-                                      s.generated_tokens)
-        for name, (steps, tokens) in chosen.items():
-            totals[name][0] += task.reward(prompt, STEP_SEPARATOR.join(steps)) if steps else 0.0
-            totals[name][1] += tokens
-    return {name: {"exact_match": hits / len(prompts), "tokens_per_prompt": tokens / len(prompts)}
-            for name, (hits, tokens) in totals.items()}
+        add(("greedy", 1, None), sample_solution(s), s.generated_tokens, prompt)
+        s, samples, spent = sampler(prompt, 1), [], []
+        for _ in range(max(ns)):
+            samples.append(sample_solution(s))
+            spent.append(s.generated_tokens)
+        prm_scorer = PRMScorer(prm, tokenizer, prompt, aggregate=aggregate)
+        whole = [i for i, steps in enumerate(samples) if steps]  # an empty sample scores lowest
+        by_prm = dict(zip(whole, prm_scorer.scores([samples[i] for i in whole]) if whole else []))
+        judges = {"orm": [task.reward(prompt, STEP_SEPARATOR.join(st)) for st in samples],
+                  "prm": [by_prm.get(i, -1.0) for i in range(len(samples))]}
+        for k in ns:
+            for name, scores in judges.items():
+                best = best_of_n(range(k), lambda i: scores[i])[0]
+                add((f"best_of_n_{name}", k, None), samples[best], spent[k - 1], prompt)
+            for w in beam_widths:
+                for name, score in (("prm", prm_scorer), ("gold_steps",
+                                                          lambda st: float(min(task.step_labels(prompt, st)) > 0))):
+                    s = sampler(prompt, k)
+                    add((f"beam_{name}", k, w), beam_search(s, score, beam_width=w, max_steps=max_steps)[0],
+                        s.generated_tokens, prompt)
+    return [{"method": m, "n": k, "beam_width": w, "exact_match": hits / len(prompts),
+             "tokens_per_prompt": tokens / len(prompts)}
+            for (m, k, w), (hits, tokens) in sorted(totals.items(),
+                                                    key=lambda kv: (METHODS.index(kv[0][0]), kv[0][1:]))]
+
+
+def compare_search(task: Any, policy: Any, tokenizer: Any, prm: Any, prompts: Sequence[str], *, n: int = 4,
+                   beam_width: int = 2, max_steps: int = 4, aggregate: str = "min", seed: int = 0) -> dict:
+    """``{method: {"exact_match", "tokens_per_prompt"}}`` of :func:`search_sweep` at one ``n`` and one beam width."""
+    rows = search_sweep(task, policy, tokenizer, prm, prompts, ns=(n,), beam_widths=(beam_width,),
+                        max_steps=max_steps, aggregate=aggregate, seed=seed)
+    return {r["method"]: {"exact_match": r["exact_match"], "tokens_per_prompt": r["tokens_per_prompt"]} for r in rows}

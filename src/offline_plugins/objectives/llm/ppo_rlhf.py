@@ -43,7 +43,7 @@ from tensordict import NestedKey, TensorDict, TensorDictBase
 from offline_plugins.errors import UserError
 from offline_plugins.objectives.llm.rollout import RolloutLoss
 
-__all__ = ["kl_penalised_rewards", "token_gae", "masked_whiten", "AdaptiveKLController", "PPORLHFLoss",
+__all__ = ["on_last_token", "kl_penalised_rewards", "token_gae", "masked_whiten", "AdaptiveKLController", "PPORLHFLoss",
            "KLTargetError"]
 
 
@@ -51,9 +51,22 @@ class KLTargetError(UserError, ValueError):
     """A KL target or coefficient that cannot be used."""
 
 
+def on_last_token(values: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T]``: each row's value ``values [B]`` on its last response token, 0 elsewhere.
+
+    >>> on_last_token(torch.tensor([2., 3.]), torch.tensor([[0, 1, 1], [1, 1, 0]]).bool()).tolist()
+    [[0.0, 0.0, 2.0], [0.0, 3.0, 0.0]]
+    """
+    mask = response_mask.bool()
+    pos = torch.arange(mask.shape[-1], device=mask.device)
+    last = torch.where(mask, pos, torch.full_like(pos, -1)).amax(-1, keepdim=True)
+    return ((pos.unsqueeze(0) == last) & mask).to(values.dtype) * values.reshape(-1, 1)
+
+
 def kl_penalised_rewards(reward: torch.Tensor, sample_log_probs: torch.Tensor, ref_log_probs: torch.Tensor,
                          response_mask: torch.Tensor, kl_coef, *, estimator: str = "k1"):
-    """``(rewards [B, T], kl [B, T])``: ``-kl_coef * kl_t`` on response tokens, plus ``reward`` on the last one.
+    """``(rewards [B, T], kl [B, T])``: ``-kl_coef * kl_t`` on response tokens, plus ``reward`` on the last one
+    (a ``[B, T]`` ``reward``, dense, is added on the response tokens as it is).
 
     ``kl_t = log pi_sample - log pi_ref`` (k1) or ``exp(d) - d - 1``, ``d = log pi_ref - log pi_sample`` (k3).
 
@@ -72,11 +85,10 @@ def kl_penalised_rewards(reward: torch.Tensor, sample_log_probs: torch.Tensor, r
         raise ValueError(f"kl estimator must be 'k1' or 'k3', got {estimator!r}")
     kl = torch.where(mask, kl, torch.zeros_like(kl))
     per_token = -kl_coef * kl
-    pos = torch.arange(mask.shape[-1], device=mask.device)
-    last = torch.where(mask, pos, torch.full_like(pos, -1)).amax(-1, keepdim=True)
-    at_last = (pos.unsqueeze(0) == last) & mask
-    per_token = per_token + at_last.to(per_token.dtype) * reward.reshape(-1, 1).to(per_token.dtype)
-    return per_token, kl
+    reward = reward.to(per_token.dtype)
+    if reward.dim() == 2:
+        return per_token + torch.where(mask, reward, torch.zeros_like(per_token)), kl
+    return per_token + on_last_token(reward, mask), kl
 
 
 def token_gae(rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, *, gamma: float = 1.0,
@@ -225,6 +237,11 @@ class PPORLHFLoss(RolloutLoss):
     def out_keys(self):
         return ["loss_objective", "loss_critic", "kl_to_reference", "clip_fraction", "ratio_mean", "value_clip_fraction"]
 
+    def score_rewards(self, td: TensorDictBase, mask: torch.Tensor) -> torch.Tensor:
+        """The reward before the KL penalty: ``[B]``, on the last response token (default: the rollouts'
+        rewards), or ``[B, T]``, dense (a subclass's per-step rewards); ``mask`` is the response-token mask."""
+        return self.rollout_rewards(td)
+
     @torch.no_grad()
     def process_rollouts(self, td: TensorDictBase) -> TensorDictBase:
         """Write per-token KL-penalised rewards, old values, whitened GAE advantages and returns; step the
@@ -234,7 +251,7 @@ class PPORLHFLoss(RolloutLoss):
         mask = mask.bool()
         sample = self._get(td, "sample_log_probs", "the sampling policy's log-probs")
         ref = self._get(td, "ref_log_probs", "the reference's log-probs")
-        reward = self.rollout_rewards(td)
+        reward = self.score_rewards(td, mask)
         rewards, kl = kl_penalised_rewards(reward, sample, ref, mask, self.kl_coef, estimator=self.kl_estimator)
         values = self.value_network(tokens, attn).to(torch.float32)
         adv, ret = token_gae(rewards, values, mask, gamma=self.gamma, lmbda=self.lmbda)
