@@ -67,6 +67,7 @@ _EXPORTS = {
     "GKDLoss": "llm.distill",
     "ProcessRewardLoss": "llm.prm",
     "PRMRewardGRPOLoss": "llm.prm_rl",
+    "PRMRewardPPOLoss": "llm.prm_rl",
 }
 
 __all__ = sorted(_EXPORTS)

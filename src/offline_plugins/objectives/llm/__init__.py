@@ -41,6 +41,6 @@ from offline_plugins.objectives.llm.prm import CausalLMStepReward, ProcessReward
 __all__ += ["CausalLMStepReward", "ProcessRewardLoss"]
 
 # the PRM as a dense reward for GRPO (grpo-prm): appended
-from offline_plugins.objectives.llm.prm_rl import PRMRewardGRPOLoss  # noqa: E402
+from offline_plugins.objectives.llm.prm_rl import PRMRewardGRPOLoss, PRMRewardPPOLoss  # noqa: E402
 
-__all__ += ["PRMRewardGRPOLoss"]
+__all__ += ["PRMRewardGRPOLoss", "PRMRewardPPOLoss"]
