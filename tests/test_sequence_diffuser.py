@@ -195,3 +195,131 @@ def test_unguided_denoiser_reproduces_the_data_actions():
         parts.target_updater.step()
     after, zero, shuffled = _first_action_errors(parts, data)
     assert after < 0.4 * zero and after < 0.4 * shuffled and after < 0.5 * before, (before, after, zero, shuffled)
+
+
+MAZE_ENV = "offline_plugins/PointMazeUMazeGoal-v0"  # declares the goal (-1, 1): offline_plugins.envs.maze
+
+
+def _line_data(n=48, T=8, seed=0):
+    """Episodes of ``T`` steps at constant speed on a straight line between two random points of
+    [-1, 1]^2: observation ``(x, y, 0, 0)`` (nothing but the end says where a line goes), action the
+    step; the env id declares the maze's goal."""
+    data = make_data(lengths=(T,) * n, obs_dim=4, act_dim=2, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    a, b = torch.rand(n, 1, 2, generator=g) * 2 - 1, torch.rand(n, 1, 2, generator=g) * 2 - 1
+    pos = a + (b - a) * torch.arange(T + 1).view(1, -1, 1) / (T - 1)
+    obs = torch.cat([pos, torch.zeros_like(pos)], -1)
+    data.td["observation"], data.td["next", "observation"] = obs[:, :-1].reshape(-1, 4), obs[:, 1:].reshape(-1, 4)
+    data.td["action"] = ((b - a) / (T - 1)).expand(n, T, 2).reshape(-1, 2)
+    data.env_id = MAZE_ENV
+    return data
+
+
+def test_goal_inpainting_plans_start_at_the_state_and_end_at_the_goal_exactly():
+    torch.manual_seed(0)
+    data = _line_data()
+    parts = _parts(data, n_samples=2)
+    planner = parts.policy
+    loss = parts.loss.diffusion_loss
+    assert loss.goal_dims == 2 and parts.loss.value_loss.goal_dims == 2
+    rb = data.replay_buffer(64, sampler="slice", slice_len=8, seed=0)
+    opt = torch.optim.Adam(parts.optimizers[0].params, lr=3e-3)
+    for _ in range(20):
+        out = loss(rb.sample())
+        opt.zero_grad()
+        out["loss_diffusion"].backward()
+        opt.step()
+    obs = torch.tensor([[0.5, -0.5, 0.0, 0.0], [0.9, 0.9, 0.0, 0.0]])
+    planner.eval()
+    planner(TensorDict({"observation": obs}, [2]))
+    loc, scale, plan = planner.loc, planner.scale, planner.last_plan_normalized
+    assert torch.equal(plan[:, 0, 2:], (obs - loc[2:]) / scale[2:])
+    goal = (torch.tensor([-1.0, 1.0]) - loc[2:4]) / scale[2:4]  # the maze's goal cell (1, 1), standardised
+    assert torch.equal(plan[:, -1, 2:4], goal.expand(2, 2))
+    # without the switch (or on data without a goal) the plan ends where the model takes it
+    off = _parts(_line_data(), goal_inpainting=False)
+    assert type(off.policy) is DiffuserPlanner and off.loss.diffusion_loss.goal_dims == 0
+
+
+def test_training_windows_are_conditioned_on_their_own_last_position():
+    from offline_plugins.objectives.sequence.diffuser import apply_conditioning
+
+    x = torch.zeros(2, 4, 5)
+    out = apply_conditioning(x, torch.ones(2, 3), 2, torch.full((2, 2), 7.0))
+    assert out[:, 0, 2:].eq(1).all() and out[:, -1, 2:4].eq(7).all() and out[:, -1, 4].eq(0).all()
+    assert out[:, 1:3].eq(0).all() and out[:, :, :2].sum() == 0 and x.sum() == 0  # a copy
+    torch.manual_seed(0)
+    data = _line_data()
+    loss = _parts(data).loss.diffusion_loss
+    batch = data.replay_buffer(64, sampler="slice", slice_len=8, seed=0).sample()
+    x0, xt, _, _, A = loss._noised(batch, loss.in_keys)
+    assert torch.equal(xt[:, -1, A : A + 2], x0[:, -1, A : A + 2]) and torch.equal(xt[:, 0, A:], x0[:, 0, A:])
+    assert not torch.equal(xt[:, -2, A:], x0[:, -2, A:])  # the steps in between are noised
+    assert not torch.equal(xt[:, -1, A + 2 :], x0[:, -1, A + 2 :])  # and the last step's velocity
+
+
+def test_goal_conditioned_plans_move_from_the_start_towards_the_goal():
+    torch.manual_seed(0)
+    data = _line_data(n=64)
+    parts = _parts(data, n_samples=1, n_diffusion_steps=10, dim=16, ema_tau=0.05)
+    rb = data.replay_buffer(128, sampler="slice", slice_len=8, seed=0)
+    opt = torch.optim.Adam(parts.optimizers[0].params, lr=3e-3)
+    for _ in range(400):  # start-only plans (goal_inpainting=false) stay 0.60 from the line here
+        out = parts.loss.diffusion_loss(rb.sample())
+        opt.zero_grad()
+        out["loss_diffusion"].backward()
+        opt.step()
+        parts.target_updater.step()
+    planner = parts.policy
+    planner.eval()
+    g = torch.Generator().manual_seed(1)
+    start = torch.rand(16, 2, generator=g) * 2 - 1
+    torch.manual_seed(2)
+    with torch.no_grad():
+        planner(TensorDict({"observation": torch.cat([start, torch.zeros(16, 2)], -1)}, [16]))
+    pos = planner.last_plan_normalized[..., 2:4] * planner.scale[2:4] + planner.loc[2:4]  # [16, 8, 2]
+    goal = torch.tensor([-1.0, 1.0])
+    # the plans run along the line from the start to the goal: each planned position near its point
+    # on it, far nearer than the start or the goal are
+    line = start[:, None] + (goal - start)[:, None] * torch.arange(8).view(1, -1, 1) / 7
+    error = (pos - line).norm(dim=-1)[:, 1:-1].mean()
+    assert error < 0.25 * (goal - start).norm(dim=-1).mean(), error
+    dist = (pos - goal).norm(dim=-1).mean(0)
+    assert bool((dist[1:] < dist[:-1]).all()), dist
+
+
+def test_the_return_model_regresses_the_standardised_target_and_reports_return_units():
+    from offline_plugins.objectives.sequence.diffuser import DiffuserValueLoss
+
+    class Constant(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = torch.nn.Parameter(torch.tensor(0.5))
+
+        def forward(self, x, t):
+            return self.c.expand(x.shape[0], 1)
+
+    G = torch.tensor([10.0, 30.0])  # the returns of the two windows' first steps
+    batch = TensorDict({"observation": torch.randn(8, 3), "action": torch.randn(8, 1),
+                        "discounted_return_to_go": torch.tensor([10.0, 0, 0, 0, 30.0, 0, 0, 0]).unsqueeze(-1)}, [8])
+    keys = ["noisy_trajectory", "diffusion_step"]
+    loss = DiffuserValueLoss(TensorDictModule(Constant(), keys, ["value"]), DDPMSchedule(5), window=4,
+                             value_loc=20.0, value_scale=5.0)
+    out = loss(batch)
+    # by hand: standardised targets (10 - 20) / 5 = -2 and 2; the model says 0.5, i.e. 22.5 in return units
+    torch.testing.assert_close(out["loss_value"], torch.tensor(((0.5 + 2) ** 2 + (0.5 - 2) ** 2) / 2))
+    torch.testing.assert_close(out["value_pred_mean"], torch.tensor(22.5))
+    torch.testing.assert_close(out["value_error"], torch.tensor((12.5 + 7.5) / 2))
+    torch.testing.assert_close(out["value_target_mean"], G.mean())
+    with pytest.raises(Exception, match="value_scale"):
+        DiffuserValueLoss(TensorDictModule(Constant(), keys, ["value"]), DDPMSchedule(5), window=4, value_scale=0.0)
+    # build takes the statistics from the data's discounted returns; the planner sees return units
+    data = make_data()
+    parts = _parts(data)
+    returns = data.td["discounted_return_to_go"]
+    v = parts.loss.value_loss.value_target
+    torch.testing.assert_close((v.loc, v.scale), (returns.mean(), returns.std()))
+    x, t = torch.randn(2, 8, 4), torch.zeros(2, dtype=torch.long)
+    raw = parts.loss.value_loss.value_network(TensorDict({"noisy_trajectory": x, "diffusion_step": t}, [2]))["value"]
+    planned = parts.policy.value(TensorDict({"noisy_trajectory": x, "diffusion_step": t}, [2]))["value"]
+    torch.testing.assert_close(planned, raw * returns.std() + returns.mean())

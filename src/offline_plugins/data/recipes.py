@@ -92,3 +92,21 @@ def offline_plugins_register_datasets(registry):
                 options=options,
             )
         )
+    # a point mass in a maze, D4RL maze2d's waypoint-controller data (offline_plugins.data.maze)
+    from offline_plugins.data.maze import MAZE_RECIPES
+
+    for short, options in MAZE_RECIPES.items():
+        maze = dict(options)["maze"]
+        registry.add(
+            DatasetSpec(
+                id=recipe_id(short, maze.lower()),
+                summary=f"a point mass in gymnasium-robotics' {maze}, D4RL maze2d's noisy waypoint controller to "
+                        "random goal cells; sparse reward at a fixed goal.",
+                env_id=f"offline_plugins/PointMaze{maze}Goal-v0",
+                make="offline_plugins.data.maze:make_maze_dataset",
+                tier=maze.lower(),
+                action_space="continuous",
+                requires=("mujoco",),
+                options=options,
+            )
+        )

@@ -15,6 +15,20 @@ scale 0.1 16.1 at 14 times the planning time. The return model is still trained,
 guidance is a ``--set`` away; the reference's planner and sizes are
 ``--set dim_mults=[1,2,4,8] --set n_samples=64 --set guide_scale=0.1`` (a GPU's work).
 
+For goal-reaching data (an env that declares its goal: the point maze of
+``offline_plugins.envs.maze``) every plan also ends at the goal: the position part of
+the last planned state is inpainted with it at every denoising step, and the training
+windows with their own last position, as the reference's maze2d planner does (section
+5.1); ``goal_inpainting=false`` plans from the start only. The planner still executes
+the first planned action and replans every step: the reference's maze2d code plans once
+and follows the planned states with a PD controller, which needs to know that the
+observation is (position, velocity) and the action a force; the planned action keeps
+the planner the same for every env, and replanning corrects what the action misses.
+
+The return model regresses the standardised target ``(G - mean) / std`` (the data's
+discounted returns' statistics, kept as buffers); the planner reads its values back in
+return units.
+
 The denoiser predicts the clean window, as the reference does for locomotion: at
 these budgets a noise-predicting denoiser (``predict_epsilon=true``) has not learnt
 the data's actions (Pendulum medium, 1000 steps: its unguided first action is as far
@@ -56,12 +70,13 @@ class DiffuserConfig:
     plan_every: int = config_field(1, "plan every k-th step, executing the best plan's actions in between (1: the reference)")
     drop_short_episodes: bool = config_field(False, "train on the episodes of at least slice_len steps only")
     normalize_observations: bool = config_field(True, "standardise observations with dataset statistics (data layer)")
+    goal_inpainting: bool = config_field(True, "where the dataset declares a goal (the point maze), every plan ends at its position: inpainted at the last step (false: the start only)")
 
 
 def build(config: DiffuserConfig, data: Any):
     """Diffuser on continuous actions: denoiser, return model, and the guided planner as policy."""
     import torch
-    from tensordict.nn import TensorDictModule
+    from tensordict.nn import TensorDictModule, TensorDictSequential
 
     from offline_plugins.algorithms import _glue
     from offline_plugins.algorithms.base import AlgorithmParts
@@ -71,7 +86,9 @@ def build(config: DiffuserConfig, data: Any):
     from offline_plugins.modules.sequence.diffusion import DDPMSchedule
     from offline_plugins.modules.sequence.unet import TemporalUnet, ValueUnet
     from offline_plugins.objectives.common import check_range
-    from offline_plugins.objectives.sequence.diffuser import DiffuserLoss, DiffuserValueLoss, DiffuserWithValueLoss
+    from offline_plugins.envs.maze import maze_goal
+    from offline_plugins.objectives.sequence.diffuser import (
+        Affine, DiffuserLoss, DiffuserValueLoss, DiffuserWithValueLoss, GoalInpaintingPlanner)
 
     name = "diffuser"
     _glue.check_inputs(config, data, name, "continuous")
@@ -97,6 +114,10 @@ def build(config: DiffuserConfig, data: Any):
     S, A = _glue.obs_dim(data), _glue.action_dim(data)
     table = torch.cat([data.td.get("action").to(torch.float32), data.td.get("observation")], -1)
     loc, scale = table.mean(0), table.std(0).clamp_min(1e-3)
+    goal = maze_goal(data.env_id) if config.goal_inpainting else None
+    G = 0 if goal is None else len(goal)
+    returns = data.td.get("discounted_return_to_go")
+    value_loc, value_scale = returns.mean(), returns.std().clamp_min(1e-6)
     schedule = DDPMSchedule(config.n_diffusion_steps)
     keys = ["noisy_trajectory", "diffusion_step"]
     denoiser = TensorDictModule(TemporalUnet(S + A, dim=config.dim, dim_mults=mults), keys, ["model_output"])
@@ -111,14 +132,20 @@ def build(config: DiffuserConfig, data: Any):
         action_weight=config.action_weight,
         predict_epsilon=config.predict_epsilon,
         ema=ema,
+        goal_dims=G,
     )
-    value_loss = DiffuserValueLoss(value, schedule, window=H, loc=loc, scale=scale)
+    value_loss = DiffuserValueLoss(value, schedule, window=H, loc=loc, scale=scale, goal_dims=G,
+                                   value_loc=value_loc, value_scale=value_scale)
     loss = DiffuserWithValueLoss(diffusion_loss, value_loss)
     # made before the planner touches the target parameters, which TorchRL warns about otherwise
     target_updater = _glue.soft_updater(diffusion_loss, config.ema_tau) if ema else None
-    planner = DiffuserPlanner(
+    # the goal in the units the planner reads observations in (the data layer's normalisation)
+    st, planner_kwargs = data.stats, {}
+    if goal is not None:
+        planner_kwargs["goal"] = (torch.as_tensor(goal, dtype=torch.float32) - st.obs_loc[:G]) / st.obs_scale[:G]
+    planner = (DiffuserPlanner if goal is None else GoalInpaintingPlanner)(
         denoiser,
-        value,
+        TensorDictSequential(value, TensorDictModule(Affine(value_loc, value_scale), ["value"], ["value"])),
         schedule,
         observation_dim=S,
         action_dim=A,
@@ -134,6 +161,7 @@ def build(config: DiffuserConfig, data: Any):
         plan_every=config.plan_every,
         predict_epsilon=config.predict_epsilon,
         denoiser_params=diffusion_loss.target_model_network_params if ema else None,
+        **planner_kwargs,
     )
     return AlgorithmParts(
         loss=loss,
@@ -152,7 +180,8 @@ offline_plugins_register_algorithms = builtin_hook(
         "diffuser", "Diffuser: a temporal U-Net denoises (action, state) plans, guided by a return model",
         DiffuserConfig, PAPER, loss="diffuser:DiffuserWithValueLoss", build="diffuser:build",
         experimental="unguided it imitates the data (51.6 +- 2.9 on Pendulum medium, above BC), but return "
-                     "guidance makes plans worse and it gains nothing by planning on medium-replay "
-                     "(docs/results.md, 'Sequence models')",
+                     "guidance makes plans worse, it gains nothing by planning on medium-replay, and its goal-inpainted "
+                     "plans do not solve the point maze at 3000 steps (docs/results.md, 'Sequence models' and "
+                     "the maze section)",
     ),
 )

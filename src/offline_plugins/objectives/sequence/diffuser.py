@@ -5,7 +5,9 @@ Synthesis", arXiv:2205.09991. TorchRL has no diffusion planner. A window of ``H`
 steps is the array ``[a_t, s_t]`` of shape ``[H, act_dim + obs_dim]`` (actions
 first, as in the reference), standardised per dimension with the dataset's
 statistics. As in the reference, the first state of the noised window is replaced
-by its clean value (the planner conditions on it the same way).
+by its clean value (the planner conditions on it the same way); for goal-reaching
+data (``goal_dims``) the first entries of the last state too (the reference's maze2d
+conditions both ends of the plan).
 
 >>> import torch
 >>> from tensordict import TensorDict
@@ -35,10 +37,12 @@ from tensordict.utils import NestedKey
 from torchrl.objectives import LossModule
 
 from offline_plugins.modules.sequence.decision_transformer import windows
+from offline_plugins.modules.sequence.diffuser import DiffuserPlanner
 from offline_plugins.modules.sequence.diffusion import DDPMSchedule
 from offline_plugins.objectives.common import check_batch_keys, check_range
 
-__all__ = ["DiffuserLoss", "DiffuserValueLoss", "DiffuserWithValueLoss", "trajectory_windows", "apply_conditioning"]
+__all__ = ["DiffuserLoss", "DiffuserValueLoss", "DiffuserWithValueLoss", "trajectory_windows", "apply_conditioning",
+           "Affine", "GoalInpaintingPlanner"]
 
 
 def trajectory_windows(tensordict: TensorDictBase, window: int, keys, loc, scale, owner: str) -> torch.Tensor:
@@ -50,11 +54,55 @@ def trajectory_windows(tensordict: TensorDictBase, window: int, keys, loc, scale
     return x
 
 
-def apply_conditioning(x: torch.Tensor, first_state: torch.Tensor, action_dim: int) -> torch.Tensor:
-    """``x`` with its first state set to ``first_state`` (inpainting: the plan starts where the agent is)."""
+def apply_conditioning(
+    x: torch.Tensor, first_state: torch.Tensor, action_dim: int, last: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """``x`` with its first state set to ``first_state`` (inpainting: the plan starts where the agent is)
+    and, given ``last`` ``[..., G]``, the first ``G`` entries of its last state set to it (where the plan ends)."""
     x = x.clone()
     x[:, 0, action_dim:] = first_state
+    if last is not None:
+        x[:, -1, action_dim : action_dim + last.shape[-1]] = last
     return x
+
+
+class Affine(torch.nn.Module):
+    """``x * scale + loc`` with ``loc`` and ``scale`` as buffers: un-standardises a network's output."""
+
+    def __init__(self, loc, scale) -> None:
+        super().__init__()
+        self.register_buffer("loc", torch.as_tensor(loc, dtype=torch.float32))
+        self.register_buffer("scale", torch.as_tensor(scale, dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale + self.loc
+
+
+class GoalInpaintingPlanner(DiffuserPlanner):
+    """Diffuser's planner for goal-reaching data: every plan starts at the current state and ends at the goal.
+
+    As the reference's maze2d planner (Janner et al. 2022, section 5.1), after every
+    denoising update the first ``len(goal)`` observation entries of the last planned
+    state (the position) are set to ``goal``, as the first state is set to the current
+    one; it acts as :class:`~offline_plugins.modules.sequence.diffuser.DiffuserPlanner`
+    does. Lives beside the losses, whose :func:`apply_conditioning` it shares.
+
+    Args:
+        *args, **kwargs: as :class:`~offline_plugins.modules.sequence.diffuser.DiffuserPlanner`.
+
+    Keyword Args:
+        goal: ``[G]`` the goal's first ``G`` observation entries, in the units the planner
+            reads observations in (standardised here with ``loc``/``scale`` as the plans are).
+    """
+
+    def __init__(self, *args, goal: torch.Tensor, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        A, G = self.act_dim, len(goal)
+        goal = torch.as_tensor(goal, dtype=torch.float32)
+        self.register_buffer("goal", (goal - self.loc[A : A + G]) / self.scale[A : A + G])
+
+    def _condition(self, x: torch.Tensor, first_state: torch.Tensor) -> torch.Tensor:
+        return apply_conditioning(x, first_state, self.act_dim, self.goal.expand(x.shape[0], -1))
 
 
 class _WindowLoss(LossModule):
@@ -78,10 +126,12 @@ class _WindowLoss(LossModule):
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
 
-    def _init_common(self, schedule: DDPMSchedule, window: int, loc, scale) -> None:
+    def _init_common(self, schedule: DDPMSchedule, window: int, loc, scale, goal_dims: int) -> None:
         check_range(type(self).__name__, "window", window, 1, None, low_inclusive=True)
+        check_range(type(self).__name__, "goal_dims", goal_dims, 0, None, low_inclusive=True)
         self.schedule = schedule
         self.window = int(window)
+        self.goal_dims = int(goal_dims)
         self.register_buffer("loc", None if loc is None else torch.as_tensor(loc, dtype=torch.float32))
         self.register_buffer("scale", None if scale is None else torch.as_tensor(scale, dtype=torch.float32))
 
@@ -94,8 +144,11 @@ class _WindowLoss(LossModule):
         act_dim = tensordict.get(self.tensor_keys.action).shape[-1]
         t = torch.randint(0, self.schedule.steps, (x0.shape[0],), device=x0.device)
         noise = torch.randn_like(x0)
-        xt = apply_conditioning(self.schedule.q_sample(x0, t, noise), x0[:, 0, act_dim:], act_dim)
-        return x0, xt, t, noise, act_dim
+        return x0, self._condition(self.schedule.q_sample(x0, t, noise), x0, act_dim), t, noise, act_dim
+
+    def _condition(self, x: torch.Tensor, x0: torch.Tensor, act_dim: int) -> torch.Tensor:
+        last = x0[:, -1, act_dim : act_dim + self.goal_dims] if self.goal_dims else None
+        return apply_conditioning(x, x0[:, 0, act_dim:], act_dim, last)
 
 
 class DiffuserLoss(_WindowLoss):
@@ -119,6 +172,8 @@ class DiffuserLoss(_WindowLoss):
             as the reference does, so only what the planner uses is fitted.
         ema: keep target parameters for an exponential moving average of the denoiser
             (stepped by TorchRL's ``SoftUpdate``; the reference plans with the average).
+        goal_dims: the first ``goal_dims`` observation entries of the window's last step are
+            inpainted too (goal-conditioned planning: the position in a maze; 0: the first state only).
     """
 
     model_network: TensorDictModule
@@ -136,11 +191,12 @@ class DiffuserLoss(_WindowLoss):
         action_weight: float = 10.0,
         predict_epsilon: bool = False,
         ema: bool = False,
+        goal_dims: int = 0,
     ) -> None:
         super().__init__()
         check_range(type(self).__name__, "action_weight", action_weight, 0.0, None, low_inclusive=True)
         self.convert_to_functional(denoiser_network, "model_network", create_target_params=ema)
-        self._init_common(schedule, window, loc, scale)
+        self._init_common(schedule, window, loc, scale, goal_dims)
         self.register_buffer("action_weight", torch.tensor(float(action_weight)))
         self.predict_epsilon = bool(predict_epsilon)
 
@@ -158,7 +214,7 @@ class DiffuserLoss(_WindowLoss):
         with self.model_network_params.to_module(self.model_network, preserve_module_state=False):
             out = self.model_network(td).get("model_output")
         if not self.predict_epsilon:
-            out = apply_conditioning(out, x0[:, 0, act_dim:], act_dim)
+            out = self._condition(out, x0, act_dim)
         target = noise if self.predict_epsilon else x0
         err = (out - target).pow(2)
         weights = torch.ones_like(err[:1])
@@ -175,7 +231,10 @@ class DiffuserValueLoss(_WindowLoss):
 
     ``G_0`` is the discounted return from the window's first step to the episode's
     end (the ``value`` key). Trained on noised windows so that its gradient can guide
-    every denoising step.
+    every denoising step. The network predicts the standardised target
+    ``(G_0 - value_loc) / value_scale``, so that its error is measured against the returns'
+    spread whatever their units; the diagnostics are in return units (an :class:`Affine`
+    with the same statistics after the network gives the planner values in return units).
 
     Args:
         value_network: reads ``"noisy_trajectory"`` and ``"diffusion_step"``, writes
@@ -183,7 +242,9 @@ class DiffuserValueLoss(_WindowLoss):
         schedule: the denoiser's :class:`~offline_plugins.modules.sequence.diffusion.DDPMSchedule`.
 
     Keyword Args:
-        window, loc, scale: as :class:`DiffuserLoss`.
+        window, loc, scale, goal_dims: as :class:`DiffuserLoss`.
+        value_loc, value_scale: mean and standard deviation of the targets in the data
+            (default 0 and 1: the raw target).
     """
 
     value_network: TensorDictModule
@@ -198,10 +259,15 @@ class DiffuserValueLoss(_WindowLoss):
         window: int,
         loc: Optional[torch.Tensor] = None,
         scale: Optional[torch.Tensor] = None,
+        goal_dims: int = 0,
+        value_loc: float = 0.0,
+        value_scale: float = 1.0,
     ) -> None:
         super().__init__()
+        check_range(type(self).__name__, "value_scale", float(value_scale), 0.0, None)
         self.convert_to_functional(value_network, "value_network", create_target_params=False)
-        self._init_common(schedule, window, loc, scale)
+        self._init_common(schedule, window, loc, scale, goal_dims)
+        self.value_target = Affine(value_loc, value_scale)
 
     @property
     def in_keys(self):
@@ -210,7 +276,7 @@ class DiffuserValueLoss(_WindowLoss):
 
     @property
     def out_keys(self):
-        return ["loss_value", "value_pred_mean", "value_target_mean"]
+        return ["loss_value", "value_pred_mean", "value_target_mean", "value_error"]
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         x0, xt, t, _, _ = self._noised(tensordict, self.in_keys)
@@ -218,9 +284,14 @@ class DiffuserValueLoss(_WindowLoss):
         td = TensorDict({"noisy_trajectory": xt, "diffusion_step": t}, [x0.shape[0]])
         with self.value_network_params.to_module(self.value_network, preserve_module_state=False):
             pred = self.value_network(td).get("value")
-        loss = (pred - target.to(pred.dtype)).pow(2).mean()
+        target = target.to(pred.dtype)
+        v = self.value_target
+        loss = (pred - (target - v.loc) / v.scale).pow(2).mean()
+        with torch.no_grad():
+            pred = v(pred)  # return units
         return TensorDict(
-            {"loss_value": loss, "value_pred_mean": pred.detach().mean(), "value_target_mean": target.mean()}, []
+            {"loss_value": loss, "value_pred_mean": pred.mean(), "value_target_mean": target.mean(),
+             "value_error": (pred - target).abs().mean()}, []
         )
 
 
