@@ -105,7 +105,8 @@ def test_ppo_prm_trains_on_steps_arithmetic_and_rewards_each_step_end_with_the_p
                  "--out", str(out), "--no-progress", "--set", f"prm={prm_dir}", *SMALL]) == 0, capsys.readouterr().err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["algorithm"] == "ppo-prm" and summary["dataset"] == "offline-plugins/steps-arithmetic/v0"
-    assert "eval/heldout_reward" in (out / "metrics.csv").read_text().splitlines()[0].split(",")
+    header = (out / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert {"eval/heldout_reward", "rollout/prm_step_reward"} <= set(header)  # the judge's score beside the gold
     capsys.readouterr()
     fails_cleanly(capsys, tmp_path, "ppo-prm", "--dataset", "steps-arithmetic", "--set", f"prm={tmp_path}", *SMALL,
                   match="is not a trained PRM")
@@ -122,7 +123,7 @@ def test_ppo_prm_trains_on_steps_arithmetic_and_rewards_each_step_end_with_the_p
     td = _loss(zeros, tok, prm=prm, outcome_reward=False).process_rollouts(td)
     got = td["token_reward"][0]
     probs, _ = PRMScorer(prm, tok, prompt).step_probs([steps])
-    assert td["prm_step_reward"][0].item() == pytest.approx(probs[0].mean().item(), abs=1e-5)
+    assert td["stats", "prm_step_reward"][0].item() == pytest.approx(probs[0].mean().item(), abs=1e-5)
     assert got[sep].item() == pytest.approx(probs[0, 0].item(), abs=1e-5)
     assert got[n - 1].item() == pytest.approx(probs[0, 1].item(), abs=1e-5)
     assert (got.abs() > 0).nonzero().reshape(-1).tolist() == [sep, n - 1]  # no KL (sample = ref), no other reward

@@ -83,6 +83,7 @@ def test_grpo_prm_trains_on_steps_arithmetic_with_a_tiny_prm(tmp_path, capsys):
     assert summary["dataset"] == "offline-plugins/steps-arithmetic/v0"
     header = (out / "metrics.csv").read_text().splitlines()[0].split(",")
     assert "eval/heldout_reward" in header  # the held-out gold is the outcome verifier, not the PRM
+    assert "rollout/prm_step_reward" in header  # the PRM's own score, logged beside it
     capsys.readouterr()
     fails_cleanly(capsys, tmp_path, "grpo-prm", "--dataset", "steps-arithmetic", "--set", f"prm={tmp_path}", *SMALL,
                   match="is not a trained PRM")

@@ -132,7 +132,8 @@ class PRMStepScorer:
     @torch.no_grad()
     def step_rewards(self, td: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``([B, S] PRM step probabilities, [B, S] step mask, [B, S] step-end token indices)`` of a round;
-        each response's mean step probability goes into ``td["prm_step_reward"]``."""
+        each response's mean step probability goes into ``td["stats", "prm_step_reward"]`` (logged as
+        ``rollout/prm_step_reward``: the learnt judge's score beside the verifier's reward)."""
         tokens, _, mask = self._text(td)
         device = tokens.device
         prompts = td.get(("text", "prompt"))
@@ -162,7 +163,7 @@ class PRMStepScorer:
             index, width = torch.tensor(scored, dtype=torch.long, device=device), min(logits.shape[-1], slots)
             probs[index, :width] = torch.sigmoid(logits[:, :width].float())
             step_mask[index, :width] = batch.get(("steps", "mask"))[:, :width]
-        td.set("prm_step_reward", (probs * step_mask).sum(-1) / step_mask.sum(-1).clamp_min(1))
+        td.set(("stats", "prm_step_reward"), (probs * step_mask).sum(-1) / step_mask.sum(-1).clamp_min(1))
         return probs, step_mask, step_ends
 
 
