@@ -135,13 +135,12 @@ def make_recipe_dataset(
     Returns:
         the new ``minari.MinariDataset``.
     """
-    from offline_plugins.data.store import build_atomically
+    from offline_plugins.data.store import build_atomically, check_data_format
 
     dataset_id = save_as or spec.id
     if spec.tier not in TIERS:
         raise DatasetError(f"dataset recipe {spec.id!r}: tier {spec.tier!r} is not one of {', '.join(TIERS)}")
-    if data_format not in (None, "hdf5", "arrow"):
-        raise DatasetError(f"dataset {dataset_id!r}: data_format must be 'hdf5' or 'arrow', got {data_format!r}")
+    check_data_format(dataset_id, data_format)
     def build():
         return _build(spec, dataset_id, seed=seed, progress=progress, steps=steps, episodes=episodes, data_format=data_format)
 

@@ -71,7 +71,7 @@ def make_history_dataset(
         steps: not used (a history's length is fixed by the env); refused when given.
         data_format, force, save_as: as :func:`~offline_plugins.data.build.make_recipe_dataset`.
     """
-    from offline_plugins.data.store import build_atomically
+    from offline_plugins.data.store import build_atomically, check_data_format
 
     dataset_id = save_as or spec.id
     if steps is not None:
@@ -79,8 +79,7 @@ def make_history_dataset(
                            "many tasks with --episodes")
     if episodes is not None and int(episodes) < 1:
         raise DatasetError(f"dataset recipe {spec.id!r}: episodes={episodes} must be at least 1 (one history per task)")
-    if data_format not in (None, "hdf5", "arrow"):
-        raise DatasetError(f"dataset {dataset_id!r}: data_format must be 'hdf5' or 'arrow', got {data_format!r}")
+    check_data_format(dataset_id, data_format)
 
     def build():
         return _build(spec, dataset_id, seed=seed, progress=progress, tasks=episodes, data_format=data_format)

@@ -98,14 +98,13 @@ def make_maze_dataset(
         episodes: stop after this many episodes of the evaluation horizon (small datasets for tests).
         data_format, force, save_as: as :func:`~offline_plugins.data.build.make_recipe_dataset`.
     """
-    from offline_plugins.data.store import build_atomically
+    from offline_plugins.data.store import build_atomically, check_data_format
 
     dataset_id = save_as or spec.id
     for name, value in (("steps", steps), ("episodes", episodes)):
         if value is not None and int(value) < 1:
             raise DatasetError(f"dataset recipe {spec.id!r}: {name}={value} must be at least 1")
-    if data_format not in (None, "hdf5", "arrow"):
-        raise DatasetError(f"dataset {dataset_id!r}: data_format must be 'hdf5' or 'arrow', got {data_format!r}")
+    check_data_format(dataset_id, data_format)
 
     def build():
         return _build(spec, dataset_id, seed=seed, progress=progress, steps=steps, episodes=episodes,

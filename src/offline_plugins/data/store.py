@@ -38,6 +38,7 @@ __all__ = [
     "resolve_dataset_id",
     "make_dataset",
     "build_atomically",
+    "check_data_format",
     "open_minari_dataset",
     "dataset_size_bytes",
     "estimated_dataset_bytes",
@@ -414,6 +415,12 @@ def _sweep_stale_builds(root: Path, dataset_id: str) -> None:
 
 def _exists_error(dataset_id: str, root: Path) -> DatasetError:
     return DatasetError(f"dataset {dataset_id!r} already exists in {root}; pass force=True (CLI: --force) to rebuild it")
+
+
+def check_data_format(dataset_id: str, data_format: Optional[str]) -> None:
+    """Refuse a ``data_format`` Minari cannot write (None: Minari's default)."""
+    if data_format not in (None, "hdf5", "arrow"):
+        raise DatasetError(f"dataset {dataset_id!r}: data_format must be 'hdf5' or 'arrow', got {data_format!r}")
 
 
 def build_atomically(dataset_id: str, build: Callable[[], object], *, force: bool = False, exist_ok: bool = False):
