@@ -89,7 +89,9 @@ def run_episodes(model: torch.nn.Module, tokenizer: Any, prompt_ids: Sequence[Se
     device = next(model.parameters()).device
     pad, eos = pad_token_id(tokenizer), tokenizer.eos_token_id
     n = len(prompt_ids)
-    prompts = [tokenizer.decode(p, skip_special_tokens=True) for p in prompt_ids]
+    # the prompts' text, for the turn reward only
+    prompts = ([tokenizer.decode(p, skip_special_tokens=True) for p in prompt_ids]
+               if multiturn.turn_reward is not None else None)
     seqs = [list(p) for p in prompt_ids]
     policy: list[list[int]] = [[] for _ in range(n)]  # positions of each row's policy tokens
     answers, transcripts = [""] * n, [""] * n
@@ -107,7 +109,8 @@ def run_episodes(model: torch.nn.Module, tokenizer: Any, prompt_ids: Sequence[Se
         # the model's positions); rows with the same budget share one generate: all of them until rows near
         # the width differ, and then a long row no longer cuts the others' turns short
         budgets = {i: min(max_new_tokens, width - len(seqs[i])) for i in active}
-        generated: dict[int, tuple[list[int], Any, int]] = {}  # row -> (its tokens, the batch's log-probs, index)
+        generated: dict[int, tuple[list[int], int, int]] = {}  # row -> (its tokens, its batch, its index there)
+        batch_log_probs = []  # per batch: the sampled log-probs ([rows, steps], or None when greedy)
         for k, budget in enumerate(sorted(set(budgets.values()), reverse=True)):
             rows = [i for i in active if budgets[i] == budget]
             kwargs = dict(pad_id=pad, eos_id=eos, max_new_tokens=budget, temperature=temperature, top_p=top_p,
@@ -115,17 +118,16 @@ def run_episodes(model: torch.nn.Module, tokenizer: Any, prompt_ids: Sequence[Se
             ids = [seqs[i] for i in rows]
             out = (generator.generate(ids, device=device, **kwargs) if generator is not None
                    else generate(model, ids, greedy=greedy, log_probs=not greedy, **kwargs))
+            batch_log_probs.append(out.log_probs)
             for j, (i, toks, length) in enumerate(zip(rows, out.tokens.tolist(), out.lengths.tolist())):
-                generated[i] = (toks[:length], out.log_probs, j)
-        placed: list[tuple[Any, list[tuple[int, int]], list[tuple[int, int]]]] = []  # per batch: log-probs, src, dst
+                generated[i] = (toks[:length], k, j)
+        placed = [([], []) for _ in batch_log_probs]  # per batch: (batch row, step) -> (episode row, position)
         still = []
         for i in active:
-            seq, batch_lp, j = generated[i]
+            seq, k, j = generated[i]
             seq = seq[:_stop_at(tokenizer, seq, multiturn.stop)]
-            if not placed or placed[-1][0] is not batch_lp:
-                placed.append((batch_lp, [], []))
-            placed[-1][1].extend((j, k) for k in range(len(seq)))
-            placed[-1][2].extend((i, len(seqs[i]) + k) for k in range(len(seq)))
+            placed[k][0].extend((j, step) for step in range(len(seq)))
+            placed[k][1].extend((i, len(seqs[i]) + step) for step in range(len(seq)))
             policy[i] += range(len(seqs[i]), len(seqs[i]) + len(seq))
             seqs[i] += seq
             text = tokenizer.decode(seq, skip_special_tokens=True)
@@ -152,7 +154,7 @@ def run_episodes(model: torch.nn.Module, tokenizer: Any, prompt_ids: Sequence[Se
             seqs[i] += obs
             transcripts[i] += tokenizer.decode(obs, skip_special_tokens=True)
             still.append(i)
-        for batch_lp, src, dst in placed:  # the turn's log-probs, placed on device
+        for batch_lp, (src, dst) in zip(batch_log_probs, placed):  # the turn's log-probs, placed on device
             if src and batch_lp is not None:
                 (sj, sk), (di, dp) = (torch.tensor(list(zip(*src)), device=device),
                                       torch.tensor(list(zip(*dst)), device=device))
