@@ -74,6 +74,7 @@ def test_rows_mask_and_log_probs_cover_the_policys_tokens_only():
     assert {k: v.item() for k, v in ep.counts.items() if v.item()} == {"turns": 2.0, "tool_calls": 1.0}
 
 
+@pytest.mark.bwrap
 def test_a_hanging_python_tool_ends_in_a_timeout_observation_within_its_limit():
     mt = MultiTurn(ToolBox([PythonTool(timeout=1)]), max_turns=2)
     policy = Scripted(lambda prompt, turn: '<tool name="python">while True: pass</tool>' if turn == 0 else "7$")
@@ -199,8 +200,7 @@ def test_tool_tasks_sft_then_grpo_expert_iteration_and_reinforce_pp_run_through_
     small = ["--set", "reference_sft_steps=10", "--set", "group_size=2", "--set", "prompts_per_round=2",
              "--set", "max_new_tokens=40", "--set", "eval_prompts=4", "--set", "batch_size=4"]
     for algo, task, more in (("grpo", "tool-arithmetic", []), ("expert-iteration", "tool-arithmetic", []),
-                             ("reinforce-pp", "tool-arithmetic", ["--set", "tool_reward=0.2", "--set", "max_turns=2"]),
-                             ("grpo", "tool-python", ["--set", "tool_timeout=2"])):
+                             ("reinforce-pp", "tool-arithmetic", ["--set", "tool_reward=0.2", "--set", "max_turns=2"])):
         out = tmp_path / f"{algo}-{task}"
         assert main(["train", algo, "--dataset", task, "--steps", "2", "--seed", "0", "--out", str(out),
                      "--no-progress", *small, *more]) == 0, capsys.readouterr().err
@@ -210,6 +210,44 @@ def test_tool_tasks_sft_then_grpo_expert_iteration_and_reinforce_pp_run_through_
         assert {"rollout/tool_calls", "rollout/tool_failures_malformed", "rollout/turns",
                 "rollout/turn_reward"} <= set(header)
     assert json.loads((tmp_path / "reinforce-pp-tool-arithmetic" / "summary.json").read_text())["config"]["max_turns"] == 2
+
+
+SMALL = ["--set", "reference_sft_steps=10", "--set", "group_size=2", "--set", "prompts_per_round=2",
+         "--set", "max_new_tokens=40", "--set", "eval_prompts=4", "--set", "batch_size=4"]
+
+
+@pytest.mark.bwrap
+def test_grpo_on_tool_python_runs_through_the_cli_in_the_bwrap_sandbox(tmp_path, capsys):
+    from offline_plugins.cli import main
+
+    out = tmp_path / "grpo-tool-python"
+    assert main(["train", "grpo", "--dataset", "tool-python", "--steps", "2", "--seed", "0", "--out", str(out),
+                 "--no-progress", *SMALL, "--set", "tool_timeout=2"]) == 0, capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["dataset"] == "offline-plugins/tool-python/v0" and summary["config"]["tool_sandbox"] is None
+    assert "WITHOUT isolation" not in capsys.readouterr().err
+
+
+def test_tool_python_without_bwrap_is_refused_before_the_run_and_the_opt_out_warns(tmp_path, capsys, monkeypatch):
+    from offline_plugins.cli import main
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on it
+    out = tmp_path / "refused"
+    assert main(["train", "grpo", "--dataset", "tool-python", "--steps", "1", "--out", str(out), "--no-progress",
+                 *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "bwrap program is not installed" in err and "apt-get install -y bubblewrap" in err
+    assert "--set tool_sandbox=unsafe-subprocess" in err
+    assert not (out / "summary.json").exists()
+    assert main(["train", "grpo", "--dataset", "tool-python", "--steps", "1", "--out", str(tmp_path / "unsafe"),
+                 "--no-progress", *SMALL, "--set", "tool_sandbox=unsafe-subprocess"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "WITHOUT isolation" in line]
+    assert len(warned) == 1 and warned[0].startswith("offline-plugins: warning: tool_sandbox=unsafe-subprocess")
+    assert main(["train", "grpo", "--dataset", "tool-python", "--steps", "1", "--out", str(tmp_path / "x"),
+                 "--no-progress", *SMALL, "--set", "tool_sandbox=docker"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown sandbox 'docker'" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("setting, message", [
@@ -270,6 +308,7 @@ def test_reinforce_pp_returns_the_rewards_earned_at_or_after_each_token():
     assert torch.allclose(loss.token_advantages(td, mask), torch.zeros(1, 6), atol=1e-3)
 
 
+@pytest.mark.bwrap
 def test_a_round_whose_every_tool_call_crashes_stops_with_one_line():
     from offline_plugins.envs.tools import Tool
 
@@ -281,8 +320,9 @@ def test_a_round_whose_every_tool_call_crashes_stops_with_one_line():
 
     box = MultiTurn(ToolBox([Broken()]), max_turns=2)
     policy = Scripted(lambda text, turn: '<tool name="calculator">1+1</tool>')
-    with pytest.raises(ToolError, match=r"every tool call of the round crashed \(2 calls; the last: calculator "
-                                        r"crashed: RuntimeError: the tool's own bug\).*fix the tool"):
+    with pytest.raises(ToolError, match=r"a tool is broken: calculator: every call of the round crashed and the tool "
+                                        r"has no health call.*\(2 of the round's 2 calls crashed; the last: "
+                                        r"calculator crashed: RuntimeError: the tool's own bug\).*fix the tool"):
         run_episodes(MODEL, TOK, [ids("Q="), ids("R=")], box, width=96, max_new_tokens=40, generator=policy)
     # one call that crashes among good ones is the policy's observation, not the run's end
     mixed = MultiTurn(ToolBox([Broken(), PythonTool(timeout=5)]), max_turns=2)
@@ -334,6 +374,7 @@ def test_the_losses_and_the_kl_read_no_observation_token():
     assert set(grpo(grpo.process_rollouts(td.clone())).keys()) >= {"loss_objective", "loss_kl", "kl_to_reference"}
 
 
+@pytest.mark.bwrap
 def test_tool_python_needs_the_python_tool_and_its_episodes_are_scored_by_the_reversed_product():
     from offline_plugins.envs.multiturn import ToolPythonTask
 
@@ -350,3 +391,100 @@ def test_tool_python_needs_the_python_tool_and_its_episodes_are_scored_by_the_re
     calc = Scripted(lambda text, turn: f'<tool name="calculator">{a}*{b}</tool>' if turn == 0 else "1$")
     ep = run_episodes(MODEL, TOK, [ids(prompt)], task.multiturn, width=128, max_new_tokens=56, generator=calc)
     assert ep.counts["tool_failures_unknown_tool"].tolist() == [1.0] and ep.turn_rewards.sum() == 0
+
+
+class Flaky(Calculator):
+    """A calculator that crashes on the calls a response can craft (``boom``) and answers its health call."""
+
+    def run(self, argument):
+        if "boom" in argument:
+            raise RuntimeError("a response made me crash")
+        return super().run(argument)
+
+
+def test_crashes_a_response_causes_are_counted_and_a_tool_failing_its_health_call_stops_the_run():
+    policy = Scripted(lambda text, turn: "done$" if "<result>" in text else '<tool name="calculator">boom</tool>')
+    ep = run_episodes(MODEL, TOK, [ids("Q="), ids("R=")], MultiTurn(ToolBox([Flaky()]), max_turns=2), width=200,
+                      max_new_tokens=40, generator=policy)  # every call crashed, but the tool answers 6*7
+    assert ep.counts["tool_failures_crash"].tolist() == [1.0, 1.0] and ep.answers == ["done", "done"]
+
+    class Broken(Flaky):
+        def run(self, argument):
+            if argument == "6*7":
+                raise RuntimeError("broken for everyone")
+            return super().run(argument)
+
+    good = Scripted(lambda text, turn: "done$" if "<result>" in text else
+                    '<tool name="calculator">boom</tool>' if text.startswith("Q") else '<tool name="calculator">1+1</tool>')
+    with pytest.raises(ToolError, match=r"a tool is broken: calculator fails its health call '6\*7' \(expected "
+                                        r"'42'\): calculator crashed: RuntimeError: broken for everyone \(1 of the "
+                                        r"round's 2 calls crashed"):
+        run_episodes(MODEL, TOK, [ids("Q="), ids("R=")], MultiTurn(ToolBox([Broken()]), max_turns=2), width=96,
+                     max_new_tokens=40, generator=good)
+
+
+# calls a hostile policy makes; {pid} is the trainer's (this test process)
+HOSTILE = [  # one line each: the character tokenizer has no newline (exec reads the escaped ones)
+    "import os; os.kill({pid}, 9)",
+    "import os; os.kill({pid}, 19)",
+    "import os; os.killpg(0, 9)",
+    "exec('while 1:print(9**6*chr(121))')",
+    "exec('import os\\nwhile 1: os.fork()')",
+    "open('/tmp/op-hostile-{pid}','w').write('x')",
+    "print(1)\x00",
+    "x = [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[",
+]
+
+
+@pytest.mark.bwrap
+def test_a_grpo_round_on_tool_python_survives_hostile_calls_and_scores_them_as_errors(tmp_path):
+    import os
+    from pathlib import Path
+
+    from offline_plugins.envs.multiturn import ToolPythonTask
+    from offline_plugins.modules.causal_lm import CausalLMLogProbs
+    from offline_plugins.modules.tiny_lm import tiny_causal_lm
+    from offline_plugins.objectives.llm.online import TextGRPOLoss
+
+    from offline_plugins.envs.sandbox import no_process_filter
+
+    if no_process_filter() is None:  # no seccomp table for this machine: a root trainer's sandbox could fork freely
+        pytest.skip("the fork bomb needs bwrap's no-process filter, which has no syscall table for this machine")
+    task = ToolPythonTask(tool_timeout=1.5)
+    collector = RolloutCollector(task_prompt_source(task), TOK, None, group_size=2, prompts_per_round=4,
+                                 max_new_tokens=80, seed=0, context=128)
+    seen: dict = {}
+    played: list = []
+
+    def script(prompt, turn):  # the first of each group attacks, the second answers with the tool's help
+        if "</tool>" not in prompt[len(task.hint):]:  # the episode's first turn
+            seen[prompt] = seen.get(prompt, -1) + 1
+            if seen[prompt] % 2 == 0:
+                attack = HOSTILE[len(played) % len(HOSTILE)]
+                played.append(attack)
+                return f'<tool name="python">{attack.format(pid=os.getpid())}</tool>'
+            a, b = _operands(prompt).split("*")
+            return f'<tool name="python">print(str({a}*{b})[::-1])</tool>'
+        return f"{str(_product(prompt))[::-1]}$" if "print(str(" in prompt else "0$"
+
+    collector.generator = Scripted(script)
+    policy = tiny_causal_lm(TOK, seed=1)
+    collector.reference = tiny_causal_lm(TOK, seed=2)
+    loss = TextGRPOLoss(CausalLMLogProbs(policy), beta=0.04)
+    optim = torch.optim.SGD(policy.parameters(), lr=1e-3)
+    for round in range(2):
+        td, stats = collector.collect(MODEL, round=round)
+        assert td["next", "reward"].squeeze(-1).tolist() == [0.0, 1.0] * 4
+        responses = list(td["text", "response"])
+        for response in responses[0::2]:  # the attacks: a failed call or harmless output, the episode scored 0
+            if "kill(" in response:
+                assert "<result>python error" in response, response  # no such process, or its own group killed
+        assert stats["tool_calls"] == 1.0 and stats["tool_failures"] >= 0.125
+        assert stats["tool_failures_crash"] == 0
+        losses = loss(loss.process_rollouts(td))
+        optim.zero_grad()
+        losses["loss_objective"].backward()
+        optim.step()
+        assert torch.isfinite(losses["loss_objective"])
+    assert played == HOSTILE  # every attack was made, and this process lives on
+    assert not Path(f"/tmp/op-hostile-{os.getpid()}").exists()

@@ -28,15 +28,30 @@ def test_the_calculator_answers_arithmetic(expression, answer):
 @pytest.mark.parametrize("expression, message", [
     ("1/0", "division by zero"),
     ("9**9**9", "exponent 387420489 is above 64"),
-    ("__import__('os').system('ls')", "only numbers and + - * / // % ** ( ) are allowed, not Call"),
-    ("x + 1", "not Name"),
-    ("2 +", "invalid syntax"),
+    ("__import__('os').system('ls')", "only numbers and + - * / // % ** ( ) are allowed, not \"__import__("),
+    ("x + 1", "are allowed, not 'x'"),
+    ("2 +", "the expression ends where a number was expected"),
+    ("(" * 101 + "1" + ")" * 101, "parentheses nested deeper than 100"),
+    ("9" * 101, "a number longer than 100 digits"),
+    ("2 3", "two numbers in a row"),
+    ("(1+2", "a '(' without its ')'"),
 ])
 def test_the_calculator_refuses_what_is_not_bounded_arithmetic(expression, message):
     result = Calculator().run(expression)
     assert not result.ok and result.failure == "error" and message in result.text
 
 
+@pytest.mark.parametrize("expression, answer", [("-2**2", "-4"), ("2**-1", "0.5"), ("2*-3**2", "-18"),
+                                                ("2**3**2", "512"), ("-(-3)", "3"), ("10-4-3", "3"), ("64/4/2", "8"),
+                                                ("-" * 5001 + "1", "-1"), ("1+" * 30000 + "1", "30001")])
+def test_the_calculator_keeps_pythons_precedence_and_takes_inputs_of_any_length(expression, answer):
+    text = Calculator().run(expression).text
+    assert text == answer
+    if len(expression) < 50:  # Python's own value
+        assert float(text) == eval(expression)
+
+
+@pytest.mark.bwrap
 def test_python_answers_with_what_it_prints_and_works_in_its_own_folder():
     tool = PythonTool(timeout=10)
     assert tool.run("print(sum(range(10)))").text == "45"
@@ -45,27 +60,16 @@ def test_python_answers_with_what_it_prints_and_works_in_its_own_folder():
     assert (failed.ok, failed.failure, failed.text) == (False, "error", "python error: ValueError: boom")
 
 
-def test_a_hanging_call_is_stopped_at_its_time_limit():
-    start = time.perf_counter()
-    result = PythonTool(timeout=1.0).run("while True:\n    pass")
-    assert time.perf_counter() - start < 5.0
-    assert (result.ok, result.failure) == (False, "timeout")
-    assert result.text == "python timeout: no answer within 1 s"
-
-
-@pytest.mark.parametrize("code, what", [
-    ("open('/tmp/offline-plugins-escape.txt', 'w').write('x')", "writing outside the sandbox folder"),
-    ("import os; os.remove('/tmp/offline-plugins-never-there')", "os.remove outside the sandbox folder"),
-    ("import socket; socket.create_connection(('127.0.0.1', 9))", "is not allowed"),
-    ("import subprocess; subprocess.run(['true'])", "subprocess.Popen is not allowed"),
-])
-def test_the_sandbox_refuses_writes_outside_it_the_network_and_new_processes(code, what, tmp_path):
-    result = PythonTool(timeout=10).run(code)
-    assert (result.ok, result.failure) == (False, "sandbox") and what in result.text
+@pytest.mark.bwrap
+def test_what_the_sandbox_walls_refuse_is_a_sandbox_result():
+    tool = PythonTool(timeout=10)
+    for code in ("open('/usr/escape.txt', 'w').write('x')", "import socket; socket.create_connection(('1.1.1.1', 80))"):
+        result = tool.run(code)
+        assert (result.ok, result.failure) == (False, "sandbox"), result.text
 
 
 def test_the_toolbox_gives_a_defined_result_for_every_failure():
-    box = ToolBox([Calculator(), PythonTool(timeout=5)])
+    box = ToolBox([Calculator(), PythonTool(timeout=5, sandbox="unsafe-subprocess")])
     results = box.run_response('<tool name="calc">1+1</tool> then <tool name="calculator">6*7</tool> <tool name="x')
     assert [(r.tool, r.ok, r.failure) for r in results] == [("calc", False, "unknown_tool"), ("calculator", True, None),
                                                             ("", False, "malformed")]

@@ -56,7 +56,7 @@ ROLLOUT_DEFAULTS: dict[str, Any] = {
     "batch_size": 32, "ppo_epochs": 1, "reference_sft_steps": 2000, "eval_prompts": 200, "max_attempts": 4,
     "reward_timeout": 60.0, "reward_on_failure": 0.0,
     # multi-turn tasks (tool-arithmetic): None is the task's own setting
-    "max_turns": None, "tools": None, "tool_timeout": 5.0, "tool_reward": 0.0,
+    "max_turns": None, "tools": None, "tool_timeout": 5.0, "tool_reward": 0.0, "tool_sandbox": None,
 }
 
 

@@ -64,6 +64,10 @@ class SamplingFields(LoRAFields):
                                         "separated, of calculator and python (unset: the task's)")
     tool_timeout: float = config_field(_D["tool_timeout"], "multi-turn tasks: seconds one Python tool call may take",
                                        bounds=">0")
+    tool_sandbox: Optional[str] = config_field(_D["tool_sandbox"], "multi-turn tasks with the python tool: the "
+                                               "sandbox its code runs in (unset: bwrap, which must be installed; "
+                                               "unsafe-subprocess: no isolation, warned; a plugin's: 'offline-plugins "
+                                               "list')")
     tool_reward: float = config_field(_D["tool_reward"], "multi-turn tasks: the reward of a turn whose tool call "
                                       "answered the problem, on that turn's last token (0: the verifier's reward at "
                                       "the end only)")

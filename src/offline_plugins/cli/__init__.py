@@ -52,6 +52,7 @@ def cmd_list(args) -> int:
             "datasets": [d.to_dict() for d in sorted(registry.datasets.values(), key=lambda d: d.id)],
             "data_kinds": [k.to_dict() for _, k in sorted(registry.data_kinds.items())],
             "judges": [j.to_dict() for _, j in sorted(registry.judges.items())],
+            "sandboxes": [{**x.to_dict(), "here": _sandbox_here(x)} for _, x in sorted(registry.sandboxes.items())],
             "broken": [b.to_dict() for b in registry.broken],
         }
         _print_json(payload if args.all else out)
@@ -82,6 +83,13 @@ def cmd_list(args) -> int:
         print("\njudges (AI feedback: --judge NAME for online-dpo, iterative-dpo, data label, data audit):")
         for j in judges:
             print(f"  {j.name:<{width}}  {j.provider} {j.version}  {j.summary}")
+    if registry.sandboxes:
+        boxes = sorted(registry.sandboxes.values(), key=lambda x: x.name)
+        width = max(len(x.name) for x in boxes)
+        print("\nsandboxes (where the python tool of tool-python runs model-written code: --set tool_sandbox=NAME, "
+              "default bwrap):")
+        for x in boxes:
+            print(f"  {x.name:<{width}}  {x.provider} {x.version}  [{_sandbox_here(x)}] {x.summary}")
     if registry.broken:
         print("\nplugins that failed to load (the others work):")
         for b in registry.broken:
@@ -89,8 +97,35 @@ def cmd_list(args) -> int:
     return 0
 
 
+def _sandbox_here(spec) -> str:
+    """Whether the sandbox of ``spec`` can run on this machine: ``works here``, or why not in a few words."""
+    import warnings
+
+    from offline_plugins.envs.tools import make_sandbox
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            make_sandbox(spec.name).check()
+    except Exception as exc:  # a plugin's sandbox that cannot even be built is shown as such, not raised
+        return "cannot run here: " + str(exc).split(". ")[0].replace(f"the {spec.name!r} tool sandbox cannot run here: ", "")
+    return "works here"
+
+
 def cmd_info(args) -> int:
     registry = _registry(args)
+    if args.name not in registry.algorithms and args.name.strip().lower() in registry.sandboxes:
+        box = registry.sandbox(args.name)
+        info = {**box.to_dict(), "here": _sandbox_here(box)}
+        if args.json:
+            _print_json(info)
+            return 0
+        print(f"{info['name']} (tool sandbox): {info['summary']}")
+        print(f"  sandbox:  {info['sandbox']}")
+        print(f"  provider: {info['provider']} {info['version']} (plugin {info['plugin']!r})")
+        print(f"  here:     {info['here']}")
+        print(f"  use:      --set tool_sandbox={info['name']} (tasks whose tools run code: tool-python, tools=python)")
+        return 0
     if args.name not in registry.algorithms and args.name.strip().lower() in registry.judges:
         judge = registry.judge(args.name).to_dict()
         if args.json:
@@ -153,8 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kinds", action="store_true", help="list the data kinds instead, with the algorithms reading each")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("info", help="describe one algorithm (config fields, defaults, paper, provider) or judge")
-    p.add_argument("name", help="algorithm or judge name, as shown by 'offline-plugins list'")
+    p = sub.add_parser("info", help="describe one algorithm (config fields, defaults, paper, provider), judge or sandbox")
+    p.add_argument("name", help="algorithm, judge or sandbox name, as shown by 'offline-plugins list'")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_info)
 
@@ -165,9 +200,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _show_warning(message, category, filename, lineno, file=None, line=None, _default=None) -> None:
     """Our own warnings as one ``offline-plugins: warning:`` line; others as Python prints them."""
+    from offline_plugins.envs.sandbox import UnsafeSandboxWarning
     from offline_plugins.plugins.manager import UnknownPluginWarning
 
-    if issubclass(category, UnknownPluginWarning):
+    if issubclass(category, (UnknownPluginWarning, UnsafeSandboxWarning)):
         print(f"offline-plugins: warning: {message}", file=file or sys.stderr)
     elif _default is not None:
         _default(message, category, filename, lineno, file, line)

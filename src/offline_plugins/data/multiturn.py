@@ -10,7 +10,8 @@ follows is dropped with its log-probs); the turn's calls run in the
 observation; a turn with no call, one that ends at eos, or the last turn ends the episode, and the
 source's reward (through the collector's :class:`~offline_plugins.data.prompts.RewardGuard`)
 scores its final answer, the text of its last turn. With a ``turn_reward`` each turn that called
-tools is also scored from its calls' results. A row is prompt + turns + observations:
+tools is also scored from its calls' results. Nothing a response holds raises out of a round (the
+:class:`~offline_plugins.envs.tools.ToolBox` turns it into a failed call the policy sees). A row is prompt + turns + observations:
 ``("masks", "all_assistant_mask")`` and ``("log_probs", "full")`` (the sampling log-probs) cover
 the policy's own tokens only, so the losses, the KL and the token counts never train on or count
 prompt or tool-output tokens. ``("next", "turn_reward")`` (``[B, T]``) holds each turn's reward on
@@ -18,8 +19,10 @@ its last token and the verifier's on the last turn's, and ``("next", "reward")``
 return, their sum: the group methods read the return, REINFORCE++ its per-token rewards (each
 token's return is the rewards of the turns ending at or after it). Per-episode counts go under
 ``"stats"`` (the round's means: ``rollout/tool_calls``, ``rollout/tool_failures``,
-``rollout/tool_failures_<kind>``, ``rollout/turns``, ``rollout/turn_reward``). A round in which every
-tool call crashed (the tool's own code raised) stops the run: that is the tool's bug.
+``rollout/tool_failures_<kind>``, ``rollout/turns``, ``rollout/turn_reward``). When calls of a round
+crashed (the tool's own code raised), the round makes each such tool's health call
+(:meth:`~offline_plugins.envs.tools.ToolBox.broken`): a tool that fails it too stops the run (the
+tool or its sandbox is broken); otherwise the responses made it crash, and the crashes are counted.
 
 Why not TorchRL's ``ChatEnv`` with its ``History`` and tool transforms: a ``History`` is text
 re-rendered through a chat template each turn, so the tokens a loss reads are a re-tokenisation,
@@ -98,7 +101,7 @@ def run_episodes(model: torch.nn.Module, tokenizer: Any, prompt_ids: Sequence[Se
     counts = {k: [0.0] * n for k in ("turns", "tool_calls", "tool_failures",
                                      *(f"tool_failures_{f}" for f in FAILURE_KINDS), "turn_reward")}
     turn_rewards: list[tuple[int, int, float]] = []  # (row, position of the turn's last token, reward)
-    last_crash = ""
+    last_crash, crashed = "", set()  # the last crash's text, the tools that crashed this round
     log_probs = torch.zeros(n, width, device=device)
     active = list(range(n))
     for turn in range(multiturn.max_turns):
@@ -142,7 +145,9 @@ def run_episodes(model: torch.nn.Module, tokenizer: Any, prompt_ids: Sequence[Se
                 if not r.ok:
                     counts["tool_failures"][i] += 1
                     counts[f"tool_failures_{r.failure}"][i] += 1
-                    last_crash = r.text if r.failure == "crash" else last_crash
+                    if r.failure == "crash":
+                        last_crash = r.text
+                        crashed.add(r.tool)
             if not results:
                 continue
             if multiturn.turn_reward is not None and seq:
@@ -161,9 +166,12 @@ def run_episodes(model: torch.nn.Module, tokenizer: Any, prompt_ids: Sequence[Se
                 log_probs[di, dp] = batch_lp[sj, sk].float()
         active = still
     calls, crashes = sum(counts["tool_calls"]), sum(counts["tool_failures_crash"])
-    if calls and crashes == calls:
-        raise ToolError(f"every tool call of the round crashed ({int(calls)} calls; the last: {last_crash}); the "
-                        "tool's own code raises, whatever the policy asks: fix the tool")
+    if crashed:  # a response can make a tool crash; the run stops only when the tool fails its own health call
+        broken = multiturn.tools.broken(sorted(crashed), all_crashed=bool(calls) and crashes == calls)
+        if broken is not None:
+            raise ToolError(f"a tool is broken: {broken} ({int(crashes)} of the round's {int(calls)} calls crashed; "
+                            f"the last: {last_crash}); it fails whatever the policy asks: fix the tool or its "
+                            "sandbox ('offline-plugins list' says whether each sandbox works here)")
     full = torch.full((n, width), pad, dtype=torch.long)
     attn = torch.zeros(n, width, dtype=torch.bool)
     mask = torch.zeros(n, width, dtype=torch.bool)

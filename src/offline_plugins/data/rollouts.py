@@ -225,7 +225,8 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
                       temperature: float = 1.0, top_p: float = 1.0, reference_sft_steps: int = 2000,
                       eval_prompts: int = 200, max_attempts: int = 4, reward_timeout: Optional[float] = 60.0,
                       reward_on_failure: float = 0.0, max_turns: Optional[int] = None, tools: Optional[str] = None,
-                      tool_timeout: float = 5.0, tool_reward: float = 0.0, cache_dir: Optional[Path] = None,
+                      tool_timeout: float = 5.0, tool_reward: float = 0.0,
+                      tool_sandbox: Optional[str] = None, cache_dir: Optional[Path] = None,
                       progress: bool = False, finetune: Optional[Any] = None) -> RolloutData:
     """Load a rollout task (:func:`resolve_rollout_id`) and its reference.
 
@@ -238,14 +239,18 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
     called under ``reward_timeout`` seconds a call, a failed call costing ``reward_on_failure``
     (:class:`~offline_plugins.data.prompts.RewardGuard`). A multi-turn task's episodes take
     ``max_turns`` turns with ``tools`` (comma-separated names; None: the task's own), a Python call
-    ``tool_timeout`` seconds, and a turn whose call answered the problem earns ``tool_reward``.
+    ``tool_timeout`` seconds in the sandbox ``tool_sandbox`` (None: ``bwrap``; a task whose tools cannot
+    work here is refused before anything else is loaded), and a turn whose call answered the problem
+    earns ``tool_reward``.
     """
     from offline_plugins.data.preference_sources import cache_root
     from offline_plugins.modules.tiny_lm import load_causal_lm
 
     resolved, task = _task_of(dataset_id, "a .jsonl file of prompt/answer rows")
     task = _with_turn_settings(resolved, task, max_turns=max_turns, tools=tools, tool_timeout=tool_timeout,
-                               tool_reward=tool_reward)
+                               tool_reward=tool_reward, tool_sandbox=tool_sandbox)
+    if getattr(task, "multiturn", None) is not None:
+        task.multiturn.tools.check()  # e.g. the python tool's sandbox: refused here, before the reference is made
     gold, gold_key = None, None
     if task is not None:
         if not task.scores_exact_match:  # its held-out rows carry answers, but its verifier is not exact match

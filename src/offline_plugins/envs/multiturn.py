@@ -51,15 +51,17 @@ __all__ = ["MultiTurn", "ToolArithmeticTask", "ToolPythonTask", "FAILURE_KINDS",
 #: the kinds of a failed tool call (:class:`~offline_plugins.envs.tools.ToolResult`), each counted per round
 FAILURE_KINDS = ("malformed", "unknown_tool", "error", "timeout", "sandbox", "crash")
 
-#: the built-in tools by name: ``timeout`` is the seconds one call may take (the Python tool's limit)
-BUILTIN_TOOLS: dict[str, Callable[[float], Tool]] = {
-    "calculator": lambda timeout: Calculator(),
-    "python": lambda timeout: PythonTool(timeout=timeout),
+#: the built-in tools by name, made from ``(timeout, sandbox)``: the seconds one call may take and the sandbox
+#: name (the Python tool's)
+BUILTIN_TOOLS: dict[str, Callable[[float, Optional[str]], Tool]] = {
+    "calculator": lambda timeout, sandbox: Calculator(),
+    "python": lambda timeout, sandbox: PythonTool(timeout=timeout, sandbox=sandbox),
 }
 
 
-def make_tools(names: Sequence[str], *, timeout: float = 5.0) -> ToolBox:
-    """A :class:`~offline_plugins.envs.tools.ToolBox` of the built-in tools ``names``."""
+def make_tools(names: Sequence[str], *, timeout: float = 5.0, sandbox: Optional[str] = None) -> ToolBox:
+    """A :class:`~offline_plugins.envs.tools.ToolBox` of the built-in tools ``names``; the Python tool's
+    code runs in the registered sandbox ``sandbox`` (None: ``bwrap``)."""
     names = tuple(names)
     if not names:
         raise ToolError("tools is empty; name at least one tool, e.g. tools=calculator")
@@ -67,7 +69,7 @@ def make_tools(names: Sequence[str], *, timeout: float = 5.0) -> ToolBox:
     if unknown:
         raise ToolError(f"unknown tool {unknown[0]!r} in tools={names!r}; the built-in tools are "
                         f"{', '.join(BUILTIN_TOOLS)}")
-    return ToolBox([BUILTIN_TOOLS[n](timeout) for n in names])
+    return ToolBox([BUILTIN_TOOLS[n](timeout, sandbox) for n in names])
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,7 @@ class ToolArithmeticTask:
         test_fraction: share of problems held out.
         tools: the built-in tools the episodes may call (:data:`BUILTIN_TOOLS`).
         tool_timeout: seconds one call of the Python tool may take.
+        tool_sandbox: the registered sandbox the Python tool's code runs in (None: ``bwrap``).
         tool_reward: the per-turn reward of a turn whose call answered the product (0: the verifier's
             reward at the end only).
     """
@@ -127,6 +130,7 @@ class ToolArithmeticTask:
     tools: tuple = ("calculator",)
     tool_timeout: float = 5.0
     tool_reward: float = 0.0
+    tool_sandbox: Optional[str] = None
     scores_exact_match: ClassVar[bool] = True
     #: the SFT reference's token budget: prompt, call, observation and answer (the tiny model's context)
     sft_max_length: ClassVar[int] = 128
@@ -158,7 +162,7 @@ class ToolArithmeticTask:
     @property
     def multiturn(self) -> MultiTurn:
         # an answer's observation is <= 23 tokens; a failure's is cut to 24, so an episode fits 128 positions
-        return MultiTurn(make_tools(self.tools, timeout=self.tool_timeout), max_turns=self.max_turns,
+        return MultiTurn(make_tools(self.tools, timeout=self.tool_timeout, sandbox=self.tool_sandbox), max_turns=self.max_turns,
                          max_observation_tokens=24, turn_reward=self._turn_reward if self.tool_reward else None)
 
     def _turn_reward(self, prompt: str, results: Sequence[ToolResult]) -> float:

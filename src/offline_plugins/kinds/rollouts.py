@@ -40,7 +40,7 @@ __all__ = ["TextRollouts", "TextCompletions"]
 #: (how a round is trained on is the algorithm's: its RolloutPlan)
 _LOAD_SETTINGS = ("group_size", "prompts_per_round", "max_new_tokens", "temperature", "top_p", "reference_sft_steps",
                   "eval_prompts", "max_attempts", "reward_timeout", "reward_on_failure", "max_turns", "tools",
-                  "tool_timeout", "tool_reward")
+                  "tool_timeout", "tool_reward", "tool_sandbox")
 
 
 class TextRollouts(DataKind):
@@ -69,6 +69,8 @@ class TextRollouts(DataKind):
         "tools": "multi-turn tasks: the tools, comma-separated, of calculator and python (default: the task's)",
         "tool_timeout": "multi-turn tasks: seconds one Python tool call may take (default 5)",
         "tool_reward": "multi-turn tasks: reward of a turn whose tool call answered the problem (default 0)",
+        "tool_sandbox": "multi-turn tasks with the python tool: where its code runs (default bwrap; "
+                        "'offline-plugins list' shows the sandboxes)",
     }
 
     def claims(self, dataset: str) -> bool:

@@ -33,4 +33,5 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "offline_plugins.algorithms.prm": "offline_plugins.algorithms.prm",
     "offline_plugins.algorithms.prm_rl": "offline_plugins.algorithms.prm_rl",
     "judges": "offline_plugins.plugins.judges",
+    "sandboxes": "offline_plugins.plugins.sandboxes",
 }

@@ -56,3 +56,13 @@ def offline_plugins_register_judges(registry):
     Args:
         registry: a registrar; call ``registry.add(spec)`` once per judge.
     """
+
+
+@hookspec
+def offline_plugins_register_sandboxes(registry):
+    """Add :class:`~offline_plugins.plugins.registry.SandboxSpec` records: where tools run model-written
+    code (``--set tool_sandbox=NAME``), e.g. a container runner or a remote execution service.
+
+    Args:
+        registry: a registrar; call ``registry.add(spec)`` once per sandbox.
+    """

@@ -39,6 +39,7 @@ __all__ = [
     "AlgorithmSpec",
     "DatasetSpec",
     "JudgeSpec",
+    "SandboxSpec",
     "Registry",
     "ScopedRegistrar",
     "BrokenPlugin",
@@ -370,6 +371,38 @@ class JudgeSpec:
 
 
 @dataclass(frozen=True)
+class SandboxSpec:
+    """A sandbox a plugin provides for tools that run model-written code: ``--set tool_sandbox=NAME``.
+
+    Attributes:
+        name: what ``tool_sandbox`` takes, a lower-case word (``-`` allowed).
+        summary: one line: what it isolates.
+        sandbox: a :class:`~offline_plugins.envs.sandbox.Sandbox` subclass (built with its defaults) or
+            instance, or its import path.
+        provider, version, plugin: filled in by the host.
+    """
+
+    name: str
+    summary: str
+    sandbox: Union[str, Callable, type, Any]
+    provider: str = ""
+    version: str = ""
+    plugin: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name or self.name != self.name.strip().lower() or " " in self.name or ":" in self.name:
+            raise ValueError(f"SandboxSpec: a sandbox's name must be a lower-case word without ':', got {self.name!r}")
+
+    def load(self) -> Any:
+        return resolve(self.sandbox) if isinstance(self.sandbox, str) else self.sandbox
+
+    def to_dict(self) -> dict[str, Any]:
+        made = self.sandbox if isinstance(self.sandbox, (str, type)) else type(self.sandbox)
+        where = made if isinstance(made, str) else f"{made.__module__}:{made.__qualname__}"
+        return {"name": self.name, "summary": self.summary, "sandbox": where, **provenance(self)}
+
+
+@dataclass(frozen=True)
 class BrokenPlugin:
     """A plugin that failed to import or to register; the others still load."""
 
@@ -391,6 +424,7 @@ class Registry:
     datasets: dict[str, DatasetSpec] = field(default_factory=dict)
     data_kinds: dict[str, Any] = field(default_factory=dict)  # name -> DataKind
     judges: dict[str, JudgeSpec] = field(default_factory=dict)
+    sandboxes: dict[str, SandboxSpec] = field(default_factory=dict)
     broken: list[BrokenPlugin] = field(default_factory=list)
     plugins: dict[str, tuple[str, str]] = field(default_factory=dict)  # plugin -> (provider, version)
     disabled: set[str] = field(default_factory=set)  # plugin names switched off by the user
@@ -406,6 +440,8 @@ class Registry:
             table, kind = self.datasets, "dataset"
         elif isinstance(spec, JudgeSpec):
             table, kind = self.judges, "judge"
+        elif isinstance(spec, SandboxSpec):
+            table, kind = self.sandboxes, "sandbox"
         elif isinstance(spec, DataKind):
             table, kind = self.data_kinds, "data kind"
             if not spec.name or spec.name != spec.name.strip().lower() or " " in spec.name:
@@ -413,7 +449,7 @@ class Registry:
                                  f"got {spec.name!r}")
         else:
             raise TypeError(
-                "registry.add expects an AlgorithmSpec, a DatasetSpec, a JudgeSpec or a DataKind, got "
+                "registry.add expects an AlgorithmSpec, a DatasetSpec, a JudgeSpec, a SandboxSpec or a DataKind, got "
                 f"{type(spec).__name__}"
             )
         old = table.get(spec.name)
@@ -434,6 +470,10 @@ class Registry:
     def judge(self, name: str) -> JudgeSpec:
         """The :class:`JudgeSpec` called ``name``; an unknown name raises with close matches."""
         return self._lookup(self.judges, name, "judge")
+
+    def sandbox(self, name: str) -> SandboxSpec:
+        """The :class:`SandboxSpec` called ``name``; an unknown name raises with close matches."""
+        return self._lookup(self.sandboxes, name, "sandbox")
 
     def data_kind(self, name: str):
         """The :class:`~offline_plugins.kinds.DataKind` called ``name``; an unknown name raises."""
@@ -517,6 +557,8 @@ class ScopedRegistrar:
                 table = self.registry.datasets
             elif isinstance(spec, JudgeSpec):
                 table = self.registry.judges
+            elif isinstance(spec, SandboxSpec):
+                table = self.registry.sandboxes
             else:
                 table = self.registry.data_kinds
             if table.get(spec.name) is spec:
