@@ -211,3 +211,48 @@ def test_kto_partners_come_from_another_prompt(tok):
         resp = td["kl", "tokens", "full"][i][td["kl", "masks", "all_assistant_mask"][i]]
         j = next(j for j in range(1, 6) if rows[(i + j) % 6]["prompt"] != rows[i]["prompt"])
         assert tok.decode(resp, skip_special_tokens=True) == rows[(i + j) % 6]["completion"]
+
+
+class _RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.parametrize("bad", ["garbage", "code", "wrong-rows"])
+def test_a_bad_reference_cache_is_discarded_with_a_warning_naming_it_and_rebuilt(tmp_path, tok, bad):
+    td, _ = tokenize_pairs(PAIRS[:2] * 4, tok, max_length=16)
+    reference = _Counting(tiny_causal_lm(tok, seed=0))
+    add_reference_log_probs(td, reference, cache_dir=tmp_path, dataset_id="toy", batch_size=8)
+    good = td["ref_log_probs", "response"].clone()
+    (path,) = tmp_path.glob("toy-*.pt")
+    marker = tmp_path / "code-ran"
+    if bad == "garbage":
+        path.write_bytes(bytes(range(256)) * 4)
+    elif bad == "code":
+        torch.save({"response": _RunsCode(str(marker))}, path)
+    else:  # a readable file of other rows
+        torch.save({"response": torch.zeros(3), "vocab_size": torch.tensor(99)}, path)
+    td2, _ = tokenize_pairs(PAIRS[:2] * 4, tok, max_length=16)
+    with pytest.warns(UserWarning, match=f"reference log-prob cache {path} .*discarded and rebuilt"):
+        add_reference_log_probs(td2, reference, cache_dir=tmp_path, dataset_id="toy", batch_size=8)
+    assert reference.calls == 4 and not marker.exists()
+    torch.testing.assert_close(td2["ref_log_probs", "response"], good)
+    td3, _ = tokenize_pairs(PAIRS[:2] * 4, tok, max_length=16)
+    add_reference_log_probs(td3, reference, cache_dir=tmp_path, dataset_id="toy")  # the rebuilt file is read
+    assert reference.calls == 4
+
+
+def test_a_reference_cache_that_cannot_be_written_warns_and_the_run_uses_its_values(tmp_path, tok, monkeypatch):
+    import errno
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    td, _ = tokenize_pairs(PAIRS[:2] * 4, tok, max_length=16)
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.warns(UserWarning, match="could not be written .*No space left on device.*computes them again"):
+        add_reference_log_probs(td, tiny_causal_lm(tok, seed=0), cache_dir=tmp_path, dataset_id="toy")
+    assert td["ref_log_probs", "response"].shape == (8, 2) and not list(tmp_path.iterdir())

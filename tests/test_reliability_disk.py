@@ -242,3 +242,21 @@ def test_a_build_that_hits_a_full_disk_is_one_line_and_removes_its_partial_folde
     assert not (store / ".building").exists() or not any((store / ".building").iterdir())
     assert not (store / "offline-plugins").exists()
     assert "Exception ignored" not in capfd.readouterr().err  # HDF5's complaints are the one line above
+
+
+def test_a_learning_curve_that_cannot_be_written_is_a_warning_and_the_summary_is_kept(tmp_path, store, capsys,
+                                                                                      monkeypatch):
+    import matplotlib.figure
+
+    def refused(self, *args, **kwargs):  # the folder became read-only for this user mid-run
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    assert main(["data", "make", DATASET, "--steps", "2000", "--no-progress"]) == 0
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", refused)
+    out = tmp_path / "run"
+    assert main(["train", "iql", "--dataset", DATASET, "--steps", "2", "--out", str(out), *TRAIN]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if "learning_curve.png" in line]
+    assert len(err) == 1 and err[0].startswith("offline-plugins: warning: could not write")
+    assert "permission denied" in err[0] and "the summary is written without it" in err[0]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["learning_curve"] is None and summary["steps"] == 2 and _leftovers(out) == []

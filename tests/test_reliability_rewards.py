@@ -80,11 +80,12 @@ def test_a_function_that_works_is_called_once_per_round():
     assert calls == [4] and guard.counts() == {"reward_failed": 0, "reward_timed_out": 0}
 
 
-@pytest.mark.parametrize("fn, says", [(always_hangs, "ran past its time limit of 0.2 s"),
-                                      (always_exits, "called sys.exit(0)")])
-def test_a_function_that_fails_on_everything_stops_with_one_line(fn, says):
+@pytest.mark.parametrize("fn, says, tried", [
+    (always_hangs, "ran past its time limit of 0.2 s", "the first response"),  # the shared limit: 2x in all
+    (always_exits, "called sys.exit(0)", "each of the first 4 responses")])
+def test_a_function_that_fails_on_everything_stops_with_one_line(fn, says, tried):
     started = time.monotonic()
-    with pytest.raises(RolloutError, match="failed on each of the first 4 responses") as info:
+    with pytest.raises(RolloutError, match=f"failed on {tried} scored one at a time") as info:
         score_responses(_source(fn), ROWS * 5, RESPONSES * 5, guard=RewardGuard(time_limit=0.2))
     assert says in str(info.value) and fn.__name__ in str(info.value)
     assert "\n" not in str(info.value)
@@ -151,3 +152,10 @@ def test_one_signal_stops_a_run_hung_in_its_reward(prompt_file, tmp_path, sig):
     lines = [line for line in err.strip().splitlines() if line.startswith("offline-plugins")]
     assert proc.returncode == 130, err[-2000:]
     assert lines and "interrupted while reward function" in lines[-1], err[-2000:]
+
+
+def test_a_function_that_hangs_on_everything_stops_within_about_twice_its_limit():
+    started = time.monotonic()
+    with pytest.raises(RolloutError, match="ran past its time limit of 1 s.*failed on the first response"):
+        score_responses(_source(always_hangs), ROWS * 5, RESPONSES * 5, guard=RewardGuard(time_limit=1.0))
+    assert time.monotonic() - started < 2 * 1.0 + 0.5

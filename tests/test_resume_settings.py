@@ -86,3 +86,17 @@ def test_a_bare_resume_keeps_logging_where_the_run_logged(tmp_path):
     resumed = train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=tmp_path / "cut", resume=True, progress=False)
     assert resumed["resume"]["kept"]["logger"] == ["tensorboard"]
     assert set(resumed["loggers"]) == {"csv", "tensorboard"}
+
+
+def test_resuming_a_finished_run_keeps_its_summary_and_files_and_a_larger_steps_trains_on(tmp_path):
+    out = tmp_path / "done"
+    first = train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=out, steps=12, eval_every=6, eval_episodes=1,
+                            log_every=4, progress=False)
+    assert first["losses"]
+    files = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    again = train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=out, resume=True, progress=False)
+    assert again["already_complete"] and again["losses"] == first["losses"] and again["steps"] == 12
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == files  # nothing rewritten
+    longer = train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=out, resume=True, steps=16, progress=False)
+    assert longer["steps"] == 16 and longer["losses"] and "already_complete" not in longer
+    assert json.loads((out / "summary.json").read_text())["steps"] == 16

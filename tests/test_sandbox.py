@@ -428,3 +428,31 @@ def test_the_unsafe_sandbox_warns_on_every_run_that_checks_it():
     for _ in range(2):
         with pytest.warns(UnsafeSandboxWarning, match="WITHOUT isolation"):
             PythonTool(sandbox="unsafe-subprocess").check()
+
+
+@needs_bwrap
+def test_a_plugin_registers_a_sandbox_that_list_shows_and_the_python_tool_uses(tmp_path, monkeypatch, capsys):
+    from test_plugins import AWR_PROVIDER, needs_awr
+
+    if needs_awr.args[0]:
+        pytest.skip(needs_awr.kwargs["reason"])
+    from offline_plugins.cli import main
+
+    assert main(["list"]) == 0
+    listed = [line for line in capsys.readouterr().out.split("\nsandboxes")[1].splitlines()
+              if line.startswith("  bwrap-logged ")]
+    assert len(listed) == 1 and AWR_PROVIDER in listed[0] and "[works here]" in listed[0]
+    log = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("OFFLINE_PLUGINS_AWR_TOOL_LOG", str(log))
+    tool = PythonTool(timeout=10, sandbox="bwrap-logged")
+    tool.check()
+    assert tool.run("print(6*7)").text == "42"
+    logged = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(e["start"], e["returncode"]) for e in logged] == [("print(6*7)", 0)]
+
+
+def test_an_unknown_or_wrong_sandbox_is_refused_by_name():
+    from offline_plugins.envs.tools import ToolError, make_sandbox
+
+    with pytest.raises(ToolError, match="tool_sandbox: unknown sandbox 'bwarp'; did you mean 'bwrap'"):
+        make_sandbox("bwarp")

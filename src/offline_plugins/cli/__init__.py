@@ -198,13 +198,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _show_warning(message, category, filename, lineno, file=None, line=None, _default=None) -> None:
-    """Our own warnings as one ``offline-plugins: warning:`` line; others as Python prints them."""
-    from offline_plugins.envs.sandbox import UnsafeSandboxWarning
-    from offline_plugins.plugins.manager import UnknownPluginWarning
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)).rsplit(os.sep, 1)[0] + os.sep
 
-    if issubclass(category, (UnknownPluginWarning, UnsafeSandboxWarning)):
-        print(f"offline-plugins: warning: {message}", file=file or sys.stderr)
+
+def _show_warning(message, category, filename, lineno, file=None, line=None, _default=None) -> None:
+    """Our own warnings (a category of ours, or raised from the package) as one ``offline-plugins:
+    warning:`` line; others as Python prints them."""
+    ours = category.__module__.startswith("offline_plugins") or \
+        os.path.abspath(str(filename)).startswith(_PACKAGE_DIR)
+    if ours:
+        text = " ".join(str(message).split("\n"))
+        print(f"offline-plugins: warning: {text}", file=file or sys.stderr)
     elif _default is not None:
         _default(message, category, filename, lineno, file, line)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Union
 
-__all__ = ["positive", "non_negative", "devices", "logger", "add_logger_argument"]
+__all__ = ["positive", "non_negative", "seed", "devices", "logger", "add_logger_argument"]
 
 
 def _whole(text: str, least: int) -> int:
@@ -30,6 +30,26 @@ def positive(text: str) -> int:
 def non_negative(text: str) -> int:
     """A whole number >= 0."""
     return _whole(text, 0)
+
+
+#: the largest seed: numpy's generators take 0 .. 2**32 - 1 (torch takes more; a run seeds both)
+MAX_SEED = 2 ** 32 - 1
+
+
+def seed(text: str) -> int:
+    """A seed: a whole number from 0 to 2**32 - 1 (numpy's range, which a run's seeding must fit).
+
+    >>> seed("7")
+    7
+    >>> seed("-3")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: expected a seed from 0 to 4294967295, got -3
+    """
+    value = _whole(text, -(10 ** 100))
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a seed from 0 to {MAX_SEED}, got {value}")
+    return value
 
 
 def devices(text: str) -> Union[int, str]:

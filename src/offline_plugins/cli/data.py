@@ -15,6 +15,7 @@ __all__ = ["add_parsers", "cmd_data_list", "cmd_data_make", "cmd_data_info", "cm
 
 from offline_plugins.cli.args import non_negative as _non_negative
 from offline_plugins.cli.args import positive as _positive
+from offline_plugins.cli.args import seed as _seed
 from offline_plugins.cli.registry import registry_for as _registry
 
 
@@ -399,7 +400,7 @@ def add_parsers(subparsers) -> None:
 
     q = sub.add_parser("make", help="make a recipe's dataset in the local Minari store")
     q.add_argument("id", help="recipe id, e.g. offline-plugins/pendulum/medium-v0 (or pendulum/medium-v0)")
-    q.add_argument("--seed", type=int, default=0, help="seed of env resets and action noise (default 0)")
+    q.add_argument("--seed", type=_seed, default=0, help="seed of env resets and action noise (default 0)")
     q.add_argument(
         "--force", action="store_true", help="replace the dataset if it exists (the old one is kept until the new one is complete)"
     )

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from offline_plugins.cli.args import seed as _seed
+
 __all__ = ["add_parsers", "cmd_search", "policy_folder"]
 
 _LABELS = {"greedy": "greedy", "best_of_n_orm": "best-of-N, outcome verifier (oracle)",
@@ -140,7 +142,7 @@ def add_parsers(subparsers) -> None:
                    help="a solution's PRM score from its steps': their minimum or product (default min)")
     p.add_argument("--max-steps", type=int, default=4, metavar="S", help="the longest solution, in steps (default 4)")
     p.add_argument("--prompts", type=int, default=100, metavar="P", help="held-out prompts (default 100)")
-    p.add_argument("--seed", type=int, default=0, help="the prompts' draw and the sampling seed (default 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="the prompts' draw and the sampling seed (default 0)")
     p.add_argument("--device", default="cpu", help="device of the policy and the PRM (default cpu)")
     p.add_argument("--threads", type=int, default=None, metavar="T", help="torch CPU threads (default: torch's)")
     p.add_argument("--out", default=None, metavar="FILE.json",

@@ -16,6 +16,7 @@ from offline_plugins.cli.args import add_logger_argument as _add_logger_argument
 from offline_plugins.cli.args import devices as _devices
 from offline_plugins.cli.args import non_negative as _non_negative
 from offline_plugins.cli.args import positive as _positive
+from offline_plugins.cli.args import seed as _seed
 from offline_plugins.cli.registry import registry_for as _registry
 from offline_plugins.config import RUN_DEFAULTS
 
@@ -84,7 +85,7 @@ def add_parsers(subparsers) -> None:
         "or f(prompt, first, second) -> P(first better)); the same as --set judge=...",
     )
     _run_option(p, "steps", "gradient steps", type=_positive)
-    _run_option(p, "seed", "seed of initialisation, batches and evaluation", type=int)
+    _run_option(p, "seed", "seed of initialisation, batches and evaluation (0 to 2**32 - 1)", type=int)
     _run_option(p, "eval_every", "evaluate every K steps (0: only at the end)", shown="steps/5", type=_non_negative,
                 metavar="K")
     _run_option(p, "eval_episodes", "episodes per evaluation", type=_positive, metavar="E")
@@ -157,7 +158,7 @@ def add_parsers(subparsers) -> None:
     )
     p.add_argument("checkpoint", metavar="CKPT", help="a checkpoint written by 'train' (DIR/checkpoints/last.ckpt)")
     p.add_argument("--episodes", type=_positive, default=None, metavar="E", help="episodes (default: as in training)")
-    p.add_argument("--seed", type=int, default=None, help="first reset seed (default: the run's seed)")
+    p.add_argument("--seed", type=_seed, default=None, help="first reset seed (default: the run's seed)")
     p.add_argument("--device", default="cpu", help="device for the policy (default cpu)")
     p.add_argument(
         "--ope", default=None, metavar="fqe",
@@ -224,6 +225,10 @@ def cmd_train(args) -> int:
     summary = train(plan, settings, inputs={"--config": args.config} if args.config else None)
     if not summary:  # a DDP rank other than 0
         return 0
+    if summary.get("already_complete"):
+        print(f"offline-plugins: the run in {summary.get('out_dir')} already finished its {summary.get('steps')} "
+              "steps: nothing was trained and its files are kept as they were; give a larger --steps to train on",
+              file=sys.stderr)
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
         return 0

@@ -49,8 +49,8 @@ __all__ = [
 ]
 
 #: the errors of a write the user fixes on the machine, not in the command
-WRITE_ERRNOS = frozenset(e for e in (errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EFBIG, errno.EROFS, errno.EIO)
-                         if e is not None)
+WRITE_ERRNOS = frozenset(e for e in (errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EFBIG, errno.EROFS, errno.EIO,
+                                     errno.EACCES, errno.EPERM) if e is not None)
 
 _CAUSES = {
     errno.ENOSPC: "no space left on device",
@@ -58,6 +58,8 @@ _CAUSES = {
     errno.EFBIG: "file too large for this file system or process limit",
     errno.EROFS: "the file system is read-only",
     errno.EIO: "input/output error of the device",
+    errno.EACCES: "permission denied (the folder or file is not writable by this user)",
+    errno.EPERM: "operation not permitted",
 }
 
 _DEFAULT_FIX = "free some space (or fix the file system) and run again"

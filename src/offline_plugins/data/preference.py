@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
@@ -364,23 +365,42 @@ def add_reference_log_probs(
         name = f"{_safe(dataset_id)}{'-' if dataset_id else ''}{dataset_fingerprint(td)}-{model_id}.pt"
         path = Path(cache_dir) / name
         if path.is_file():
-            cached = torch.load(path, map_location="cpu", weights_only=True)
-            _set_cached(td, cached)
-            return td
+            try:
+                cached = torch.load(path, map_location="cpu", weights_only=True)
+                _set_cached(td, cached)
+                return td
+            except Exception as exc:  # garbage, crafted (pickled code is refused by weights_only) or of other rows
+                warnings.warn(f"the reference log-prob cache {path} is unreadable or does not fit this data "
+                              f"({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else 'no message'}); "
+                              "it is discarded and rebuilt", stacklevel=2)
+                path.unlink(missing_ok=True)
     values = {"response": reference_log_probs(reference, td, batch_size=batch_size)}
     if "kl" in td.keys():
         values["kl_response"] = reference_log_probs(reference, td.get("kl"), batch_size=batch_size)
     values["vocab_size"] = torch.tensor(_vocab_size(reference) or -1)
     _set_cached(td, values)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        torch.save(values, tmp)
-        tmp.replace(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(values, tmp)
+            tmp.replace(path)
+        except (OSError, RuntimeError) as exc:  # a full disk or a read-only cache: the values in hand are used
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+            warnings.warn(f"the reference log-prob cache {path} could not be written ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0][:160] if str(exc) else 'no message'}); this run uses the values "
+                          "it computed, and the next run computes them again", stacklevel=2)
     return td
 
 
 def _set_cached(td: TensorDict, values: Mapping[str, torch.Tensor]) -> None:
+    lead = tuple(td.get(("tokens", "full")).shape[:-1])
+    if not isinstance(values, Mapping) or not isinstance(values.get("response"), torch.Tensor) \
+            or tuple(values["response"].shape) != lead or not isinstance(values.get("vocab_size"), torch.Tensor):
+        raise ValueError(f"expected {{'response': a {list(lead)} tensor, 'vocab_size': a tensor}}")
     td.set(("ref_log_probs", "response"), values["response"].to(torch.float32))
     if "kl_response" in values and "kl" in td.keys():
         td.set(("kl", "ref_log_probs", "response"), values["kl_response"].to(torch.float32))

@@ -151,7 +151,10 @@ class RewardGuard:
     that fails on every response it is given (or on the first ``give_up_after`` in a row) is the
     function's bug: the run stops with one line naming it. A call over its time limit is left
     running in a daemon thread (a Python thread cannot be killed) and the run goes on;
-    ``max_running`` such calls still running stop the run. ``should_stop()`` (the run's
+    ``max_running`` such calls still running stop the run. After a round's call ran past its limit,
+    the one-at-a-time calls share one more limit until one of them succeeds: a function that hangs
+    on everything stops the run within about ``2 * time_limit`` (so does one that hangs on the
+    round's first response alone; a larger limit gives it more room). ``should_stop()`` (the run's
     SIGINT/SIGTERM) ends a wait at once with :class:`RolloutInterrupted`.
 
     Attributes:
@@ -172,8 +175,10 @@ class RewardGuard:
     def counts(self) -> dict[str, int]:
         return {"reward_failed": self.failed, "reward_timed_out": self.timed_out}
 
-    def call(self, fn: Callable, args: tuple, kwargs: dict, *, name: str) -> tuple[Any, Optional[str]]:
-        """``(value, None)``, or ``(None, what went wrong)`` when the call failed."""
+    def call(self, fn: Callable, args: tuple, kwargs: dict, *, name: str,
+             limit: Optional[float] = None) -> tuple[Any, Optional[str]]:
+        """``(value, None)``, or ``(None, what went wrong)`` when the call failed; ``limit``: this call's
+        seconds, when less than ``time_limit``."""
         self._running = [t for t in self._running if t.is_alive()]
         if len(self._running) >= self.max_running:
             raise RolloutError(f"reward function {name}: {len(self._running)} calls are still running past their "
@@ -183,7 +188,9 @@ class RewardGuard:
         worker = threading.Thread(target=lambda: box.update(zip(("value", "error"), _run_call(fn, args, kwargs))),
                                   name=f"offline-plugins-reward[{name}]", daemon=True)
         worker.start()
-        deadline = time.monotonic() + float(self.time_limit) if self.time_limit else math.inf
+        seconds = float(self.time_limit) if self.time_limit else math.inf
+        seconds = min(seconds, float(limit)) if limit is not None else seconds
+        deadline = time.monotonic() + seconds
         while worker.is_alive():
             if self.should_stop is not None and self.should_stop():
                 self._running.append(worker)
@@ -193,7 +200,7 @@ class RewardGuard:
             if left <= 0:
                 self._running.append(worker)
                 self.timed_out += 1
-                return None, f"ran past its time limit of {self.time_limit:g} s"
+                return None, f"ran past its time limit of {seconds:g} s"
             worker.join(min(left, 0.05))
         return box.get("value"), box.get("error")
 
@@ -247,13 +254,19 @@ def score_responses(source: PromptSource, rows: Sequence[dict], responses: Seque
             raise RolloutError(f"reward function {name} returned {len(values)} rewards for {len(prompts)} "
                                "responses; return one float per response, in order")
         return [_checked(name, v, i, prompts[i], responses[i]) for i, v in enumerate(values)]
-    # the call over all of them failed: one response at a time, so only those it fails on lose their reward
+    # the call over all of them failed: one response at a time, so only those it fails on lose their reward;
+    # after a round's call that ran past its limit, the one-at-a-time calls share one more limit until one of
+    # them succeeds, so a function that hangs on everything stops the run within about twice reward_timeout
     out: list[float] = []
     failures: list[int] = []
     first = failure
+    hung = bool(guard.time_limit) and failure.startswith("ran past its time limit")
+    budget_end = time.monotonic() + float(guard.time_limit) if hung else math.inf
     for i in range(len(prompts) if len(prompts) > 1 else 0):
         one = {k: [v[i]] for k, v in columns.items()}
-        value, failed = guard.call(source.reward_fn, ([prompts[i]], [responses[i]]), one, name=name)
+        shared = hung and len(failures) == i  # nothing scored yet: the shared limit holds
+        value, failed = guard.call(source.reward_fn, ([prompts[i]], [responses[i]]), one, name=name,
+                                   limit=max(budget_end - time.monotonic(), 0.0) if shared else None)
         if failed is None:
             try:
                 value = list(value)
@@ -266,13 +279,14 @@ def score_responses(source: PromptSource, rows: Sequence[dict], responses: Seque
             continue
         failures.append(i)
         out.append(float(guard.on_failure))
-        if len(failures) == i + 1 and len(failures) >= min(guard.give_up_after, len(prompts)):
-            break
+        if len(failures) == i + 1 and (len(failures) >= min(guard.give_up_after, len(prompts))
+                                       or (shared and time.monotonic() >= budget_end)):
+            break  # it failed on every response so far: four in a row, or hangs past the shared limit
     if len(prompts) == 1:
         failures = [0]
     if len(out) < len(prompts) or len(failures) == len(prompts):
         tried = ("its only response" if len(prompts) == 1 else "every response" if len(failures) == len(prompts)
-                 else f"each of the first {len(failures)} responses")
+                 else "the first response" if len(failures) == 1 else f"each of the first {len(failures)} responses")
         raise RolloutError(f"reward function {name} {first} (on prompt {prompts[0]!r:.60} and {len(prompts) - 1} "
                            f"more), and failed on {tried} scored one at a time; fix the function, it is called as "
                            "fn(prompts, responses, **columns) -> list[float]")

@@ -222,6 +222,8 @@ def _checked_option(key: str, value: Any, accelerator: str) -> Any:
     """``value`` of the run option ``key`` (given, or a resumed run's), checked; a ``RunError`` if it is bad."""
     if key == "steps" and value < 1:
         raise RunError(f"--steps must be at least 1, got {value}")
+    if key == "seed" and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2 ** 32 - 1):
+        raise RunError(f"--seed must be a whole number from 0 to {2 ** 32 - 1} (numpy's seed range), got {value!r}")
     if key == "eval_episodes" and value < 1:
         raise RunError(f"--eval-episodes must be at least 1, got {value}")
     if key == "eval_every" and value < 0:
@@ -417,6 +419,10 @@ def train(plan: RunPlan, settings: Optional[RunSettings] = None, *,
                 _check_inputs_outside(out, _run_inputs(plan, inputs), overwrite=settings.overwrite)
             if ckpt_path is None and not launched:
                 _check_fresh(out, overwrite=settings.overwrite)
+            if ckpt is not None and not launched:
+                finished = _finished_summary(out, ckpt, steps + online_steps)
+                if finished is not None:  # nothing to train: the finished run's files are kept as they are
+                    return finished
             with quiet_lightning(settings.verbose):
                 return _fit(plan, settings, out, ckpt_path, ckpt, steps=steps, seed=seed,
                             eval_every=options["eval_every"], eval_episodes=options["eval_episodes"],
@@ -432,6 +438,22 @@ def train(plan: RunPlan, settings: Optional[RunSettings] = None, *,
         finally:
             if lock is not None:
                 lock.release()
+
+
+def _finished_summary(out: Path, ckpt: Mapping[str, Any], total: int) -> Optional[dict]:
+    """The summary of the run in ``out`` when it already finished ``total`` steps (its checkpoint is at or
+    past them and its ``summary.json`` is a finished run's), with ``"already_complete": True``; else None."""
+    done = int(ckpt.get("global_step", 0) or 0)
+    path = out / "summary.json"
+    if done < total or not path.is_file():
+        return None
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(summary, dict) or summary.get("interrupted") or summary.get("steps") != done:
+        return None
+    return {**summary, "already_complete": True}
 
 
 def _scale_device(accelerator: str) -> str:
@@ -640,8 +662,13 @@ def _fit(plan: RunPlan, settings: RunSettings, out: Path, ckpt_path: Optional[Pa
             summary["checkpoint"] = str(last_ckpt) if last_ckpt.exists() else None
     else:
         summary.update(plan.kind.export(exported, out))
-    plot_learning_curve(out / "metrics.csv", out / "learning_curve.png", title=f"{plan.spec.name} on {plan.dataset_id}",
-                        panels=plan.kind.curve_panels(), marks={"online phase": steps} if online_steps else None)
+    try:
+        plot_learning_curve(out / "metrics.csv", out / "learning_curve.png",
+                            title=f"{plan.spec.name} on {plan.dataset_id}", panels=plan.kind.curve_panels(),
+                            marks={"online phase": steps} if online_steps else None)
+    except WriteError as exc:  # the picture is not worth the run: say so, and keep the summary
+        warnings.warn(f"{exc}; the summary is written without it", RuntimeWarning, stacklevel=2)
+        summary["learning_curve"] = None
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n", fix=RESUME_FIX)
     if interrupted:
         raise RunInterrupted(_interrupted_message(summary, plan, out))

@@ -1,11 +1,13 @@
-"""Registers ``awr`` and the ``arith`` judge with offline-plugins. No torch import here: listing stays fast."""
+"""Registers ``awr``, the ``arith`` judge and the ``bwrap-logged`` tool sandbox with offline-plugins.
+
+No torch import here: listing stays fast."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from offline_plugins.config import config_field
-from offline_plugins.plugins import AlgorithmSpec, JudgeSpec, hookimpl
+from offline_plugins.plugins import AlgorithmSpec, JudgeSpec, SandboxSpec, hookimpl
 
 
 @dataclass
@@ -90,5 +92,16 @@ def offline_plugins_register_judges(registry):
             summary="prefers the response whose last number is the prompt's chain (a+b*c=, left to right) "
             "evaluated; no preference when both or neither are right",
             judge="offline_plugins_awr.judge:arithmetic_judge",
+        )
+    )
+
+
+@hookimpl
+def offline_plugins_register_sandboxes(registry):
+    registry.add(
+        SandboxSpec(
+            name="bwrap-logged",
+            summary="the bwrap sandbox, logging every program the policy ran (OFFLINE_PLUGINS_AWR_TOOL_LOG)",
+            sandbox="offline_plugins_awr.sandbox:LoggedBwrapSandbox",
         )
     )
