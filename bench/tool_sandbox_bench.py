@@ -5,9 +5,10 @@ GRPO on ``tool-python`` with each.
   task's own demonstration program (``print(str(a*b)[::-1])``) over ``--calls`` calls, the two
   sandboxes interleaved call by call (the unsafe subprocess is the anchor: the same parent, the
   same interpreter, no namespaces);
-* per training run: ``offline-plugins train grpo --dataset tool-python`` for ``--steps`` steps with
-  ``--set tool_sandbox=...`` each, its ``steps_per_s`` from ``summary.json`` (the SFT reference is
-  made once, before either is timed).
+* per training run: ``offline-plugins train grpo --dataset tool-python --set max_new_tokens=56 --set
+  reference_sft_steps=130`` (the task's documented settings: a call is 52 tokens) for ``--steps``
+  steps with ``--set tool_sandbox=...`` each, its ``steps_per_s`` from ``summary.json`` and the mean
+  tool calls per episode from ``metrics.csv`` (the SFT reference is made once, before either is timed).
 
 Run: ``python bench/tool_sandbox_bench.py [--calls 200] [--steps 8] [--json]``; prints a markdown
 table (``docs/benchmarks.md``, "The tool sandbox") and, with ``--json``, one JSON line.
@@ -51,7 +52,8 @@ def training(steps: int, threads: int) -> dict:
     out: dict = {}
     with tempfile.TemporaryDirectory(prefix="tool-sandbox-bench-") as root:
         base = [sys.executable, "-m", "offline_plugins.cli", "train", "grpo", "--dataset", "tool-python", "--seed", "0",
-                "--threads", str(threads), "--no-progress", "--set", "eval_prompts=8"]
+                "--threads", str(threads), "--no-progress", "--set", "eval_prompts=8", "--set", "max_new_tokens=56",
+                "--set", "reference_sft_steps=130"]
         # the cached SFT reference first, so that neither timed run makes it
         subprocess.run([*base, "--steps", "1", "--out", str(Path(root) / "warm")], check=True, capture_output=True)
         for name in ("unsafe-subprocess", "bwrap"):
@@ -61,8 +63,18 @@ def training(steps: int, threads: int) -> dict:
             if proc.returncode != 0:
                 raise SystemExit(f"train grpo with tool_sandbox={name} failed: {proc.stderr[-2000:]}")
             summary = json.loads((run / "summary.json").read_text())
-            out[name] = {"steps_per_s": summary["steps_per_s"], "train_s": summary.get("train_s")}
+            calls = _column_mean(run / "metrics.csv", "rollout/tool_calls")
+            out[name] = {"steps_per_s": summary["steps_per_s"], "train_s": summary.get("train_s"),
+                         "tool_calls_per_episode": calls}
     return out
+
+
+def _column_mean(metrics_csv: Path, column: str):
+    import csv
+
+    with metrics_csv.open(newline="") as fh:
+        values = [float(r[column]) for r in csv.DictReader(fh) if r.get(column)]
+    return round(sum(values) / len(values), 3) if values else None
 
 
 def main() -> None:
@@ -76,12 +88,14 @@ def main() -> None:
     calls = per_call(args.calls)
     train = training(args.steps, args.threads)
     anchor = calls["unsafe-subprocess"]
-    print("| sandbox | one call, median ms | p90 ms | ratio (median) | GRPO tool-python steps/s | ratio |")
-    print("|---|---|---|---|---|---|")
+    print("| sandbox | one call, median ms | p90 ms | ratio (median) | GRPO tool-python steps/s | ratio | tool calls "
+          "per episode |")
+    print("|---|---|---|---|---|---|---|")
     for name in ("unsafe-subprocess", "bwrap"):
         c, t = calls[name], train[name]
         print(f"| {name} | {c['median_ms']} | {c['p90_ms']} | {c['median_ms'] / anchor['median_ms']:.2f}x | "
-              f"{t['steps_per_s']} | {t['steps_per_s'] / train['unsafe-subprocess']['steps_per_s']:.2f}x |")
+              f"{t['steps_per_s']} | {t['steps_per_s'] / train['unsafe-subprocess']['steps_per_s']:.2f}x | "
+              f"{t['tool_calls_per_episode']} |")
     if args.json:
         print(json.dumps({"calls": calls, "train": train, "steps": args.steps}))
 

@@ -75,3 +75,17 @@ def test_yaml_file(tmp_path):
         load_config_file(listy)
     with pytest.raises(ConfigError, match="does not exist"):
         load_config_file(tmp_path / "missing.yaml")
+
+
+def test_a_key_set_twice_in_a_yaml_file_is_refused_naming_both_lines(tmp_path):
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("expectile: 0.8\nhidden: [32, 32]\nexpectile: 0.9\n")
+    with pytest.raises(ConfigError, match=r"sets 'expectile' twice \(lines 1 and 3\).*keep one"):
+        load_config_file(twice)
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("outer:\n  a: 1\n  a: 2\n")
+    with pytest.raises(ConfigError, match=r"sets 'a' twice \(lines 2 and 3\)"):
+        load_config_file(nested)
+    merged = tmp_path / "merged.yaml"  # a YAML merge key is not a key set twice
+    merged.write_text("base: &b {x: 1}\nother:\n  <<: *b\n  y: 2\n")
+    assert load_config_file(merged)["other"] == {"x": 1, "y": 2}

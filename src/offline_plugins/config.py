@@ -26,7 +26,7 @@ import difflib
 import json
 import typing
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from offline_plugins.errors import UserError
 
@@ -349,6 +349,29 @@ def _expanded_size(root: Any, limit: int) -> int:
     return sizes[id(root)]
 
 
+def _duplicate_key(root: Any) -> Optional[tuple[str, int, int]]:
+    """``(key, first line, second line)`` of the first key a YAML mapping of ``root`` holds twice, or None."""
+    import yaml
+
+    stack, seen = [root], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            lines: dict[str, int] = {}
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    if key.value in lines:
+                        return key.value, lines[key.value], key.start_mark.line + 1
+                    lines[key.value] = key.start_mark.line + 1
+                stack += [key, value]
+        elif isinstance(node, yaml.SequenceNode):
+            stack += list(node.value)
+    return None
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML (or JSON) mapping of config overrides.
 
@@ -382,6 +405,11 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
                     "its YAML aliases (*name) are followed (nested anchors and aliases multiply); it was not loaded. "
                     "Write the overrides out plainly, without aliases of aliases"
                 )
+            twice = _duplicate_key(node)
+            if twice is not None:
+                key, first, second = twice
+                raise ConfigError(f"config file {str(p)!r} sets {key[:60]!r} twice (lines {first} and {second}); YAML "
+                                  "keeps the last silently, so which value was meant is unclear: keep one")
             data = loader.construct_document(node)
         finally:
             loader.dispose()
