@@ -261,6 +261,10 @@ def test_bad_settings_and_files(lm, tmp_path):
     bad.write_text('{"prompt": "1+1="}\n')
     with pytest.raises(UserError, match="has no 'answer'"):
         jsonl_prompt_source(str(bad))
+    listed = tmp_path / "list.jsonl"  # str() of a list never matches a response: refused, not a silent 0 % run
+    listed.write_text('{"prompt": "1+1=", "answer": ["2", "two"]}\n')
+    with pytest.raises(UserError, match=r"line 1.*has an 'answer' of type list \(\[\"2\", \"two\"\]\).*string or a number"):
+        jsonl_prompt_source(str(listed))
     ok = tmp_path / "ok.jsonl"
     ok.write_text("".join(f'{{"prompt": "{i}+{i}=", "answer": "{2 * i}"}}\n' for i in range(300)))
     s1, s2 = jsonl_prompt_source(str(ok)), jsonl_prompt_source(str(ok))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import json
 import logging
 import math
 import random
@@ -332,7 +333,12 @@ def jsonl_prompt_source(path: str, *, reward: Optional[str] = None, test_fractio
             return ("has no 'answer'; give prompt/answer rows for the exact-match reward, or a reward function "
                     "with --reward module:function")
         if "answer" in row:
-            row["answer"] = str(row["answer"])
+            answer = row["answer"]
+            if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+                # str() of a list or an object is text no response writes: 0 reward forever, and exit 0
+                return (f"has an 'answer' of type {type(answer).__name__} ({json.dumps(answer)[:40]}); the exact-match "
+                        "reward compares text: give the answer as a string or a number (one answer per row)")
+            row["answer"] = str(answer)
         return None
 
     rows = read_jsonl_rows(path, what="prompt/answer rows", shape='{"prompt": ..., "answer": ...}', check=check)

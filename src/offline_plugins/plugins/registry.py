@@ -339,6 +339,12 @@ class DatasetSpec:
         }
 
 
+def _check_word(spec: str, what: str, name: str) -> None:
+    """A name given on the command line: a lower-case word without spaces or ':'."""
+    if not name or name != name.strip().lower() or " " in name or ":" in name:
+        raise ValueError(f"{spec}: a {what}'s name must be a lower-case word without ':', got {name!r}")
+
+
 @dataclass(frozen=True)
 class JudgeSpec:
     """An AI judge a plugin provides: ``--judge NAME`` (online DPO, ``data label``, ``data audit``).
@@ -359,8 +365,7 @@ class JudgeSpec:
     plugin: str = ""
 
     def __post_init__(self) -> None:
-        if not self.name or self.name != self.name.strip().lower() or " " in self.name or ":" in self.name:
-            raise ValueError(f"JudgeSpec: a judge's name must be a lower-case word without ':', got {self.name!r}")
+        _check_word("JudgeSpec", "judge", self.name)
 
     def load(self) -> Any:
         return resolve(self.judge)
@@ -390,8 +395,7 @@ class SandboxSpec:
     plugin: str = ""
 
     def __post_init__(self) -> None:
-        if not self.name or self.name != self.name.strip().lower() or " " in self.name or ":" in self.name:
-            raise ValueError(f"SandboxSpec: a sandbox's name must be a lower-case word without ':', got {self.name!r}")
+        _check_word("SandboxSpec", "sandbox", self.name)
 
     def load(self) -> Any:
         return resolve(self.sandbox) if isinstance(self.sandbox, str) else self.sandbox
