@@ -372,7 +372,8 @@ class UnsafeSubprocessSandbox(Sandbox):
         return run
 
 
-def _bwrap_works(binary: str) -> str:
+@functools.lru_cache(maxsize=8)
+def _bwrap_problem(binary: str) -> str:
     """``""`` when ``binary`` can make a sandbox like :class:`BwrapSandbox`'s here, else why not."""
     if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
         return f"{binary} is not an executable file"
@@ -393,11 +394,6 @@ def _bwrap_works(binary: str) -> str:
     return ""
 
 
-@functools.lru_cache(maxsize=8)
-def _bwrap_problem(binary: str) -> str:
-    return _bwrap_works(binary)
-
-
 # seccomp (classic BPF over struct seccomp_data): the sandboxed program may start threads but no process
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 _SYSCALLS = {"x86_64": {"clone": 56, "fork": 57, "vfork": 58, "clone3": 435},
@@ -406,6 +402,7 @@ _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
 _EPERM, _ENOSYS, _CLONE_THREAD = 1, 38, 0x00010000
 
 
+@functools.lru_cache(maxsize=4)
 def no_process_filter(machine: Optional[str] = None) -> Optional[bytes]:
     """A seccomp program (bwrap's ``--seccomp``) that refuses new processes and allows everything else.
 
@@ -427,13 +424,11 @@ def no_process_filter(machine: Optional[str] = None) -> Optional[bytes]:
         return None
     nr = _SYSCALLS[machine]
     ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
-    prog: list[tuple[int, int, int, int]] = []
+    prog: list[tuple[int, int, Optional[str], Optional[str]]] = []  # (code, k, label if true, label if false)
     allow, deny, nosys = "allow", "deny", "nosys"
-    jumps: list[tuple[int, Optional[str], Optional[str]]] = []  # (index, true label, false label)
 
     def op(code: int, k: int, true: Optional[str] = None, false: Optional[str] = None) -> None:
-        jumps.append((len(prog), true, false))
-        prog.append((code, 0, 0, k))
+        prog.append((code, k, true, false))
 
     op(ld, 4)  # arch
     op(jeq, _AUDIT_ARCH[machine], None, deny)
@@ -447,16 +442,11 @@ def no_process_filter(machine: Optional[str] = None) -> Optional[bytes]:
     op(ld, 16)  # clone's flags (args[0], low 32 bits)
     op(jset, _CLONE_THREAD, allow, deny)
     labels = {allow: len(prog), deny: len(prog) + 1, nosys: len(prog) + 2}
-    prog += [(ret, 0, 0, _RET_ALLOW), (ret, 0, 0, _RET_ERRNO | _EPERM), (ret, 0, 0, _RET_ERRNO | _ENOSYS)]
-    out = []
-    for i, (code, _, _, k) in enumerate(prog):
-        jt = jf = 0
-        for index, true, false in jumps:
-            if index == i:
-                jt = labels[true] - i - 1 if true else 0
-                jf = labels[false] - i - 1 if false else 0
-        out.append(struct.pack("=HBBI", code, jt, jf, k))
-    return b"".join(out)
+    prog += [(ret, _RET_ALLOW, None, None), (ret, _RET_ERRNO | _EPERM, None, None),
+             (ret, _RET_ERRNO | _ENOSYS, None, None)]
+    # a jump's offset counts the instructions after this one
+    return b"".join(struct.pack("=HBBI", code, labels[t] - i - 1 if t else 0, labels[f] - i - 1 if f else 0, k)
+                    for i, (code, k, t, f) in enumerate(prog))
 
 
 class BwrapSandbox(Sandbox):
@@ -486,13 +476,11 @@ class BwrapSandbox(Sandbox):
             raise SandboxUnavailable(f"the 'bwrap' tool sandbox needs Linux (this is {sys.platform}); run the Python "
                                      "tool in a container sandbox from a plugin, or opt out at your own risk with "
                                      "--set tool_sandbox=unsafe-subprocess")
-        problem = _bwrap_problem(self.binary if os.sep in self.binary else (shutil.which(self.binary) or self.binary))
+        binary = self.binary if os.sep in self.binary else shutil.which(self.binary)
+        problem = _bwrap_problem(binary) if binary else "the bwrap program is not installed (not on PATH)"
         if problem:
-            if os.sep not in self.binary and not shutil.which(self.binary):
-                problem = f"the bwrap program is not installed (not on PATH)"
             raise SandboxUnavailable(f"the 'bwrap' tool sandbox cannot run here: {problem}. The Python tool runs "
                                      f"model-written code only in an OS sandbox: {INSTALL_HINT}")
-        make_parent_undumpable()
 
     def argv(self, limits: Limits, python: Optional[str] = None, seccomp_fd: Optional[int] = None) -> list[str]:
         """The command line of one call (the program comes on stdin; ``seccomp_fd``: a descriptor holding
