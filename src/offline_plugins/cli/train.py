@@ -63,9 +63,10 @@ def add_parsers(subparsers) -> None:
     p.add_argument("algorithm", metavar="ALGO", help="algorithm name, as shown by 'offline-plugins list'")
     p.add_argument("--dataset", required=True, metavar="ID", help="dataset id, e.g. pendulum/medium-replay-v0")
     p.add_argument(
-        "--model", default=None, metavar="tiny|PATH",
-        help="preference algorithms: the model the reference is made from: 'tiny' (built in, the default), "
-        "a save_pretrained directory or a hub id",
+        "--model", default=None, metavar="tiny|small|PATH",
+        help="language-model algorithms: the model the reference is made from: 'tiny' (built in, the default: a "
+        "character tokenizer and a 0.4 M GPT-2), 'small' or 'small-pad-eos' (built in: a BPE tokenizer with a "
+        "chat template and a 1.7 M Qwen2; the second pads with eos), a save_pretrained directory or a hub id",
     )
     p.add_argument(
         "--reward", default=None, metavar="MODULE:FUNCTION",

@@ -337,7 +337,7 @@ def load_preference_source(
         return data
 
     from offline_plugins.modules.generation import model_context
-    from offline_plugins.modules.tiny_lm import load_causal_lm
+    from offline_plugins.modules.tiny_lm import is_builtin_model, load_causal_lm
 
     rows, layout = _rows_from(resolved)
     if layout == "unpaired" and kind == "preference-pairs":
@@ -376,5 +376,5 @@ def load_preference_source(
                 add_reference_log_probs(test_pairs, reference, cache_dir=ref_cache,
                                         dataset_id=f"{resolved}-{model_tag}-test")
     return PreferenceData(kind, train, reference, tokenizer, test=test, report=report, dataset_id=resolved,
-                          test_pairs=test_pairs, model=str(model), from_scratch=str(model) == "tiny",
+                          test_pairs=test_pairs, model=str(model), from_scratch=is_builtin_model(model),
                           train_pairs=train_pairs)

@@ -244,7 +244,7 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
     earns ``tool_reward``.
     """
     from offline_plugins.data.preference_sources import cache_root
-    from offline_plugins.modules.tiny_lm import load_causal_lm
+    from offline_plugins.modules.tiny_lm import is_builtin_model, load_causal_lm
 
     resolved, task = _task_of(dataset_id, "a .jsonl file of prompt/answer rows")
     task = _with_turn_settings(resolved, task, max_turns=max_turns, tools=tools, tool_timeout=tool_timeout,
@@ -260,8 +260,8 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
             gold, gold_key = task.rewards, "heldout_gold"
             fn = load_reward_function(reward)
             source.reward_fn, source.reward_name = fn, reward
-        if str(model) == "tiny":
-            reference, tokenizer = sft_reference(task, model="tiny", seed=0, steps=reference_sft_steps,
+        if is_builtin_model(model):
+            reference, tokenizer = sft_reference(task, model=str(model), seed=0, steps=reference_sft_steps,
                                                  cache_dir=Path(cache_dir) if cache_dir else cache_root() / "preference",
                                                  progress=progress, finetune=finetune)
         else:
@@ -271,7 +271,7 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
         source = jsonl_prompt_source(resolved, reward=reward)
         source.held_out = source.held_out[:eval_prompts] if eval_prompts else source.held_out
         reference, tokenizer = load_causal_lm(model, seed=seed)
-        from_scratch = str(model) == "tiny"
+        from_scratch = is_builtin_model(model)
     if reward is not None and Path(str(reward)).is_dir():
         from offline_plugins.data.reward_source import check_reward_tokenizer
 
@@ -332,7 +332,7 @@ def load_completion_data(dataset_id: str, *, model: str = "tiny", seed: int = 0,
     problems held out), or a JSONL file of ``{"prompt", "completion"}`` rows (held out by prompt hash)."""
     from offline_plugins.data.preference import tokenize_completions
     from offline_plugins.data.preference_sources import held_out_prompts
-    from offline_plugins.modules.tiny_lm import load_causal_lm
+    from offline_plugins.modules.tiny_lm import is_builtin_model, load_causal_lm
 
     resolved, task = _task_of(dataset_id, "a .jsonl file of prompt/completion rows")
     if task is not None:
@@ -364,7 +364,7 @@ def load_completion_data(dataset_id: str, *, model: str = "tiny", seed: int = 0,
         logging.getLogger(__name__).warning("%s: %s", resolved, report.summary())
     held, longest = _held_out_within(held, tokenizer, context, source=resolved)
     return CompletionData(train, held, reference, tokenizer, dataset_id=resolved, model=str(model),
-                          max_new_tokens=longest + 1, from_scratch=str(model) == "tiny")
+                          max_new_tokens=longest + 1, from_scratch=is_builtin_model(model))
 
 
 def _held_out_within(held: list[dict], tokenizer: Any, context: int, *, source: str) -> tuple[list[dict], int]:

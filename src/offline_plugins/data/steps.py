@@ -216,7 +216,7 @@ def load_step_source(dataset_id: str, *, model: Any = "tiny", n_train: Optional[
     solutions to other training prompts, labelled by the task (:func:`sampled_rows`)."""
     from offline_plugins.data.preference_sources import cache_root
     from offline_plugins.data.text_tasks import sft_reference
-    from offline_plugins.modules.tiny_lm import load_causal_lm
+    from offline_plugins.modules.tiny_lm import is_builtin_model, load_causal_lm
 
     task = BUILTIN_STEP_DATASETS.get(dataset_id)
     if task is not None:
@@ -232,9 +232,9 @@ def load_step_source(dataset_id: str, *, model: Any = "tiny", n_train: Optional[
     else:
         raise StepDataError(f"{dataset_id!r} is no step-labelled dataset; use one of {sorted(BUILTIN_STEP_DATASETS)} "
                             f"or {FILE_PREFIX}FILE.jsonl with rows {_SHAPE}")
-    sft = task is not None and str(model) == "tiny" and reference_sft_steps > 0
+    sft = task is not None and is_builtin_model(model) and reference_sft_steps > 0
     if sft:
-        reference, tokenizer = sft_reference(task, steps=int(reference_sft_steps), progress=progress,
+        reference, tokenizer = sft_reference(task, model=str(model), steps=int(reference_sft_steps), progress=progress,
                                              cache_dir=cache_root() / "preference", finetune=finetune)
     else:
         reference, tokenizer = load_causal_lm(model, seed=0)
@@ -246,4 +246,4 @@ def load_step_source(dataset_id: str, *, model: Any = "tiny", n_train: Optional[
     train, report = tokenize_steps(train_rows, tokenizer, max_length=limit)
     test, _ = tokenize_steps(test_rows, tokenizer, max_length=limit)
     return StepData("step-labels", train, reference, tokenizer, test=test, report=report, dataset_id=dataset_id,
-                    task=task, model=str(model), from_scratch=str(model) == "tiny" and not sft)
+                    task=task, model=str(model), from_scratch=is_builtin_model(model) and not sft)

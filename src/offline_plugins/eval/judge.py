@@ -298,7 +298,7 @@ def judge_from(spec: Union[str, Judge, Callable], *, registry: Any = None, **kwa
                 return made(name=text.strip().lower(), **kwargs)
             return FunctionJudge(made, margin=kwargs.get("margin", 0.0), name=text.strip().lower())
         close = difflib.get_close_matches(text.strip().lower(), list(judges), n=3, cutoff=0.6)
-        if close and text != "tiny":
+        if close and text not in ("tiny", "small", "small-pad-eos"):  # tiny_lm.BUILTIN_MODELS (no torch here)
             raise JudgeError(f"unknown judge {text!r}; did you mean {', '.join(map(repr, close))}? Give a registered "
                              f"judge ({', '.join(sorted(judges))}: 'offline-plugins list'), a model folder or "
                              "MODULE:FUNCTION")

@@ -1,8 +1,10 @@
 """Network-free language-model defaults: a character tokenizer built in code and a tiny causal LM.
 
-``load_causal_lm("tiny")`` builds both from nothing; any other name is a local
-directory or a Hugging Face hub id, loaded through the same code path
-(``AutoModelForCausalLM`` / ``AutoTokenizer``) where there is a network.
+``load_causal_lm("tiny")`` builds both from nothing; ``"small"`` and ``"small-pad-eos"`` are the
+hub-shaped built-ins of :mod:`offline_plugins.modules.small_lm` (a byte-level BPE tokenizer with a
+chat template and a Qwen2 model), written once into the cache and loaded from there; any other
+name is a local directory or a Hugging Face hub id, loaded through the code path the small ones
+take (``AutoModelForCausalLM`` / ``AutoTokenizer``) where there is a network.
 
 >>> tok = char_tokenizer()
 >>> tok.decode(tok("12+34=")["input_ids"])
@@ -24,6 +26,8 @@ import torch
 from offline_plugins.errors import UserError
 
 __all__ = [
+    "BUILTIN_MODELS",
+    "is_builtin_model",
     "CHARACTERS",
     "TINY_MODEL_VERSION",
     "ModelLoadError",
@@ -42,6 +46,18 @@ CHARACTERS: str = string.printable[:95]
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 #: changes whenever ``tiny_causal_lm``'s architecture does: a cache of models made from "tiny" keys on it
 TINY_MODEL_VERSION = "gpt2-2x128"
+#: the names ``load_causal_lm`` builds without a folder or a network
+BUILTIN_MODELS = ("tiny", "small", "small-pad-eos")
+
+
+def is_builtin_model(model: Any) -> bool:
+    """Whether ``model`` names a built-in model (made here from its random init; the built-in tasks then
+    train their SFT reference from it).
+
+    >>> is_builtin_model("tiny"), is_builtin_model("small-pad-eos"), is_builtin_model("/models/small")
+    (True, True, False)
+    """
+    return str(model) in BUILTIN_MODELS
 
 
 def model_cache_tag(model: Any) -> str:
@@ -49,11 +65,18 @@ def model_cache_tag(model: Any) -> str:
 
     >>> model_cache_tag("tiny") == f"tiny-{TINY_MODEL_VERSION}"
     True
+    >>> model_cache_tag("small").startswith("small-qwen2-")
+    True
     >>> model_cache_tag("/models/my-sft")
     'my-sft'
     """
-    name = Path(str(model)).name
-    return f"tiny-{TINY_MODEL_VERSION}" if str(model) == "tiny" else name
+    if str(model) == "tiny":
+        return f"tiny-{TINY_MODEL_VERSION}"
+    if is_builtin_model(model):
+        from offline_plugins.modules.small_lm import SMALL_MODEL_VERSION
+
+        return f"{model}-{SMALL_MODEL_VERSION}"
+    return Path(str(model)).name
 
 
 class ModelLoadError(UserError, ValueError):
@@ -189,7 +212,9 @@ def ensure_pad_token(tokenizer: Any) -> Optional[str]:
 def load_causal_lm(
     name_or_path: Union[str, Path] = "tiny", *, seed: Optional[int] = 0, dtype: torch.dtype = torch.float32
 ):
-    """``(model, tokenizer)``: ``"tiny"`` builds them in code; otherwise a local dir or hub id.
+    """``(model, tokenizer)``: ``"tiny"`` builds them in code; ``"small"`` / ``"small-pad-eos"`` are
+    written once into the cache for ``seed`` (``None``: seed 0) and loaded from there like any folder;
+    otherwise a local dir or hub id.
 
     A tokenizer without a pad token gets one (see :func:`ensure_pad_token`), and the
     model's embeddings grow if a token had to be added.
@@ -197,6 +222,10 @@ def load_causal_lm(
     if str(name_or_path) == "tiny":
         tokenizer = char_tokenizer()
         return tiny_causal_lm(tokenizer, seed=seed).to(dtype), tokenizer
+    if is_builtin_model(name_or_path):
+        from offline_plugins.modules.small_lm import small_model_folder
+
+        name_or_path = small_model_folder(str(name_or_path), seed=0 if seed is None else seed)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from transformers.utils import logging as hf_logging
@@ -214,7 +243,7 @@ def load_causal_lm(
             first = "a weight's shape differs from what config.json describes (e.g. vocab_size or n_embd)"
         raise ModelLoadError(
             f"cannot load model {str(name_or_path)!r}: {exc.__class__.__name__}: {first}; "
-            f"pass 'tiny' for the built-in model, a directory written by save_pretrained (the model's and the "
+            f"pass 'tiny' or 'small' for a built-in model, a directory written by save_pretrained (the model's and the "
             f"tokenizer's, from a transformers causal LM), or a hub id (needs a network)"
         ) from None
     finally:

@@ -1,0 +1,219 @@
+"""The built-in ``small`` model: a hub-shaped model made in code, loaded the way a hub model is.
+
+``tiny`` (:mod:`offline_plugins.modules.tiny_lm`) is a character tokenizer and a GPT-2 built in
+memory. ``small`` takes the path a Qwen2 or Llama checkpoint takes:
+
+* a **byte-level BPE tokenizer** trained here with Hugging Face ``tokenizers`` on the package's own
+  task corpora (:func:`task_corpus`): every byte is a token, so any text encodes (newlines, tabs,
+  non-ASCII); digits are split one per token before the merges (as Qwen2 and Llama 3 do), so
+  ``123`` is always ``1 2 3``; the merges learn the tasks' words (``<tool name="calculator">``...);
+* a **ChatML chat template** with ``system``, ``user``, ``assistant`` and ``tool`` roles whose
+  assistant turns are marked for ``return_assistant_tokens_mask`` (``{% generation %}``); eos is
+  ``<|im_end|>``, the token that closes a turn, there is no bos (as Qwen2);
+* a **Qwen2 model from a config** (:data:`SMALL_CONFIG`): rotary positions, grouped-query attention
+  (6 query heads of 32, 2 key/value heads), RMSNorm, SwiGLU, tied input/output embeddings;
+* written once into the cache (``$OFFLINE_PLUGINS_CACHE/models/<tag>``) by ``save_pretrained`` and
+  read back by ``AutoTokenizer`` / ``AutoModelForCausalLM``, the code path of a downloaded model.
+
+Two tokenizer variants, the two a user meets:
+
+* ``small``: pad ``<|endoftext|>`` distinct from eos ``<|im_end|>`` (as Qwen2-Instruct);
+* ``small-pad-eos``: no pad token saved; the loader pads with eos, as a user of a base model whose
+  tokenizer has none does. Padding is then the eos id, so only the masks tell a response's scored
+  eos from the padding after it.
+
+>>> tok = small_tokenizer()
+>>> [tok.decode([i]) for i in tok("12+345=")["input_ids"]]
+['1', '2', '+', '3', '4', '5', '=']
+>>> tok.decode(tok("a\\n\\tb")["input_ids"])
+'a\\n\\tb'
+>>> tok.eos_token, tok.pad_token, tok.bos_token
+('<|im_end|>', '<|endoftext|>', None)
+>>> tok.apply_chat_template([{"role": "user", "content": "2+2="}], tokenize=False, add_generation_prompt=True)
+'<|im_start|>user\\n2+2=<|im_end|>\\n<|im_start|>assistant\\n'
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+from typing import Any, Optional
+
+__all__ = [
+    "SMALL_MODEL_VERSION",
+    "SMALL_MODELS",
+    "SMALL_CONFIG",
+    "CHAT_TEMPLATE",
+    "task_corpus",
+    "small_tokenizer",
+    "small_causal_lm",
+    "small_model_folder",
+]
+
+#: the built-in names this module makes: name -> whether the tokenizer keeps a pad token of its own
+SMALL_MODELS: dict[str, bool] = {"small": True, "small-pad-eos": False}
+
+#: changes whenever the corpus, the tokenizer's training or the architecture does: the cache folder keys on it
+SMALL_MODEL_VERSION = "qwen2-4x192-bpe512-v1"
+
+#: the Qwen2 architecture: 1.66 M parameters (89 k of them the tied embedding of 462 tokens)
+SMALL_CONFIG: dict[str, Any] = {
+    "hidden_size": 192,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "tie_word_embeddings": True,
+    "attention_dropout": 0.0,
+}
+
+VOCAB_SIZE = 512
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+#: ChatML, as Qwen2's: each turn ``<|im_start|>ROLE\\nCONTENT<|im_end|>\\n``; the assistant's content and its
+#: ``<|im_end|>`` are the generation (what ``return_assistant_tokens_mask`` marks and what a policy writes)
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- if message['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
+    "{{- raise_exception('unknown role ' + message['role'] + '; use system, user, assistant or tool') }}"
+    "{%- endif %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{%- generation %}{{- message['content'] + '<|im_end|>' }}{%- endgeneration %}{{- '\\n' }}"
+    "{%- else %}"
+    "{{- message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def task_corpus(seed: int = 0) -> list[str]:
+    """The texts the tokenizer is trained on: the built-in tasks' prompts and answers, their tool
+    episodes and step-by-step solutions, chat turns, and a little Python (fixed by ``seed``).
+
+    >>> corpus = task_corpus()
+    >>> len(corpus) > 1000, any("<tool" in t for t in corpus), any("\\n" in t for t in corpus)
+    (True, True, True)
+    """
+    from offline_plugins.envs.multiturn import ToolArithmeticTask, ToolPythonTask
+    from offline_plugins.envs.steps import STEP_SEPARATOR, StepChainTask
+    from offline_plugins.envs.tasks import ArithmeticTask
+
+    texts: list[str] = []
+    for digits in (1, 2, 3, 4):
+        for ops in ("+", "-", "*"):
+            texts += [p.prompt + p.answer for p in ArithmeticTask(digits=digits, ops=ops).problems(300, seed=seed)]
+    for task in (ToolArithmeticTask(), ToolPythonTask()):
+        texts += [p.prompt + task.demonstration(p) for p in task.problems(400, seed=seed)]
+    steps = StepChainTask()
+    texts += [p.prompt + "\n" + p.answer for p in steps.problems(400, seed=seed)]
+    rng = random.Random(seed)
+    words = ("the answer is", "compute", "what is", "the sum of", "the product of", "write the digits backwards",
+             "think step by step", "call the calculator", "use the tool", "You are a helpful assistant.",
+             "result", "correct", "wrong", "number", "digits", "print", "def", "return", "for", "in", "range")
+    for _ in range(600):
+        texts.append(" ".join(rng.choice(words) for _ in range(rng.randint(3, 9))).capitalize() + ".")
+    for role in ("system", "user", "assistant", "tool"):
+        texts += [f"{role}\n" + rng.choice(words) for _ in range(50)]
+    texts += [f"def f(x):\n    return x * {i}\n\nprint(f({i + 1}))\n" for i in range(100)]
+    texts += [f"for i in range({i}):\n\tprint(str(i)[::-1])\n" for i in range(100)]
+    return texts
+
+
+def small_tokenizer(*, pad: bool = True, seed: int = 0):
+    """A ``PreTrainedTokenizerFast``: byte-level BPE of :data:`VOCAB_SIZE` tokens trained on
+    :func:`task_corpus`, digits one per token, :data:`CHAT_TEMPLATE`; ``pad=False`` saves no pad token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    backend.decoder = decoders.ByteLevel()
+    backend.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=list(SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    backend.train_from_iterator(task_corpus(seed), trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>" if pad else None,
+        padding_side="right",
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def small_causal_lm(tokenizer: Any, *, seed: Optional[int] = 0, **overrides: Any):
+    """A ``Qwen2ForCausalLM`` of :data:`SMALL_CONFIG` (``overrides`` change fields) sized to ``tokenizer``."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    # a tokenizer without pad makes a config without one, as a base model's: its eos row is then no padding_idx
+    config = Qwen2Config(vocab_size=len(tokenizer), bos_token_id=None, eos_token_id=eos, pad_token_id=pad,
+                         **{**SMALL_CONFIG, **overrides})
+    config.offline_plugins_small = SMALL_MODEL_VERSION
+    if seed is not None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = Qwen2ForCausalLM(config)
+    else:
+        model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = eos if pad is None else pad
+    model.generation_config.bos_token_id = None
+    return model
+
+
+def _models_root() -> Path:
+    from offline_plugins.data.preference_sources import cache_root
+
+    return cache_root() / "models"
+
+
+def small_model_folder(name: str = "small", *, seed: int = 0, root: Optional[Path] = None) -> Path:
+    """The ``save_pretrained`` folder of a built-in ``small`` model at ``seed``, written on first use.
+
+    The tokenizer is trained once per version and copied beside each seed's weights; ``fingerprint.json``
+    records the vocabulary's hash, so a cache written by another version of ``tokenizers`` that trained
+    different merges is noticed (and rebuilt) instead of being mixed with this one.
+    """
+    from transformers.utils import logging as hf_logging
+
+    from offline_plugins.data.files import atomic_folder
+
+    if name not in SMALL_MODELS:
+        raise KeyError(f"unknown built-in model {name!r}; the small ones are {', '.join(SMALL_MODELS)}")
+    root = Path(root) if root is not None else _models_root()
+    folder = root / f"{name}-{SMALL_MODEL_VERSION}-s{seed}"
+    if (folder / "fingerprint.json").is_file() and (folder / "config.json").is_file():
+        return folder
+    tokenizer = small_tokenizer(pad=SMALL_MODELS[name])
+    model = small_causal_lm(tokenizer, seed=seed)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a bar for one shard of a few MB
+    with atomic_folder(folder) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "fingerprint.json").write_text(json.dumps(
+            {"name": name, "version": SMALL_MODEL_VERSION, "seed": seed, "vocab_sha256": vocab_hash(tokenizer)},
+            indent=1) + "\n")
+    if bars:
+        hf_logging.enable_progress_bar()
+    return folder
+
+
+def vocab_hash(tokenizer: Any) -> str:
+    """A short hash of a tokenizer's vocabulary (token -> id), the merges' result."""
+    return hashlib.sha256(json.dumps(sorted(tokenizer.get_vocab().items())).encode()).hexdigest()[:16]
