@@ -1,6 +1,6 @@
 """Run by tests/test_fsdp.py: a 2-process CPU run of DPO or GRPO under ``--strategy fsdp`` or ``ddp``.
 
-    python _llm_fsdp_run.py ALGORITHM DATA OUT STEPS STRATEGY [--resume] [--precision P]
+    python _llm_fsdp_run.py ALGORITHM DATA OUT STEPS STRATEGY [--resume] [--precision P] [--model NAME]
 
 Lightning's launcher re-runs this script once per extra rank. When training ends, every rank
 takes part in gathering the full parameters of the loss module and rank 0 writes them to
@@ -53,12 +53,13 @@ if __name__ == "__main__":
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--precision", default=None)
     parser.add_argument("--checkpoint-every", type=int, default=None)
+    parser.add_argument("--model", default="tiny")
     args = parser.parse_args()
     overrides = ["batch_size=8"] if args.algorithm == "dpo" else ["group_size=4", "prompts_per_round=4",
                                                                    "batch_size=8"]
     reward = None if args.algorithm == "dpo" else "_llm_fsdp_run:length_reward"
     args.out.mkdir(parents=True, exist_ok=True)
-    train_algorithm(args.algorithm, args.data, model="tiny", reward=reward, steps=args.steps, seed=0, eval_every=0,
+    train_algorithm(args.algorithm, args.data, model=args.model, reward=reward, steps=args.steps, seed=0, eval_every=0,
                     devices=2, accelerator="cpu", strategy=args.strategy, out_dir=args.out, progress=False,
                     overrides=overrides, callbacks=[SaveFull(args.out)], resume=args.resume or None,
                     precision=args.precision, checkpoint_every=args.checkpoint_every)

@@ -250,8 +250,19 @@ def sft_reference(task: Any, *, model: Any = "tiny", seed: int = 0, steps: int =
     finetune(reference, tokenizer, sft_rows(task, rows, seed=seed), steps=steps, batch_size=batch_size, lr=lr,
              max_length=max_length, seed=seed, progress=progress)
     if ref_dir is not None:
-        reference.save_pretrained(ref_dir)
-        tokenizer.save_pretrained(ref_dir)
+        from transformers.utils import logging as hf_logging
+
+        from offline_plugins.data.files import atomic_folder
+
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # a bar for one shard of a few MB
+        try:
+            with atomic_folder(ref_dir) as folder:  # a run stopped while writing leaves no half-written reference
+                reference.save_pretrained(folder)
+                tokenizer.save_pretrained(folder)
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
     return reference, tokenizer
 
 
