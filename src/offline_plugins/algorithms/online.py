@@ -20,7 +20,7 @@ policy's transformers ``generate`` (``hf``) or an in-process vLLM engine (``vllm
 
 ``lr`` defaults to ``None``: the algorithm's rate for a pretrained or SFT reference, and
 :data:`~offline_plugins.algorithms.preference.FROM_SCRATCH_LR` for the tiny model at its
-random initialisation (a JSONL task with ``--model tiny``).
+random initialisation (a JSONL task with a built-in ``--model``: tiny, small).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ __all__ = ["GeneratorFields", "rollout_generator", "VLLM_ROLLOUT_CORRECTION", "S
 
 def _lr_help(pretrained: float) -> str:
     return (f"Adam learning rate of the policy; unset: {pretrained:g} for a pretrained or SFT reference, "
-            "1e-3 for --model tiny from its random init (a .jsonl task)")
+            "1e-3 for a built-in --model (tiny, small) from its random init (a .jsonl task)")
 
 
 @dataclass
@@ -52,7 +52,7 @@ class SamplingFields(LoRAFields):
     temperature: float = config_field(_D["temperature"], "sampling temperature", bounds=">0")
     top_p: float = config_field(_D["top_p"], "nucleus sampling threshold (1.0: off)")
     reference_sft_steps: int = config_field(_D["reference_sft_steps"],
-                                            "built-in task with --model tiny: SFT steps of the cached reference")
+                                            "built-in task with a built-in --model (tiny, small): SFT steps of the cached reference")
     eval_prompts: int = config_field(_D["eval_prompts"], "held-out prompts scored by greedy exact match")
     reward_timeout: float = config_field(_D["reward_timeout"], "seconds one call of the reward function may take; a "
                                          "response whose call raises, exits or runs past it is counted and gets "
@@ -228,7 +228,7 @@ class SFTConfig(LoRAFields):
     #: the SFT reference recipe of the preference results (data/text_tasks.py)
     from_scratch_lr: ClassVar[float] = 3e-3
     lr: Optional[float] = config_field(None, "Adam learning rate; unset: 1e-4 for a pretrained model, 3e-3 for "
-                                             "--model tiny from its random init")
+                                             "a built-in --model (tiny, small) from its random init")
     batch_size: int = config_field(64, "prompt/completion rows per gradient step")
     max_grad_norm: float = config_field(1.0, "clip the gradient norm to this")
     max_length: int = config_field(32, "token budget of prompt + completion")

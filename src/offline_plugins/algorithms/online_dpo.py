@@ -57,7 +57,7 @@ class _PreferenceRolloutFields(GeneratorFields, SamplingFields):
     inner: str = config_field("dpo", "the preference loss trained on the pairs: dpo, ipo, robust-dpo, rpo, orpo, "
                                      "simpo (kto is refused: it needs unpaired rows)")
     lr: Optional[float] = config_field(None, "Adam learning rate; unset: the inner algorithm's rate (dpo, ipo, "
-                                             "simpo 1e-5; rpo, orpo 3e-5), 1e-3 for --model tiny from its random init")
+                                             "simpo 1e-5; rpo, orpo 3e-5), 1e-3 for a built-in --model (tiny, small) from its random init")
     group_size: int = config_field(ROLLOUT_DEFAULTS["group_size"],
                                    "responses sampled per prompt (G >= 2): chosen the best, rejected the worst")
     dynamic_sampling: bool = config_field(False, "replace prompts whose G rewards are all equal (no pair) by newly "

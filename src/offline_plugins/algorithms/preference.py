@@ -10,7 +10,7 @@ Learning rates depend on where the reference starts, so ``lr`` defaults to ``Non
 the algorithm's pretrained rate for a pretrained or SFT reference (a hub model, a
 ``save_pretrained`` directory, the built-in task's SFT reference), and its from-scratch
 rate when the reference is the built-in tiny model at its random initialisation (a
-JSONL or Hugging Face dataset with ``--model tiny``, ``PreferenceData.from_scratch``).
+JSONL or Hugging Face dataset with a built-in ``--model``, ``PreferenceData.from_scratch``).
 The field's help, shown by ``offline-plugins info dpo``, names both; ``build`` writes
 the rate it used back into the config, so ``summary.json`` and checkpoints record it.
 
@@ -48,13 +48,13 @@ __all__ = [
 
 _LOSSES = "offline_plugins.objectives.llm"
 
-#: Adam learning rate when the reference is a randomly initialised model (``--model tiny`` on a file)
+#: Adam learning rate when the reference is a randomly initialised model (a built-in ``--model``, tiny or small, on a file)
 FROM_SCRATCH_LR = 1e-3
 
 
 def _lr_help(pretrained: float) -> str:
     return (f"Adam learning rate of the policy; unset: {pretrained:g} for a pretrained or SFT reference, "
-            f"{FROM_SCRATCH_LR:g} for --model tiny from its random init (a .jsonl or hf: dataset)")
+            f"{FROM_SCRATCH_LR:g} for a built-in --model (tiny, small) from its random init (a .jsonl or hf: dataset)")
 
 
 @dataclass

@@ -24,7 +24,7 @@ class PRMConfig:
     lr: float = config_field(1e-3, "Adam learning rate of the PRM (backbone and head)")
     batch_size: int = config_field(16, "step-labelled solutions per gradient step")
     max_grad_norm: float = config_field(1.0, "clip the PRM's gradient norm to this")
-    reference_sft_steps: int = config_field(0, "built-in dataset with --model tiny: start from the task's cached "
+    reference_sft_steps: int = config_field(0, "built-in dataset with a built-in --model (tiny, small): start from the task's cached "
                                                "SFT reference of this many steps (steps-arithmetic's; 0: random init)")
     policy_rows: int = config_field(0, "built-in dataset: add this many of the starting model's own solutions, "
                                        "each step labelled by the task's checker (its errors, not planted ones)",

@@ -95,7 +95,7 @@ def cmd_data_list(args) -> int:
                           "text_tasks": text_tasks}, indent=2))
         return 0
     _print_rows(rows)
-    print("\npreference datasets (offline-plugins train dpo --dataset ID --model tiny|PATH):")
+    print("\npreference datasets (offline-plugins train dpo --dataset ID --model tiny|small|PATH):")
     for r in preference:
         print(f"  {r['id']}  {r['summary']}")
     print("  FILE.jsonl, hf:NAME[:SPLIT]  your prompt/chosen/rejected (or prompt/completion/label) rows")

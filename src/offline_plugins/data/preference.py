@@ -450,7 +450,7 @@ class PreferenceData:
         model: the model name or path the reference was made from (``"tiny"``...).
         train_pairs: training ``[N, 2]`` pairs with reference log-probs, scored beside the
             held-out ones so memorisation shows; defaults to ``train`` for paired data.
-        from_scratch: the reference is a randomly initialised model (``--model tiny`` on a
+        from_scratch: the reference is a randomly initialised model (a built-in ``--model``, tiny or small, on a
             file, no SFT step), which wants a from-scratch learning rate rather than a
             fine-tuning one (:func:`offline_plugins.algorithms.preference.resolve_lr`).
     """
