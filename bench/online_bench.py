@@ -60,14 +60,12 @@ def _sync() -> None:
 def setup(prompts: int, group_size: int, max_new_tokens: int, model_size: str = "tiny"):
     from offline_plugins.data.rollouts import RolloutCollector, task_prompt_source
     from offline_plugins.envs.tasks import ArithmeticTask
-    from offline_plugins.modules.tiny_lm import load_causal_lm
 
-    model, tok = load_causal_lm("tiny", seed=0)
-    if model_size == "100m":  # the preference bench's 12-layer, 768-wide GPT-2 from a config
-        sys.path.insert(0, str(Path(__file__).parent))
-        from preference_bench import model_100m
+    # the preference bench's models: tiny, a 12-layer GPT-2, or the Qwen2.5-0.5B shape on small's tokenizer
+    sys.path.insert(0, str(Path(__file__).parent))
+    from preference_bench import base_model
 
-        model = model_100m(tok)
+    model, tok = base_model(model_size)
     model = model.to(DEVICE)
     task = ArithmeticTask()
     source = task_prompt_source(task, n_held_out=8)
@@ -247,8 +245,8 @@ def main() -> None:
     parser.add_argument("--skip-ppo", action="store_true", help="do not time ppo-rlhf (bench/ppo_rlhf_bench.py)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--model-size", choices=("tiny", "100m"), default="tiny",
-                        help="100m: a 12-layer, 768-wide GPT-2 from a config (for a GPU)")
+    parser.add_argument("--model-size", choices=("tiny", "100m", "500m"), default="tiny",
+                        help="100m: a 12-layer, 768-wide GPT-2 from a config; 500m: the Qwen2.5-0.5B shape (for a GPU)")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                         help="bf16: autocast here, bf16-mixed in the shell, bf16=True in TRL")
     args = parser.parse_args()

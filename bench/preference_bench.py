@@ -21,7 +21,7 @@ bf16`` runs every contender under bf16 autocast (TRL with ``bf16=True``); peak m
 contender is reported.
 
     python bench/preference_bench.py [--threads 2] [--steps 20] [--rounds 3] [--skip-trl] [--json]
-        [--device cuda] [--model-size tiny|100m] [--precision fp32|bf16]
+        [--device cuda] [--model-size tiny|100m|500m] [--precision fp32|bf16]
 """
 
 from __future__ import annotations
@@ -79,6 +79,34 @@ def model_100m(tok, seed: int = 0):
                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                         activation_function="gelu")
     return GPT2LMHeadModel(config)
+
+
+def model_500m(tok, seed: int = 0):
+    """Qwen2.5-0.5B's shape from a config (no download): 24 layers, 896 wide, 14 query and 2 key/value
+    heads, a 4864-wide SwiGLU, RMSNorm, rotary positions, a tied embedding of 151,936 rows (~494 M
+    parameters; the ``small`` tokenizer's 462 ids are the first rows, the rest stand for a hub
+    vocabulary's logits and memory). Random weights: for throughput and memory only."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=151_936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
+                         tie_word_embeddings=True, bos_token_id=None, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id)
+    return Qwen2ForCausalLM(config)
+
+
+def base_model(model_size: str):
+    """``(model, tokenizer)`` of ``--model-size``: the tiny GPT-2, a 100 M GPT-2 on tiny's characters, or the
+    0.5 B Qwen2 shape on the ``small`` BPE tokenizer and its chat template."""
+    from offline_plugins.modules.tiny_lm import load_causal_lm
+
+    model, tok = load_causal_lm("small" if model_size == "500m" else "tiny", seed=0)
+    if model_size == "100m":
+        model = model_100m(tok)
+    elif model_size == "500m":
+        model = model_500m(tok)
+    return model, tok
 
 
 def bench_bare(model, batch):
@@ -186,7 +214,8 @@ def main() -> None:
     parser.add_argument("--skip-trl", action="store_true", help="do not time TRL's DPOTrainer")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--model-size", choices=("tiny", "100m"), default="tiny")
+    parser.add_argument("--model-size", choices=("tiny", "100m", "500m"), default="tiny",
+                        help="100m: a 12-layer GPT-2; 500m: the Qwen2.5-0.5B shape in bf16 (both for a GPU)")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -195,11 +224,7 @@ def main() -> None:
     if args.precision == "bf16":
         AUTOCAST = lambda: torch.autocast(device.type, dtype=torch.bfloat16)  # noqa: E731
 
-    from offline_plugins.modules.tiny_lm import load_causal_lm
-
-    base, tok = load_causal_lm("tiny", seed=0)
-    if args.model_size == "100m":
-        base = model_100m(tok)
+    base, tok = base_model(args.model_size)
     base = base.to(device)
     batch = make_batch(tok).to(device)
     from offline_plugins.data.preference import add_reference_log_probs
