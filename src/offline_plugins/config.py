@@ -53,7 +53,7 @@ __all__ = [
 #: ``RolloutCollector``/``load_rollout_data`` (``tests/test_online_train.py`` checks they agree).
 ROLLOUT_DEFAULTS: dict[str, Any] = {
     "group_size": 8, "prompts_per_round": 16, "max_new_tokens": 6, "temperature": 1.0, "top_p": 1.0,
-    "batch_size": 32, "ppo_epochs": 1, "reference_sft_steps": 2000, "eval_prompts": 200, "max_attempts": 4,
+    "batch_size": 32, "ppo_epochs": 1, "reference_sft_steps": None, "eval_prompts": 200, "max_attempts": 4,
     "reward_timeout": 60.0, "reward_on_failure": 0.0,
     # multi-turn tasks (tool-arithmetic): None is the task's own setting
     "max_turns": None, "tools": None, "tool_timeout": 5.0, "tool_reward": 0.0, "tool_sandbox": None,

@@ -51,8 +51,9 @@ class SamplingFields(LoRAFields):
     max_new_tokens: int = config_field(_D["max_new_tokens"], "response budget in tokens")
     temperature: float = config_field(_D["temperature"], "sampling temperature", bounds=">0")
     top_p: float = config_field(_D["top_p"], "nucleus sampling threshold (1.0: off)")
-    reference_sft_steps: int = config_field(_D["reference_sft_steps"],
-                                            "built-in task with a built-in --model (tiny, small): SFT steps of the cached reference")
+    reference_sft_steps: Optional[int] = config_field(
+        _D["reference_sft_steps"], "built-in task with a built-in --model (tiny, small): SFT steps of the cached "
+        "reference; unset: the task's own (arithmetic 2000, tool-arithmetic and tool-python 130, steps-arithmetic 800)")
     eval_prompts: int = config_field(_D["eval_prompts"], "held-out prompts scored by greedy exact match")
     reward_timeout: float = config_field(_D["reward_timeout"], "seconds one call of the reward function may take; a "
                                          "response whose call raises, exits or runs past it is counted and gets "

@@ -222,7 +222,7 @@ class RolloutData(TextTaskData):
 
 def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[str] = None, seed: int = 0,
                       group_size: int = 8, prompts_per_round: int = 16, max_new_tokens: int = 6,
-                      temperature: float = 1.0, top_p: float = 1.0, reference_sft_steps: int = 2000,
+                      temperature: float = 1.0, top_p: float = 1.0, reference_sft_steps: Optional[int] = None,
                       eval_prompts: int = 200, max_attempts: int = 4, reward_timeout: Optional[float] = 60.0,
                       reward_on_failure: float = 0.0, max_turns: Optional[int] = None, tools: Optional[str] = None,
                       tool_timeout: float = 5.0, tool_reward: float = 0.0,
@@ -233,7 +233,7 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
     The built-in task with ``model="tiny"`` starts from the cached SFT reference of the
     preference results (:func:`~offline_plugins.data.text_tasks.sft_reference`,
     ``reference_sft_steps`` steps of the ``sft`` algorithm, ``finetune``, when it is not
-    cached yet); any other
+    cached yet; None: the task's own ``reference_sft_steps``, its documented results' recipe); any other
     ``model`` (a ``save_pretrained`` folder such as an ``sft`` run's ``OUT/model``, or a hub
     id) is the reference itself. A JSONL file's reference is ``model`` as given. The reward is
     called under ``reward_timeout`` seconds a call, a failed call costing ``reward_on_failure``
@@ -261,7 +261,9 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
             fn = load_reward_function(reward)
             source.reward_fn, source.reward_name = fn, reward
         if is_builtin_model(model):
-            reference, tokenizer = sft_reference(task, model=str(model), seed=0, steps=reference_sft_steps,
+            if reference_sft_steps is None:
+                reference_sft_steps = getattr(getattr(task, "reference_task", task), "reference_sft_steps", 2000)
+            reference, tokenizer = sft_reference(task, model=str(model), seed=0, steps=int(reference_sft_steps),
                                                  cache_dir=Path(cache_dir) if cache_dir else cache_root() / "preference",
                                                  progress=progress, finetune=finetune)
         else:

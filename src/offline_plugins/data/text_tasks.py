@@ -247,8 +247,14 @@ def sft_reference(task: Any, *, model: Any = "tiny", seed: int = 0, steps: int =
         return load_causal_lm(ref_dir, seed=seed)
     reference, tokenizer = load_causal_lm(model, seed=seed)
     require_finetune(finetune, f"the SFT reference of {task.name}")
+    import sys
+
+    where = f"; cached in {ref_dir} for later runs" if ref_dir is not None else ""
+    print(f"offline-plugins: making the SFT reference of {task.name} from {model_cache_tag(model)}: {steps} steps of sft "
+          f"on {rows} demonstrations, the model this task's runs start from (--set reference_sft_steps=N to change)"
+          f"{where}", file=sys.stderr, flush=True)
     finetune(reference, tokenizer, sft_rows(task, rows, seed=seed), steps=steps, batch_size=batch_size, lr=lr,
-             max_length=max_length, seed=seed, progress=progress)
+             max_length=max_length, seed=seed, progress=progress, title="reference sft")
     if ref_dir is not None:
         from transformers.utils import logging as hf_logging
 

@@ -62,6 +62,8 @@ class StepChainTask:
     scores_exact_match: ClassVar[bool] = False
     #: the SFT reference's token budget: the prompt and its whole solution (the ``steps-arithmetic`` rollout task)
     sft_max_length: ClassVar[int] = 64
+    #: SFT steps of the cached reference: the PRM results' recipe (docs/prm.md)
+    reference_sft_steps: ClassVar[int] = 800
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_steps <= self.max_steps or self.max_operand < 1 or not self.ops or set(self.ops) - set(_OPS):

@@ -74,6 +74,8 @@ class ArithmeticTask:
     test_fraction: float = 0.1
     #: the verifier is exact match against :meth:`answer` (the held-out exact match is the gold score)
     scores_exact_match: ClassVar[bool] = True
+    #: SFT steps of the cached reference the online and preference algorithms start from (the results' recipe)
+    reference_sft_steps: ClassVar[int] = 2000
 
     def __post_init__(self) -> None:
         if self.digits < 1 or not self.ops or set(self.ops) - set("+-*"):

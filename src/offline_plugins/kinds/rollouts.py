@@ -61,7 +61,7 @@ class TextRollouts(DataKind):
         "max_new_tokens": "response budget in tokens (default 6)",
         "temperature": "sampling temperature (default 1.0)",
         "top_p": "nucleus sampling (default 1.0: off)",
-        "reference_sft_steps": "built-in task with a built-in --model (tiny, small): SFT steps of the cached reference (default 2000)",
+        "reference_sft_steps": "built-in task with a built-in --model (tiny, small): SFT steps of the cached reference (default: the task's own)",
         "eval_prompts": "held-out prompts scored by greedy exact match (default 200)",
         "reward_timeout": "seconds one call of the reward function may take (default 60; 0: no limit)",
         "reward_on_failure": "reward of a response its reward call raised, exited or hung on (default 0)",

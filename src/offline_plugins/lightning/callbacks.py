@@ -464,12 +464,16 @@ class InterruptCheckpoint(Callback):
 
 
 class StepProgressBar(TQDMProgressBar):
-    """Lightning's tqdm bar, titled ``train``, counting gradient steps up to ``max_steps``."""
+    """Lightning's tqdm bar, titled ``title`` (``train``), counting gradient steps up to ``max_steps``."""
+
+    def __init__(self, *args, title: str = "train", **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.title = title
 
     def on_train_epoch_start(self, trainer, *args) -> None:
         super().on_train_epoch_start(trainer, *args)
         bar = self.train_progress_bar
-        bar.set_description("train")
+        bar.set_description(self.title)
         if trainer.max_steps and trainer.max_steps > 0:
             # a resumed run shows the steps already done rather than starting at 0
             bar.total = trainer.max_steps

@@ -33,6 +33,7 @@ def supervised_finetune(
     max_length: int = 32,
     seed: int = 0,
     progress: bool = False,
+    title: str = "sft",
 ) -> list[float]:
     """Train ``model`` in place with the ``sft`` algorithm on the completions; returns the loss curve.
 
@@ -41,9 +42,10 @@ def supervised_finetune(
     makes the parts (``TextSFTLoss``, Adam at ``lr``, gradients clipped at norm 1) and the training
     shell (:class:`~offline_plugins.lightning.module.AlgorithmModule` under a Lightning ``Trainer``,
     batches from the rows' replay buffer seeded by ``seed``) takes ``steps`` steps; the trained
-    weights are then copied into ``model``.
+    weights are then copied into ``model``. With ``progress`` a bar titled ``title`` counts the steps.
     """
     from offline_plugins.algorithms.online import SFTConfig, build_sft
+    from offline_plugins.lightning.callbacks import StepProgressBar
     from offline_plugins.data.preference import tokenize_completions
     from offline_plugins.data.rollouts import CompletionData
 
@@ -66,7 +68,8 @@ def supervised_finetune(
         trainer = lightning.Trainer(max_steps=int(steps), logger=False, enable_checkpointing=False,
                                     enable_model_summary=False, enable_progress_bar=bool(progress),
                                     accelerator="gpu" if device.type == "cuda" else "cpu", devices=1,
-                                    default_root_dir=root, callbacks=[_Curve()])
+                                    default_root_dir=root,
+                                    callbacks=[_Curve()] + ([StepProgressBar(title=title)] if progress else []))
         trainer.fit(module, datamodule=ReplayDataModule(data, batch_size=int(batch_size), seed=seed))
     with torch.no_grad():
         model.load_state_dict(parts.model.state_dict())

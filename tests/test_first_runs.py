@@ -1,0 +1,61 @@
+"""First runs that finish: each built-in task's reference recipe is the one its documented results use, a
+reference being made says so in one line, and its progress bar counts its own steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from offline_plugins.data.rollouts import load_rollout_data
+
+torch.set_num_threads(1)
+
+
+class Recorder:
+    """A finetune that records what it was asked for and trains nothing (the reference stays the init)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, model, tokenizer, rows, **kwargs):
+        self.calls.append({"rows": len(rows), **kwargs})
+        return []
+
+
+@pytest.mark.parametrize("task, steps", [("arithmetic", 2000), ("tool-arithmetic", 130), ("tool-python", 130),
+                                         ("steps-arithmetic", 800), ("arithmetic-length", 2000)])
+def test_each_task_makes_its_reference_with_its_documented_steps_and_says_so(task, steps, tmp_path, capsys,
+                                                                             monkeypatch):
+    if task == "tool-python":  # the sandbox is checked before the reference; this test is about the reference
+        monkeypatch.setattr("offline_plugins.envs.tools.ToolBox.check", lambda self: None)
+    finetune = Recorder()
+    load_rollout_data(task, model="tiny", cache_dir=tmp_path, finetune=finetune, eval_prompts=4)
+    assert [c["steps"] for c in finetune.calls] == [steps]
+    assert finetune.calls[0]["title"] == "reference sft"
+    lines = [line for line in capsys.readouterr().err.splitlines() if "SFT reference" in line]
+    assert len(lines) == 1
+    assert f"{steps} steps of sft" in lines[0] and "reference_sft_steps" in lines[0] and str(tmp_path) in lines[0]
+    # the second run reads the cache: nothing trained, nothing said
+    load_rollout_data(task, model="tiny", cache_dir=tmp_path, finetune=finetune, eval_prompts=4)
+    assert len(finetune.calls) == 1 and "SFT reference" not in capsys.readouterr().err
+
+
+def test_a_set_reference_sft_steps_wins_over_the_tasks_own(tmp_path, capsys):
+    finetune = Recorder()
+    load_rollout_data("tool-arithmetic", model="tiny", cache_dir=tmp_path, finetune=finetune, eval_prompts=4,
+                      reference_sft_steps=7)
+    assert [c["steps"] for c in finetune.calls] == [7]
+
+
+def test_the_reference_progress_bar_counts_its_steps(tmp_path, capsys):
+    from offline_plugins.envs.tasks import ArithmeticTask
+    from offline_plugins.lightning.sft import supervised_finetune
+    from offline_plugins.modules.tiny_lm import load_causal_lm
+
+    model, tok = load_causal_lm("tiny", seed=0)
+    rows = [{"prompt": p.prompt, "completion": p.answer} for p in ArithmeticTask().problems(64)]
+    supervised_finetune(model, tok, rows, steps=16, batch_size=8, progress=True, title="reference sft")
+    seen = capsys.readouterr()
+    bar = (seen.out + seen.err).replace("\r", "\n")
+    assert "reference sft: 100%" in bar and "16/16" in bar
+    assert "/-" not in bar  # not Lightning's epoch bar of an unbounded run ("Epoch 0/-2 ... 230/2000")
