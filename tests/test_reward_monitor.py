@@ -71,3 +71,29 @@ def test_gao_rl_form_against_a_hand_computation():
     assert fit_gao([1.0], [0.1]) is None  # one point fits nothing
     # a gold score that only rises has no peak within the form (beta <= 0)
     assert fit_gao([1.0, 2.0, 3.0], [0.1, 0.2, 0.3], form="bon")["peak_kl"] is None
+
+
+def always_max(prompts, responses, **row):
+    """A verifier that is broken: every response gets its maximum."""
+    return [1.0] * len(responses)
+
+
+def test_a_proxy_at_its_ceiling_while_the_gold_stays_put_is_flagged(tmp_path):
+    with pytest.warns(RewardHackingWarning, match="proxy reward is at its ceiling .* gold score has not moved"):
+        summary = train_algorithm("grpo", "arithmetic", model="tiny", reward="test_reward_monitor:always_max", steps=6,
+                                  out_dir=tmp_path / "run", progress=False, threads=1, eval_every=3,
+                                  overrides={"reference_sft_steps": 3, "eval_prompts": 8, "group_size": 2,
+                                             "prompts_per_round": 4, "batch_size": 8})
+    said = summary["reward_hacking"]["hacking_warnings"]
+    assert len(said) == 1 and said[0].startswith("at step 6") and "1 on every response" in said[0]
+
+
+def test_evaluation_only_at_the_end_says_the_monitor_cannot_warn(tmp_path, capsys):
+    from offline_plugins.cli import main
+
+    assert main(["train", "grpo", "--dataset", "arithmetic", "--model", "tiny", "--steps", "2", "--eval-every", "0",
+                 "--no-progress", "--threads", "1", "--out", str(tmp_path / "run"), "--set", "reference_sft_steps=3",
+                 "--set", "eval_prompts=4", "--set", "group_size=2", "--set", "prompts_per_round=2",
+                 "--set", "batch_size=4"]) == 0
+    err = capsys.readouterr().err
+    assert "offline-plugins: warning: with --eval-every 0 the held-out prompts are scored only at the end" in err

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
-__all__ = ["fit_gao", "GAO_FORMS", "hacking_signal"]
+__all__ = ["fit_gao", "GAO_FORMS", "hacking_signal", "ceiling_signal"]
 
 GAO_FORMS = ("bon", "rl")
 
@@ -95,4 +95,36 @@ def hacking_signal(history: Sequence[dict], *, gold: str, proxy: str, window: in
     if b[gold] < a[gold] and b[proxy] > a[proxy]:
         return (f"between steps {a['step']} and {b['step']} the gold score fell {a[gold]:.3g} -> {b[gold]:.3g} "
                 f"while the proxy reward rose {a[proxy]:.3g} -> {b[proxy]:.3g}")
+    return None
+
+
+def ceiling_signal(history: Sequence[dict], *, gold: str, proxy: str, baseline: Optional[float] = None,
+                   signal_key: str = "groups_without_signal", min_gap: float = 0.5) -> Optional[str]:
+    """A warning when the proxy sits at its ceiling while the gold score has not moved; else None.
+
+    At the last evaluation: every group of the round scored its responses alike (``signal_key`` at 1:
+    no advantage left to learn from), the proxy reward is the highest of the run and above 0, the gold
+    score is no higher than where it started (``baseline``, else the first evaluation's) and sits at
+    least ``min_gap`` under the proxy. A verifier that answers its maximum on every response does this
+    (the proxy says 1.0, the exact match stays 0 %); a policy that solved the task does not (its gold
+    rose with it). Needs two evaluations.
+
+    >>> h = [{"step": 5, "g": 0.0, "p": 1.0, "groups_without_signal": 1.0},
+    ...      {"step": 10, "g": 0.0, "p": 1.0, "groups_without_signal": 1.0}]
+    >>> ceiling_signal(h, gold="g", proxy="p")
+    'at step 10 the proxy reward is at its ceiling (1 on every response: no group has a signal left) while the gold score has not moved from 0 (now 0); the reward may be broken or gamed'
+    >>> ceiling_signal([dict(r, g=0.9) for r in h], gold="g", proxy="p") is None  # the gold is with it
+    True
+    """
+    usable = [r for r in history if r.get(gold) is not None and r.get(proxy) is not None]
+    if len(usable) < 2:
+        return None
+    last = usable[-1]
+    start = usable[0][gold] if baseline is None else baseline
+    top = max(float(r[proxy]) for r in usable)
+    if (last.get(signal_key) is not None and float(last[signal_key]) >= 0.999 and float(last[proxy]) >= top > 0
+            and float(last[gold]) <= float(start) and float(last[proxy]) - float(last[gold]) >= min_gap):
+        return (f"at step {last['step']} the proxy reward is at its ceiling ({float(last[proxy]):.3g} on every "
+                f"response: no group has a signal left) while the gold score has not moved from {float(start):.3g} "
+                f"(now {float(last[gold]):.3g}); the reward may be broken or gamed")
     return None

@@ -139,6 +139,14 @@ class TextRollouts(DataKind):
         # the reward optimised (the rollouts' mean reward) against the held-out gold score the data
         # names: the task's own verifier where --reward replaced it, exact match where the reward is
         # exact match against answers, else the reward on the held-out prompts
+        if not every and data.gold_key is not None:
+            import warnings
+
+            from offline_plugins.lightning.monitor import RewardHackingWarning
+
+            warnings.warn(RewardHackingWarning(
+                "with --eval-every 0 the held-out prompts are scored only at the end, so the reward-hacking monitor "
+                "sees one point and cannot warn; give --eval-every N (the default is a fifth of --steps)"), stacklevel=2)
         return RolloutEvaluation(data, every=every, gold=data.gold_key)
 
     def datamodule(self, data, parts, *, batch_size: int, seed: int):

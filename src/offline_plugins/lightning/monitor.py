@@ -10,7 +10,9 @@ evaluation of the run, and
   difference) with ``monitor/sqrt_kl``;
 * keeps the checkpoint with the best gold score (``best_gold.ckpt``) and says at which
   step and KL it was;
-* warns when the gold score fell while the proxy rose over the last evaluations;
+* warns when the gold score fell while the proxy rose over the last evaluations, and when the
+  proxy sits at its ceiling (every response scored alike, the run's highest) while the gold score
+  has not moved (a broken or gamed reward: :func:`~offline_plugins.eval.overoptimization.ceiling_signal`);
 * fits Gao et al.'s RL form ``d (alpha - beta log d)`` (and the best-of-n one) to the gold
   gains at the end, and reports the fitted peak.
 """
@@ -24,7 +26,7 @@ from typing import Any, Optional, Union
 
 from lightning.pytorch import Callback
 
-from offline_plugins.eval.overoptimization import fit_gao, hacking_signal
+from offline_plugins.eval.overoptimization import ceiling_signal, fit_gao, hacking_signal
 
 __all__ = ["RewardHackingMonitor", "RewardHackingWarning"]
 
@@ -99,10 +101,13 @@ class RewardHackingMonitor(Callback):
                 if self.checkpoint is not None and trainer.world_size == 1:
                     trainer.save_checkpoint(self.checkpoint, weights_only=False)
         self._seen = len(history)
-        signal = hacking_signal(history, gold=self.gold, proxy=self.proxy, window=self.window)
-        if signal is not None and signal not in self.warnings:
-            self.warnings.append(signal)
-            warnings.warn(RewardHackingWarning(f"possible reward hacking: {signal}"), stacklevel=2)
+        gold0, _ = self._baseline()
+        for signal in (hacking_signal(history, gold=self.gold, proxy=self.proxy, window=self.window),
+                       None if any(w.startswith("at step") for w in self.warnings) else  # said once a run
+                       ceiling_signal(history, gold=self.gold, proxy=self.proxy, baseline=gold0)):
+            if signal is not None and signal not in self.warnings:
+                self.warnings.append(signal)
+                warnings.warn(RewardHackingWarning(f"possible reward hacking: {signal}"), stacklevel=2)
 
     def on_fit_start(self, trainer, pl_module) -> None:
         if self.checkpoint == "auto":
