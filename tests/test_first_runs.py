@@ -59,3 +59,21 @@ def test_the_reference_progress_bar_counts_its_steps(tmp_path, capsys):
     bar = (seen.out + seen.err).replace("\r", "\n")
     assert "reference sft: 100%" in bar and "16/16" in bar
     assert "/-" not in bar  # not Lightning's epoch bar of an unbounded run ("Epoch 0/-2 ... 230/2000")
+
+
+@pytest.mark.parametrize("algorithm, rows, tiny_lr", [
+    ("sft", [{"prompt": f"{i}+1=", "completion": str(i + 1)} for i in range(40)], 3e-3),
+    ("dpo", [{"prompt": f"{i}+1=", "chosen": str(i + 1), "rejected": str(i)} for i in range(40)], 1e-3)])
+def test_small_from_its_init_takes_a_third_of_tinys_learning_rate(algorithm, rows, tiny_lr, tmp_path):
+    import json
+
+    from offline_plugins.lightning.run import train_algorithm
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lrs = {}
+    for model in ("tiny", "small"):
+        summary = train_algorithm(algorithm, str(path), model=model, steps=1, out_dir=tmp_path / model, progress=False,
+                                  threads=1, eval_every=0, overrides={"batch_size": 4})
+        lrs[model] = summary["config"]["lr"]
+    assert lrs["tiny"] == pytest.approx(tiny_lr) and lrs["small"] == pytest.approx(tiny_lr / 3)

@@ -229,7 +229,7 @@ class SFTConfig(LoRAFields):
     #: the SFT reference recipe of the preference results (data/text_tasks.py)
     from_scratch_lr: ClassVar[float] = 3e-3
     lr: Optional[float] = config_field(None, "Adam learning rate; unset: 1e-4 for a pretrained model, 3e-3 for "
-                                             "a built-in --model (tiny, small) from its random init")
+                                             "--model tiny and 1e-3 for small from their random init")
     batch_size: int = config_field(64, "prompt/completion rows per gradient step")
     max_grad_norm: float = config_field(1.0, "clip the gradient norm to this")
     max_length: int = config_field(32, "token budget of prompt + completion")
@@ -249,7 +249,10 @@ def build_sft(config: SFTConfig, data: Any):
         raise UserError(f"sft trains on prompt/completion rows: give it a CompletionData "
                         f"(offline_plugins.data.rollouts.load_completion_data), not a {type(data).__name__}")
     if config.lr is None:
-        config.lr = SFTConfig.from_scratch_lr if data.from_scratch else SFTConfig.pretrained_lr
+        from offline_plugins.modules.tiny_lm import from_scratch_lr
+
+        config.lr = (from_scratch_lr(SFTConfig.from_scratch_lr, getattr(data, "model", "tiny")) if data.from_scratch
+                     else SFTConfig.pretrained_lr)
     elif isinstance(config.lr, bool) or not isinstance(config.lr, (int, float)) or not config.lr > 0:
         raise UserError(f"sft: lr must be a positive number, got {config.lr!r}; fix it with --set lr=1e-4")
     policy, _ = policy_and_reference(config, data, "sft")

@@ -142,7 +142,7 @@ def _inner_kwargs(config: Any, name: str) -> tuple[str, dict, tuple[str, ...], A
 def _build(config: Any, data: Any, name: str, *, reference: str):
     import offline_plugins.objectives.llm as llm
     from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup, RolloutPlan
-    from offline_plugins.algorithms.preference import FROM_SCRATCH_LR, policy_and_reference
+    from offline_plugins.algorithms.preference import FROM_SCRATCH_LR, _scratch, policy_and_reference
     from offline_plugins.errors import UserError
     from offline_plugins.algorithms.preference import policy_log_probs
     from offline_plugins.objectives.llm.online_dpo import OnlinePreferenceLoss
@@ -155,7 +155,7 @@ def _build(config: Any, data: Any, name: str, *, reference: str):
     generator = rollout_generator(config, data, name)
     lr = config.lr
     if lr is None:
-        lr = FROM_SCRATCH_LR if getattr(data, "from_scratch", False) else inner_cfg.pretrained_lr
+        lr = _scratch(FROM_SCRATCH_LR, data) if getattr(data, "from_scratch", False) else inner_cfg.pretrained_lr
     elif isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < float(lr) < float("inf"):
         raise UserError(f"{name}: lr must be a positive number (or unset for the inner loss's default), got "
                         f"{lr!r}; fix it with --set lr=1e-5")

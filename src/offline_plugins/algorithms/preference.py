@@ -289,18 +289,25 @@ def trainable_policy(config: Any, data: Any, name: str) -> Any:
     return policy_model
 
 
+def _scratch(lr: float, data: Any) -> float:
+    """A from-scratch default ``lr`` (tiny's) for the built-in model ``data`` was made from."""
+    from offline_plugins.modules.tiny_lm import from_scratch_lr
+
+    return from_scratch_lr(lr, getattr(data, "model", "tiny"))
+
+
 def resolve_lr(config: Any, data: Any, name: str) -> float:
     """The policy's learning rate: ``config.lr``, or the default for where the reference starts.
 
     A reference at its random initialisation (``data.from_scratch``) gets
-    :data:`FROM_SCRATCH_LR`, any other the config's ``pretrained_lr``. The rate used is
+    :data:`FROM_SCRATCH_LR` (a third of it for ``small``: ``tiny_lm.from_scratch_lr``), any other the config's ``pretrained_lr``. The rate used is
     written back into ``config`` so the run's summary and checkpoint record it.
     """
     from offline_plugins.errors import UserError
 
     lr = config.lr
     if lr is None:
-        lr = FROM_SCRATCH_LR if getattr(data, "from_scratch", False) else type(config).pretrained_lr
+        lr = _scratch(FROM_SCRATCH_LR, data) if getattr(data, "from_scratch", False) else type(config).pretrained_lr
     elif isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < float(lr) < float("inf"):
         raise UserError(f"{name}: lr must be a positive number (or unset for the model's default), got {lr!r}; "
                         f"fix it with --set lr=1e-4")

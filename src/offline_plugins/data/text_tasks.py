@@ -253,6 +253,9 @@ def sft_reference(task: Any, *, model: Any = "tiny", seed: int = 0, steps: int =
     print(f"offline-plugins: making the SFT reference of {task.name} from {model_cache_tag(model)}: {steps} steps of sft "
           f"on {rows} demonstrations, the model this task's runs start from (--set reference_sft_steps=N to change)"
           f"{where}", file=sys.stderr, flush=True)
+    from offline_plugins.modules.tiny_lm import from_scratch_lr
+
+    lr = from_scratch_lr(lr, model)  # lr is tiny's; small takes a third of it
     finetune(reference, tokenizer, sft_rows(task, rows, seed=seed), steps=steps, batch_size=batch_size, lr=lr,
              max_length=max_length, seed=seed, progress=progress, title="reference sft")
     if ref_dir is not None:

@@ -28,6 +28,7 @@ from offline_plugins.errors import UserError
 __all__ = [
     "BUILTIN_MODELS",
     "is_builtin_model",
+    "from_scratch_lr",
     "CHARACTERS",
     "TINY_MODEL_VERSION",
     "ModelLoadError",
@@ -48,6 +49,21 @@ SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 TINY_MODEL_VERSION = "gpt2-2x128"
 #: the names ``load_causal_lm`` builds without a folder or a network
 BUILTIN_MODELS = ("tiny", "small", "small-pad-eos")
+
+
+#: a built-in model's learning rate from its random init, relative to tiny's (the algorithms' from-scratch
+#: defaults are tiny's): SFT of ``small`` on the arithmetic task, 1000 steps of 64 rows, reached 91.5 %
+#: held-out exact match at 1e-3 and 12.0 % after 2000 steps at tiny's 3e-3 (its loss spiked, 0.2 -> 1.6)
+FROM_SCRATCH_LR_SCALE = {"tiny": 1.0, "small": 1 / 3, "small-pad-eos": 1 / 3}
+
+
+def from_scratch_lr(lr: float, model: Any) -> float:
+    """``lr``, a default for ``tiny`` from its random init, scaled for the built-in ``model``.
+
+    >>> from_scratch_lr(3e-3, "tiny"), round(from_scratch_lr(3e-3, "small"), 6), from_scratch_lr(3e-3, "/my/model")
+    (0.003, 0.001, 0.003)
+    """
+    return float(lr) * FROM_SCRATCH_LR_SCALE.get(str(model), 1.0)
 
 
 def is_builtin_model(model: Any) -> bool:
