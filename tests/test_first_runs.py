@@ -77,3 +77,23 @@ def test_small_from_its_init_takes_a_third_of_tinys_learning_rate(algorithm, row
                                   threads=1, eval_every=0, overrides={"batch_size": 4})
         lrs[model] = summary["config"]["lr"]
     assert lrs["tiny"] == pytest.approx(tiny_lr) and lrs["small"] == pytest.approx(tiny_lr / 3)
+
+
+@pytest.mark.parametrize("rows, says", [
+    ([{"prompt": "1+1=", "chosen": "2", "rejected": "3"}], "it has a single row"),
+    ([{"prompt": "1+1=", "chosen": "2", "rejected": "3"}] * 50,
+     "its 50 rows share one prompt.*only 1 of them distinct")])
+def test_a_preference_file_without_a_held_out_split_says_why(rows, says, tmp_path, capsys):
+    import json
+    import re
+
+    from offline_plugins.cli import main
+
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["train", "dpo", "--dataset", str(path), "--steps", "1", "--no-progress", "--set", "batch_size=1",
+                 "--out", str(tmp_path / "run")]) == 0
+    seen = capsys.readouterr()
+    warning = [line for line in seen.err.splitlines() if "no rows held out" in line]
+    assert len(warning) == 1 and re.search(says, warning[0]) and "held-out figures will read n/a" in warning[0]
+    assert "held-out preference accuracy n/a" in seen.out

@@ -132,6 +132,30 @@ def _prompt_hash(prompt: str) -> int:
     return int.from_bytes(hashlib.blake2b(prompt.encode("utf-8"), digest_size=8).digest(), "little")
 
 
+class NoHeldOutWarning(UserWarning):
+    """A preference file too small or too uniform to hold rows out: its held-out figures are n/a."""
+
+
+def _warn_no_held_out(source: str, rows: Sequence[dict]) -> None:
+    """Say why a file gets no held-out split: too few rows, or every row on one prompt (a prompt's rows stay
+    on one side of the split), and how many distinct rows there are."""
+    import json
+    import warnings
+
+    prompts = len({r["prompt"] for r in rows})
+    distinct = len({json.dumps(r, sort_keys=True, default=str) for r in rows})
+    if len(rows) == 1:
+        why = "it has a single row"
+    elif prompts < 2:
+        why = f"its {len(rows)} rows share one prompt, and a prompt's rows stay on one side of the split"
+    else:
+        why = f"it has only {len(rows)} rows"
+    dups = f"; only {distinct} of them distinct (the rest are copies)" if distinct < len(rows) else ""
+    warnings.warn(NoHeldOutWarning(
+        f"{source}: no rows held out, so the held-out figures will read n/a: {why}{dups}; add rows with other "
+        "prompts (10 % of the rows, at least 100 and at most half, are held out, whole prompts at a time)"), stacklevel=3)
+
+
 def held_out_prompts(prompts: Sequence[str], *, fraction: float = 0.1, min_rows: int = 100) -> set[str]:
     """The prompts whose rows are held out: at least ``max(min_rows, fraction * len(prompts))`` rows.
 
@@ -355,6 +379,8 @@ def load_preference_source(
     test_rows = [r for r in rows if r["prompt"] in held]
     if not train_rows:
         raise PreferenceSourceError(f"{resolved}: every row fell in the held-out split; give more rows")
+    if not test_rows:
+        _warn_no_held_out(resolved, rows)
     tok = tokenize_pairs if layout == "pairs" and kind == "preference-pairs" else tokenize_unpaired
     to_rows = pairs_to_unpaired if layout == "pairs" and kind == "unpaired-feedback" else (lambda r: r)
     train, report = tok(to_rows(train_rows), tokenizer, max_length=max_length, source=resolved)
