@@ -488,3 +488,24 @@ def test_a_grpo_round_on_tool_python_survives_hostile_calls_and_scores_them_as_e
         assert torch.isfinite(losses["loss_objective"])
     assert played == HOSTILE  # every attack was made, and this process lives on
     assert not Path(f"/tmp/op-hostile-{os.getpid()}").exists()
+
+
+@pytest.mark.parametrize("model", ["tiny", "small"])
+def test_sft_on_a_tool_task_trains_the_calls_and_the_answer_not_the_tools_output(model):
+    from offline_plugins.data.preference import tokenize_completions
+    from offline_plugins.data.text_tasks import sft_rows
+    from offline_plugins.envs.multiturn import ToolPythonTask
+    from offline_plugins.modules.tiny_lm import load_causal_lm
+
+    _, tok = load_causal_lm(model, seed=0)
+    for task in (ToolArithmeticTask(), ToolPythonTask()):
+        rows = sft_rows(task, 3)
+        td, _ = tokenize_completions(rows, tok, max_length=128)
+        for i, row in enumerate(rows):
+            tokens, mask = td["tokens", "full"][i], td["masks", "all_assistant_mask"][i]
+            trained = tok.decode(tokens[mask].tolist(), skip_special_tokens=True)
+            answer = row["completion"].rsplit("</result>", 1)[1]
+            call = row["completion"].split("<result>", 1)[0]
+            assert trained == call + answer  # the result the tool wrote is not a training target
+            untrained = tok.decode(tokens[td["masks", "all_attention_mask"][i] & ~mask].tolist())
+            assert untrained.endswith(f"<result>{answer}</result>")

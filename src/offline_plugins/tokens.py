@@ -24,6 +24,7 @@ __all__ = [
     "prompt_token_ids",
     "response_token_ids",
     "encode_example",
+    "encode_segments",
     "pad_rows",
     "pad_token_id",
 ]
@@ -107,16 +108,65 @@ def encode_example(
     return p + r, len(p)
 
 
-def pad_rows(encoded: Sequence[tuple[list[int], int]], pad_id: int, length: int) -> dict[str, torch.Tensor]:
-    """Right-pad ``(ids, n_prompt)`` rows to ``length``: tokens, attention mask, response mask."""
+def encode_segments(
+    tokenizer: Any,
+    prompt: str,
+    segments: Sequence[tuple[str, bool]],
+    *,
+    max_length: int,
+    report: Optional[TokenizeReport] = None,
+) -> Optional[tuple[list[int], int, list[bool]]]:
+    """``(ids, n_prompt, trained)`` of a prompt and a response made of ``(text, trained)`` segments (+eos).
+
+    Each segment is tokenised on its own, as a multi-turn episode's rows are made (the policy's turn,
+    then the tool's observation, then the next turn), and only the trained segments and the eos are
+    response tokens: SFT on a tool episode then learns the calls and the answer, not the tool's output.
+    Cut at ``max_length`` like :func:`encode_example`; ``None`` when the row must be dropped.
+
+    >>> from offline_plugins.modules.tiny_lm import char_tokenizer
+    >>> tok = char_tokenizer()
+    >>> ids, n, trained = encode_segments(tok, "Q", [("a", True), ("<r>", False), ("b", True)], max_length=16)
+    >>> tok.decode([i for i, t in zip(ids, trained) if t], skip_special_tokens=False)
+    'ab<eos>'
+    """
+    report = report if report is not None else TokenizeReport()
+    if not "".join(text for text, _ in segments).strip():
+        report.drop("empty_response")
+        return None
+    p = prompt_token_ids(tokenizer, prompt)
+    if len(p) >= max_length:
+        report.drop("prompt_over_context")
+        return None
+    ids, trained = list(p), [False] * len(p)
+    for text, train in segments:
+        part = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        ids += part
+        trained += [bool(train)] * len(part)
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+        trained.append(True)
+    if len(ids) > max_length:
+        ids, trained = ids[:max_length], trained[:max_length]
+        report.truncated_responses += 1
+    return ids, len(p), trained
+
+
+def pad_rows(encoded: Sequence[tuple], pad_id: int, length: int) -> dict[str, torch.Tensor]:
+    """Right-pad ``(ids, n_prompt)`` rows to ``length``: tokens, attention mask, response mask.
+
+    A row ``(ids, n_prompt, trained)`` (:func:`encode_segments`) marks its response tokens itself."""
     n = len(encoded)
     tokens = torch.full((n, length), pad_id, dtype=torch.long)
     attn = torch.zeros(n, length, dtype=torch.bool)
     resp = torch.zeros(n, length, dtype=torch.bool)
-    for i, (ids, n_prompt) in enumerate(encoded):
+    for i, row in enumerate(encoded):
+        ids, n_prompt = row[0], row[1]
         tokens[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         attn[i, : len(ids)] = True
-        resp[i, n_prompt : len(ids)] = True
+        if len(row) > 2:
+            resp[i, : len(ids)] = torch.tensor(row[2], dtype=torch.bool)
+        else:
+            resp[i, n_prompt : len(ids)] = True
     return {"tokens": tokens, "attn": attn, "resp": resp}
 
 

@@ -266,11 +266,24 @@ def tokenize_unpaired(
 def tokenize_completions(
     rows: Iterable[Mapping[str, Any]], tokenizer: Any, *, max_length: int = 64, source: str = "dataset"
 ) -> tuple[TensorDict, TokenizeReport]:
-    """``(td [N], report)`` from ``(prompt, completion)`` rows: SFT data in the same layout."""
-    rows = validate_rows(rows, ("prompt", "completion"), source=source)
+    """``(td [N], report)`` from ``(prompt, completion)`` rows: SFT data in the same layout.
+
+    A row with ``segments`` (a list of ``(text, trained)``, whose texts make up the completion: a tool
+    episode's turns and observations) trains on its trained segments only (:func:`encode_segments`)."""
+    from offline_plugins.tokens import encode_segments
+
+    rows = list(rows)
+    segments = [r.get("segments") if isinstance(r, Mapping) else None for r in rows]
+    rows = [dict(r, segments=s) for r, s in zip(validate_rows(rows, ("prompt", "completion"), source=source), segments)]
     report = TokenizeReport(total=len(rows))
     pad = _pad_and_note(tokenizer, report)
-    enc = [e for r in rows if (e := encode_example(tokenizer, r["prompt"], r["completion"], max_length=max_length, report=report))]
+
+    def encode(r):
+        if r.get("segments"):
+            return encode_segments(tokenizer, r["prompt"], r["segments"], max_length=max_length, report=report)
+        return encode_example(tokenizer, r["prompt"], r["completion"], max_length=max_length, report=report)
+
+    enc = [e for r in rows if (e := encode(r))]
     report.kept = len(enc)
     if not enc:
         raise PreferenceDataError(f"{source}: no usable rows ({report.summary()})")

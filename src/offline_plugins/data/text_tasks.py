@@ -45,7 +45,9 @@ def sft_rows(task: Any, n: int, *, split: str = "train", seed: int = 0) -> list[
     """``n`` rows ``{"prompt", "completion"}`` with the task's exact answers (a multi-turn task's
     ``demonstration``: the episode that calls the tool, as one completion)."""
     show = getattr(task, "demonstration", lambda p: p.answer)
-    return [{"prompt": p.prompt, "completion": show(p)} for p in task.problems(n, split=split, seed=seed)]
+    segments = getattr(task, "demonstration_segments", None)  # a tool episode: the observations are not trained
+    return [{"prompt": p.prompt, "completion": show(p), **({"segments": segments(p)} if segments else {})}
+            for p in task.problems(n, split=split, seed=seed)]
 
 
 def generate(
@@ -242,6 +244,8 @@ def sft_reference(task: Any, *, model: Any = "tiny", seed: int = 0, steps: int =
     task = getattr(task, "reference_task", task)
     max_length = max(max_length, getattr(task, "sft_max_length", 0))  # a multi-turn demonstration is longer
     tag = f"sft-{task.name}-{model_cache_tag(model)}-s{seed}-n{steps}-b{batch_size}"
+    if hasattr(task, "demonstration_segments"):
+        tag += "-obsmasked"  # its observations are not trained (a reference cached before that was is not reused)
     ref_dir = Path(cache_dir) / tag if cache_dir is not None else None
     if ref_dir is not None and (ref_dir / "config.json").is_file():
         return load_causal_lm(ref_dir, seed=seed)

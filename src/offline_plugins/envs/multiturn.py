@@ -215,7 +215,13 @@ class ToolArithmeticTask:
 
     def demonstration(self, problem: Problem) -> str:
         """An episode that calls the tool and answers with its result, as one SFT completion."""
-        return f"{self.call(*self._operands(problem.prompt))}{self.multiturn.observe([problem.answer])}{problem.answer}"
+        return "".join(text for text, _ in self.demonstration_segments(problem))
+
+    def demonstration_segments(self, problem: Problem) -> list[tuple[str, bool]]:
+        """The demonstration as ``(text, trained)``: the call, the tool's observation (not trained: the
+        environment writes it), the answer."""
+        return [(self.call(*self._operands(problem.prompt)), True),
+                (self.multiturn.observe([problem.answer]), False), (problem.answer, True)]
 
     def reward(self, prompt: str, response: str) -> float:
         return exact_match(response, self.answer(prompt))
