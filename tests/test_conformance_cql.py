@@ -145,8 +145,8 @@ def test_select_out_keys_works_in_a_fresh_process():
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
 
 
-# reduction="none" with with_lagrange fails in TorchRL's forward too (a scalar loss_alpha_prime)
-@pytest.mark.parametrize("with_lagrange, reduction", [(False, "mean"), (True, "mean"), (False, "none")])
+# reduction="none" with with_lagrange fails in TorchRL's forward (a scalar loss_alpha_prime); ours gives it per sample
+@pytest.mark.parametrize("with_lagrange, reduction", [(False, "mean"), (True, "mean"), (False, "none"), (True, "none")])
 def test_out_keys_list_exactly_what_forward_returns(with_lagrange, reduction):
     kwargs = {"scalar_output_mode": "exclude"} if reduction == "none" else {}
     loss = _continuous(with_lagrange=with_lagrange, reduction=reduction, **kwargs)
@@ -155,6 +155,27 @@ def test_out_keys_list_exactly_what_forward_returns(with_lagrange, reduction):
     # TorchRL's DiscreteCQLLoss also returns its metadata, outside its out_keys
     dloss = _discrete(reduction=reduction)
     assert set(dloss(_discrete_batch(6)).keys()) == {*dloss.out_keys, *DISCRETE_METADATA}
+
+
+@pytest.mark.parametrize("conservative_term", ["paper", "torchrl"])
+def test_lagrange_without_reduction_gives_per_sample_losses_whose_mean_is_the_reduced_loss(conservative_term):
+    per_sample = _continuous(with_lagrange=True, reduction="none", scalar_output_mode="exclude",
+                             conservative_term=conservative_term)
+    reduced = _continuous(with_lagrange=True, conservative_term=conservative_term)
+    with torch.no_grad():
+        per_sample.log_alpha_prime.fill_(0.7)
+        reduced.log_alpha_prime.fill_(0.7)
+    torch.manual_seed(5)
+    a = per_sample(_batch(6))
+    torch.manual_seed(5)
+    b = reduced(_batch(6))
+    for key in ("loss_qvalue", "loss_cql", "loss_alpha_prime", "loss_actor", "loss_alpha"):
+        assert a[key].shape == (6,), key
+        assert a[key].mean().item() == pytest.approx(b[key].item(), rel=1e-5, abs=1e-6), key
+    # the alpha' loss trains alpha' only, with the gradient of the reduced loss
+    (g_a,) = torch.autograd.grad(a["loss_alpha_prime"].mean(), per_sample.log_alpha_prime)
+    (g_b,) = torch.autograd.grad(b["loss_alpha_prime"], reduced.log_alpha_prime)
+    assert g_a.item() == pytest.approx(g_b.item(), rel=1e-5)
 
 
 def test_keyword_call_returns_the_out_keys_values_in_order():

@@ -296,7 +296,41 @@ class CQLLoss(DiagnosticsContract, _TorchRLCQLLoss):
 
     @dispatch
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        if self.with_lagrange and self.reduction == "none":
+            return self._per_sample_lagrange_forward(tensordict)
         return self._diagnosed_forward(tensordict)
+
+    def _per_sample_lagrange_forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """``with_lagrange=True, reduction="none"``: the same terms as TorchRL's ``forward``, with the
+        :math:`\\alpha'` loss per sample, :math:`-\\tfrac12 \\alpha' ((g_{1,i} - \\tau) + (g_{2,i} - \\tau))`,
+        whose batch mean is the reduced loss. TorchRL's ``forward`` takes that mean itself and then
+        cannot put the scalar into a per-sample TensorDict (its own class raises there too)."""
+        from tensordict import TensorDict
+
+        self._check_batch(tensordict)
+        keys = self.tensor_keys
+        q_loss, metadata = self.q_loss(tensordict)
+        cql_loss, _ = self.cql_loss(tensordict)
+        n = tensordict.batch_size.numel()
+        # TorchRL's conservative term writes [B, B] gaps ([B] minus [B, 1]): each row's mean is that sample's
+        g1, g2 = (tensordict.get(k).detach().reshape(n, -1).mean(-1) for k in (keys.cql_q1_loss, keys.cql_q2_loss))
+        alpha_prime = torch.clamp_max(self.log_alpha_prime.exp(), max=1e6)
+        alpha_prime_loss = -0.5 * alpha_prime * ((g1 - self.target_action_gap) + (g2 - self.target_action_gap))
+        loss_actor_bc, _ = self.actor_bc_loss(tensordict)
+        loss_actor, actor_metadata = self.actor_loss(tensordict)
+        loss_alpha, _ = self.alpha_loss(actor_metadata, mask_tensordict=tensordict)
+        tensordict.set(keys.priority, metadata.pop("td_error").detach().max(0).values)
+        out = TensorDict({"loss_actor": loss_actor, "loss_actor_bc": loss_actor_bc, "loss_qvalue": q_loss,
+                          "loss_cql": cql_loss, "loss_alpha": loss_alpha,
+                          "loss_alpha_prime": alpha_prime_loss.reshape(tensordict.batch_size)},
+                         batch_size=tensordict.batch_size)
+        if self.scalar_output_mode == "non_tensor":
+            out.set_non_tensor("alpha", self._alpha)
+            out.set_non_tensor("entropy", -actor_metadata.get(keys.log_prob).detach().mean())
+        if self._emits_diagnostics():
+            with torch.no_grad():
+                out.update(self._diagnose(tensordict))
+        return out
 
     def _diagnose(self, tensordict: TensorDictBase) -> dict:
         keys = self.tensor_keys
