@@ -159,3 +159,91 @@ def test_a_function_that_hangs_on_everything_stops_within_about_twice_its_limit(
     with pytest.raises(RolloutError, match="ran past its time limit of 1 s.*failed on the first response"):
         score_responses(_source(always_hangs), ROWS * 5, RESPONSES * 5, guard=RewardGuard(time_limit=1.0))
     assert time.monotonic() - started < 2 * 1.0 + 1.5  # about twice the limit; before, five times
+
+
+def writes_pid_and_hangs(prompts, responses, **_):
+    """Hangs on 'bad' after writing its process id to $REWARD_PID."""
+    if "bad" in responses:
+        Path(os.environ["REWARD_PID"]).write_text(str(os.getpid()))
+        time.sleep(3600)
+    return [float(len(r)) for r in responses]
+
+
+def dies_on_bad(prompts, responses, **_):
+    if "bad" in responses:
+        os._exit(3)  # no exception, no sys.exit: the process is gone
+    return [float(len(r)) for r in responses]
+
+
+def test_process_workers_give_the_rewards_threads_give(monkeypatch):
+    guard = RewardGuard(time_limit=30.0, workers="process")
+    try:
+        assert score_responses(_source(length_reward), ROWS, ["aa", "b", "ccc", ""], guard=guard) == [2.0, 1.0, 3.0, 0.0]
+        first = guard._process.proc.pid
+        assert score_responses(_source(length_reward), ROWS, ["x"] * 4, guard=guard) == [1.0] * 4
+        assert guard._process.proc.pid == first  # one worker process serves the calls
+    finally:
+        guard.close()
+
+
+def test_a_call_past_its_limit_is_killed_with_its_process(tmp_path, monkeypatch):
+    pid_file = tmp_path / "pid"
+    monkeypatch.setenv("REWARD_PID", str(pid_file))
+    guard = RewardGuard(time_limit=2.0, workers="process")
+    try:
+        values = score_responses(_source(writes_pid_and_hangs), ROWS, RESPONSES, guard=guard)
+        assert values == [2.0, 0.0, 1.0, 4.0] and guard.timed_out >= 1
+        hung = int(pid_file.read_text())
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # killed, not abandoned: the process is gone (reaped)
+            try:
+                os.kill(hung, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail(f"the reward process {hung} that ran past its limit is still alive")
+    finally:
+        guard.close()
+
+
+def test_a_worker_process_that_dies_costs_only_that_response():
+    guard = RewardGuard(time_limit=30.0, workers="process")
+    try:
+        assert score_responses(_source(dies_on_bad), ROWS, RESPONSES, guard=guard) == [2.0, 0.0, 1.0, 4.0]
+        assert guard.failed >= 1
+    finally:
+        guard.close()
+
+
+def test_process_workers_need_a_function_importable_by_name_and_a_known_mode():
+    guard = RewardGuard(workers="process")
+    with pytest.raises(RolloutError, match="reward_workers=process .* importable by name"):
+        score_responses(_source(lambda prompts, responses, **_: [0.0] * len(responses)), ROWS, RESPONSES, guard=guard)
+    with pytest.raises(RolloutError, match="reward_workers must be one of thread, process"):
+        RewardGuard(workers="fork")
+
+
+def test_a_hung_process_reward_stops_within_about_twice_its_limit():
+    started = time.monotonic()
+    guard = RewardGuard(time_limit=1.0, workers="process")
+    try:
+        with pytest.raises(RolloutError, match="ran past its time limit of 1 s"):
+            score_responses(_source(always_hangs), ROWS * 5, RESPONSES * 5, guard=guard)
+    finally:
+        guard.close()
+    assert time.monotonic() - started < 2 * 1.0 + 4.0  # twice the limit, and the new processes' start-up
+
+
+def test_the_cli_trains_with_process_workers_and_a_hung_reward_stops_there_too(prompt_file, tmp_path, capsys,
+                                                                               monkeypatch):
+    monkeypatch.syspath_prepend(str(HERE))
+    assert main(["train", "grpo", "--dataset", str(prompt_file), "--reward", "test_reliability_rewards:length_reward",
+                 "--set", "reward_workers=process", "--out", str(tmp_path / "ok"), *_SMALL]) == 0
+    summary = json.loads((tmp_path / "ok" / "summary.json").read_text())
+    assert summary["config"]["reward_workers"] == "process" and summary["reward_mean"] > 0
+    code = main(["train", "grpo", "--dataset", str(prompt_file), "--reward", "test_reliability_rewards:always_hangs",
+                 "--set", "reward_workers=process", "--set", "reward_timeout=0.5", "--out", str(tmp_path / "hung"),
+                 *_SMALL])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and "worker process was killed" in err[-1], err

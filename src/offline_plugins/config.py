@@ -54,7 +54,7 @@ __all__ = [
 ROLLOUT_DEFAULTS: dict[str, Any] = {
     "group_size": 8, "prompts_per_round": 16, "max_new_tokens": 6, "temperature": 1.0, "top_p": 1.0,
     "batch_size": 32, "ppo_epochs": 1, "reference_sft_steps": None, "eval_prompts": 200, "max_attempts": 4,
-    "reward_timeout": 60.0, "reward_on_failure": 0.0,
+    "reward_timeout": 60.0, "reward_on_failure": 0.0, "reward_workers": "thread",
     # multi-turn tasks (tool-arithmetic): None is the task's own setting
     "max_turns": None, "tools": None, "tool_timeout": 5.0, "tool_reward": 0.0, "tool_sandbox": None,
 }

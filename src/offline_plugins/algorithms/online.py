@@ -59,6 +59,9 @@ class SamplingFields(LoRAFields):
                                          "response whose call raises, exits or runs past it is counted and gets "
                                          "reward_on_failure (0: no limit)")
     reward_on_failure: float = config_field(_D["reward_on_failure"], "reward of a response its reward call failed on")
+    reward_workers: str = config_field(_D["reward_workers"], "where the reward function's calls run: thread, or "
+                                       "process (a call past reward_timeout is killed with its process; the function "
+                                       "must be importable as module:function)")
     max_turns: Optional[int] = config_field(_D["max_turns"], "multi-turn tasks: turns per episode (unset: the "
                                             "task's, 3 for tool-arithmetic)", bounds=">=1")
     tools: Optional[str] = config_field(_D["tools"], "multi-turn tasks: the tools the policy may call, comma-"

@@ -117,13 +117,14 @@ class RolloutCollector:
         reward_timeout (float), reward_on_failure (float): the reward function's time limit per call
             (0/None: none) and the reward of a response its call failed on (:class:`RewardGuard`,
             ``reward_guard``; the run sets its ``should_stop``).
+        reward_workers (str): ``"thread"`` or ``"process"`` (a call past its limit is killed with its process).
     """
 
     def __init__(self, source: PromptSource, tokenizer: Any, reference: Optional[torch.nn.Module], *,
                  group_size: int = 8, prompts_per_round: int = 16, max_new_tokens: int = 6,
                  temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, max_attempts: int = 4,
                  context: Optional[int] = None, min_group_size: int = 2, reward_timeout: Optional[float] = 60.0,
-                 reward_on_failure: float = 0.0) -> None:
+                 reward_on_failure: float = 0.0, reward_workers: str = "thread") -> None:
         # the algorithm declares its minimum: GRPO-style losses compare G >= 2 responses to one prompt,
         # PPO-RLHF (a value baseline) needs no group (min_group_size=1)
         if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < int(min_group_size):
@@ -152,7 +153,8 @@ class RolloutCollector:
         self.top_p = float(top_p)
         self.seed = int(seed)
         self.max_attempts = int(max_attempts)
-        self.reward_guard = RewardGuard(time_limit=reward_timeout, on_failure=float(reward_on_failure))
+        self.reward_guard = RewardGuard(time_limit=reward_timeout, on_failure=float(reward_on_failure),
+                                        workers=reward_workers)
         self.context = context if context is not None else model_context(reference)
         longest = max((len(_prompt_ids(tokenizer, p)) for p in source.longest_prompts), default=1)
         self.max_prompt_tokens = longest

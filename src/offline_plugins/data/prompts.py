@@ -158,10 +158,16 @@ class RewardGuard:
     round's first response alone; a larger limit gives it more room). ``should_stop()`` (the run's
     SIGINT/SIGTERM) ends a wait at once with :class:`RolloutInterrupted`.
 
+    With ``workers="process"`` the calls run in a worker process instead (:class:`_ProcessWorker`):
+    a call past its limit is killed with its process (a new one starts for the next call), so nothing
+    is left running; the function must be importable by name (``module:function``), and each call
+    pays for sending its arguments and results between processes (``bench/reward_workers_bench.py``).
+
     Attributes:
         time_limit: seconds one call may take; 0 or None: no limit (a signal still ends the wait).
         on_failure: the reward of a response its call failed on.
         should_stop: a callable, true once the run was asked to stop; None: never.
+        workers: ``"thread"`` (default) or ``"process"``.
     """
 
     time_limit: Optional[float] = 60.0
@@ -171,15 +177,37 @@ class RewardGuard:
     max_running: int = 8
     failed: int = 0
     timed_out: int = 0
+    workers: str = "thread"
     _running: list = field(default_factory=list, repr=False)
+    _process: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.workers not in REWARD_WORKERS:
+            raise RolloutError(f"reward_workers must be one of {', '.join(REWARD_WORKERS)}, got {self.workers!r}; "
+                               "e.g. --set reward_workers=process (a call past reward_timeout is then killed)")
 
     def counts(self) -> dict[str, int]:
         return {"reward_failed": self.failed, "reward_timed_out": self.timed_out}
+
+    def close(self) -> None:
+        """Stop the worker process, if one runs (a later call starts another)."""
+        if self._process is not None:
+            self._process.close()
+            self._process = None
 
     def call(self, fn: Callable, args: tuple, kwargs: dict, *, name: str,
              limit: Optional[float] = None) -> tuple[Any, Optional[str]]:
         """``(value, None)``, or ``(None, what went wrong)`` when the call failed; ``limit``: this call's
         seconds, when less than ``time_limit``."""
+        seconds = float(self.time_limit) if self.time_limit else math.inf
+        seconds = min(seconds, float(limit)) if limit is not None else seconds
+        if self.workers == "process":
+            if self._process is None or self._process.fn is not fn:
+                self.close()
+                self._process = _ProcessWorker(fn, name)
+            value, error, timed_out = self._process.call(args, kwargs, seconds, self.should_stop)
+            self.timed_out += int(timed_out)
+            return value, error
         self._running = [t for t in self._running if t.is_alive()]
         if len(self._running) >= self.max_running:
             raise RolloutError(f"reward function {name}: {len(self._running)} calls are still running past their "
@@ -189,8 +217,6 @@ class RewardGuard:
         worker = threading.Thread(target=lambda: box.update(zip(("value", "error"), _run_call(fn, args, kwargs))),
                                   name=f"offline-plugins-reward[{name}]", daemon=True)
         worker.start()
-        seconds = float(self.time_limit) if self.time_limit else math.inf
-        seconds = min(seconds, float(limit)) if limit is not None else seconds
         deadline = time.monotonic() + seconds
         while worker.is_alive():
             if self.should_stop is not None and self.should_stop():
@@ -204,6 +230,100 @@ class RewardGuard:
                 return None, f"ran past its time limit of {seconds:g} s"
             worker.join(min(left, 0.05))
         return box.get("value"), box.get("error")
+
+
+#: where a reward function's calls run: a daemon thread of the trainer, or a worker process that is killed
+#: with a call past its limit
+REWARD_WORKERS = ("thread", "process")
+
+
+class _ProcessWorker:
+    """One worker process (spawned: no state of the trainer's threads or CUDA is copied) that runs ``fn``'s
+    calls in order. A call past its seconds, or a signal of the run, kills the process; the next call
+    starts a new one. A process that dies (a crash, ``os._exit``) is a failed call."""
+
+    def __init__(self, fn: Callable, name: str) -> None:
+        import pickle
+
+        self.fn, self.name = fn, name
+        try:
+            pickle.dumps(fn)
+        except Exception as exc:  # noqa: BLE001 - pickle raises PicklingError, AttributeError, TypeError
+            raise RolloutError(f"reward function {name}: reward_workers=process runs it in another process, which "
+                               f"needs it importable by name (a module-level function given as module:function), "
+                               f"but it cannot be sent there ({type(exc).__name__}); use reward_workers=thread") from None
+        self.proc = None
+        self.conn = None
+
+    def _start(self) -> None:
+        import multiprocessing
+        import sys
+
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve_rewards, args=(child, self.fn, list(sys.path)), daemon=True,
+                                name=f"offline-plugins-reward[{self.name}]")
+        self.proc.start()
+        child.close()
+
+    def close(self) -> None:
+        if self.proc is not None:
+            if self.proc.is_alive():
+                self.proc.kill()
+            self.proc.join(5)
+            self.proc = None
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    def call(self, args: tuple, kwargs: dict, seconds: float,
+             should_stop: Optional[Callable[[], bool]]) -> tuple[Any, Optional[str], bool]:
+        """``(value, error, timed_out)``."""
+        if self.proc is None or not self.proc.is_alive():
+            self.close()
+            self._start()
+        deadline = time.monotonic() + seconds
+        try:
+            self.conn.send((args, kwargs))
+        except (OSError, ValueError) as exc:  # the arguments cannot be pickled, or the pipe broke
+            self.close()
+            return None, f"could not be sent to its worker process ({type(exc).__name__}: {str(exc)[:120]})", False
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                if self.conn.poll(max(min(left, 0.05), 0)):
+                    value, error = self.conn.recv()
+                    return value, error, False
+            except (EOFError, OSError):
+                pass  # the process died mid-call: said below
+            if not self.proc.is_alive():
+                code = self.proc.exitcode
+                self.close()
+                return None, f"its worker process exited (code {code}) during the call", False
+            if should_stop is not None and should_stop():
+                self.close()
+                raise RolloutInterrupted(f"interrupted while reward function {self.name} was running (its process "
+                                         "was stopped); --resume continues from the last saved checkpoint")
+            if left <= 0:
+                self.close()  # killed with its process: nothing of the call goes on
+                return None, f"ran past its time limit of {seconds:g} s (its worker process was killed)", True
+
+
+def _serve_rewards(conn, fn: Callable, path: list) -> None:
+    """The worker process: answer each ``(args, kwargs)`` with ``_run_call``'s ``(value, error)``."""
+    import sys
+
+    sys.path[:] = path
+    while True:
+        try:
+            args, kwargs = conn.recv()
+        except (EOFError, OSError):
+            return
+        value, error = _run_call(fn, args, kwargs)
+        try:
+            conn.send((value, error))
+        except Exception as exc:  # noqa: BLE001 - the value cannot be pickled back
+            conn.send((None, f"returned a value that cannot be sent back ({type(exc).__name__})"))
 
 
 def _run_call(fn: Callable, args: tuple, kwargs: dict) -> tuple[Any, Optional[str]]:

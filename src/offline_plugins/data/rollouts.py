@@ -189,7 +189,7 @@ class RolloutData(TextTaskData):
             prompts_per_round=c.prompts_per_round, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
             top_p=c.top_p, seed=seed, max_attempts=c.max_attempts,
             min_group_size=int(getattr(plan, "min_group_size", 1)), reward_timeout=c.reward_guard.time_limit,
-            reward_on_failure=c.reward_guard.on_failure)
+            reward_on_failure=c.reward_guard.on_failure, reward_workers=c.reward_guard.workers)
 
     @torch.no_grad()
     def held_out_scores(self, model, *, plan: Any = None, n: Optional[int] = None, batch_size: int = 100,
@@ -224,7 +224,8 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
                       group_size: int = 8, prompts_per_round: int = 16, max_new_tokens: int = 6,
                       temperature: float = 1.0, top_p: float = 1.0, reference_sft_steps: Optional[int] = None,
                       eval_prompts: int = 200, max_attempts: int = 4, reward_timeout: Optional[float] = 60.0,
-                      reward_on_failure: float = 0.0, max_turns: Optional[int] = None, tools: Optional[str] = None,
+                      reward_on_failure: float = 0.0, reward_workers: str = "thread",
+                      max_turns: Optional[int] = None, tools: Optional[str] = None,
                       tool_timeout: float = 5.0, tool_reward: float = 0.0,
                       tool_sandbox: Optional[str] = None, cache_dir: Optional[Path] = None,
                       progress: bool = False, finetune: Optional[Any] = None) -> RolloutData:
@@ -284,7 +285,7 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
     collector = RolloutCollector(source, tokenizer, reference, group_size=group_size,
                                  prompts_per_round=prompts_per_round, max_new_tokens=max_new_tokens,
                                  temperature=temperature, top_p=top_p, seed=seed, max_attempts=max_attempts,
-                                 min_group_size=1, reward_timeout=reward_timeout,
+                                 min_group_size=1, reward_timeout=reward_timeout, reward_workers=reward_workers,
                                  reward_on_failure=reward_on_failure)
     return RolloutData(source, reference, tokenizer, collector, dataset_id=resolved, model=str(model),
                        from_scratch=from_scratch, gold=gold, gold_key=gold_key)

@@ -39,7 +39,7 @@ __all__ = ["TextRollouts", "TextCompletions"]
 #: the settings the kind reads at load: the prompts, the reference and how responses are sampled
 #: (how a round is trained on is the algorithm's: its RolloutPlan)
 _LOAD_SETTINGS = ("group_size", "prompts_per_round", "max_new_tokens", "temperature", "top_p", "reference_sft_steps",
-                  "eval_prompts", "max_attempts", "reward_timeout", "reward_on_failure", "max_turns", "tools",
+                  "eval_prompts", "max_attempts", "reward_timeout", "reward_on_failure", "reward_workers", "max_turns", "tools",
                   "tool_timeout", "tool_reward", "tool_sandbox")
 
 
@@ -65,6 +65,7 @@ class TextRollouts(DataKind):
         "eval_prompts": "held-out prompts scored by greedy exact match (default 200)",
         "reward_timeout": "seconds one call of the reward function may take (default 60; 0: no limit)",
         "reward_on_failure": "reward of a response its reward call raised, exited or hung on (default 0)",
+        "reward_workers": "where reward calls run: thread (default) or process (a call past its limit is killed)",
         "max_turns": "multi-turn tasks: turns per episode (default: the task's, 3 for tool-arithmetic)",
         "tools": "multi-turn tasks: the tools, comma-separated, of calculator and python (default: the task's)",
         "tool_timeout": "multi-turn tasks: seconds one Python tool call may take (default 5)",

@@ -198,6 +198,7 @@ class RolloutDataModule(LightningDataModule):
         # the engine's memory goes back when the fit ends; a later fit starts it again
         if self.generator is not None:
             self.generator.close()
+        self.collector.reward_guard.close()  # a reward worker process, where reward_workers=process
 
     def _minibatch(self, step: int, rank: int) -> TensorDict:
         r, j = divmod(step, self.updates_per_round)
