@@ -22,15 +22,17 @@ class Recorder:
         return []
 
 
-@pytest.mark.parametrize("task, steps", [("arithmetic", 2000), ("tool-arithmetic", 130), ("tool-python", 130),
-                                         ("steps-arithmetic", 800), ("arithmetic-length", 2000)])
-def test_each_task_makes_its_reference_with_its_documented_steps_and_says_so(task, steps, tmp_path, capsys,
+@pytest.mark.parametrize("task, steps, budget", [("arithmetic", 2000, 6), ("tool-arithmetic", 130, 40),
+                                                 ("tool-python", 130, 56), ("steps-arithmetic", 800, 32),
+                                                 ("arithmetic-length", 2000, 12)])
+def test_each_task_makes_its_reference_with_its_documented_steps_and_says_so(task, steps, budget, tmp_path, capsys,
                                                                              monkeypatch):
     if task == "tool-python":  # the sandbox is checked before the reference; this test is about the reference
         monkeypatch.setattr("offline_plugins.envs.tools.ToolBox.check", lambda self: None)
     finetune = Recorder()
-    load_rollout_data(task, model="tiny", cache_dir=tmp_path, finetune=finetune, eval_prompts=4)
+    data = load_rollout_data(task, model="tiny", cache_dir=tmp_path, finetune=finetune, eval_prompts=4)
     assert [c["steps"] for c in finetune.calls] == [steps]
+    assert data.collector.max_new_tokens == budget  # the response budget its documented results use
     assert finetune.calls[0]["title"] == "reference sft"
     lines = [line for line in capsys.readouterr().err.splitlines() if "SFT reference" in line]
     assert len(lines) == 1

@@ -52,7 +52,7 @@ __all__ = [
 #: third-party config that lacks a field, and the keyword defaults of
 #: ``RolloutCollector``/``load_rollout_data`` (``tests/test_online_train.py`` checks they agree).
 ROLLOUT_DEFAULTS: dict[str, Any] = {
-    "group_size": 8, "prompts_per_round": 16, "max_new_tokens": 6, "temperature": 1.0, "top_p": 1.0,
+    "group_size": 8, "prompts_per_round": 16, "max_new_tokens": None, "temperature": 1.0, "top_p": 1.0,
     "batch_size": 32, "ppo_epochs": 1, "reference_sft_steps": None, "eval_prompts": 200, "max_attempts": 4,
     "reward_timeout": 60.0, "reward_on_failure": 0.0, "reward_workers": "thread",
     # multi-turn tasks (tool-arithmetic): None is the task's own setting

@@ -48,7 +48,9 @@ class SamplingFields(LoRAFields):
     :data:`~offline_plugins.config.ROLLOUT_DEFAULTS`)."""
 
     max_grad_norm: float = config_field(1.0, "clip the policy's gradient norm to this")
-    max_new_tokens: int = config_field(_D["max_new_tokens"], "response budget in tokens")
+    max_new_tokens: Optional[int] = config_field(
+        _D["max_new_tokens"], "response budget in tokens; unset: the task's own (arithmetic 6, arithmetic-length 12, "
+        "steps-arithmetic 32, tool-arithmetic 40, tool-python 56; a prompt file 6)")
     temperature: float = config_field(_D["temperature"], "sampling temperature", bounds=">0")
     top_p: float = config_field(_D["top_p"], "nucleus sampling threshold (1.0: off)")
     reference_sft_steps: Optional[int] = config_field(

@@ -221,7 +221,7 @@ class RolloutData(TextTaskData):
 
 
 def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[str] = None, seed: int = 0,
-                      group_size: int = 8, prompts_per_round: int = 16, max_new_tokens: int = 6,
+                      group_size: int = 8, prompts_per_round: int = 16, max_new_tokens: Optional[int] = None,
                       temperature: float = 1.0, top_p: float = 1.0, reference_sft_steps: Optional[int] = None,
                       eval_prompts: int = 200, max_attempts: int = 4, reward_timeout: Optional[float] = 60.0,
                       reward_on_failure: float = 0.0, reward_workers: str = "thread",
@@ -252,6 +252,8 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
                                tool_reward=tool_reward, tool_sandbox=tool_sandbox)
     if getattr(task, "multiturn", None) is not None:
         task.multiturn.tools.check()  # e.g. the python tool's sandbox: refused here, before the reference is made
+    if max_new_tokens is None:  # the task's own budget (its documented results'), 6 for a prompt file
+        max_new_tokens = int(getattr(task, "max_new_tokens", 6)) if task is not None else 6
     gold, gold_key = None, None
     if task is not None:
         if not task.scores_exact_match:  # its held-out rows carry answers, but its verifier is not exact match

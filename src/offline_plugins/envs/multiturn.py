@@ -137,6 +137,8 @@ class ToolArithmeticTask:
     #: SFT steps of the cached reference: the documented results' recipe (docs/online.md); 2000 steps of
     #: 128-token demonstrations took about 85 minutes on a loaded 2-core machine
     reference_sft_steps: ClassVar[int] = 130
+    #: each turn's budget: a calculator call of two 3-digit numbers is 37 characters (docs/online.md)
+    max_new_tokens: ClassVar[int] = 40
     #: the call format, before each problem (short: prompt and episode fit the tiny model's 128 positions)
     hint: ClassVar[str] = '<tool name="calculator">...</tool> '
     #: the problem after the hint (``{a}``, ``{b}``: the operands)
@@ -252,6 +254,8 @@ class ToolPythonTask(ToolArithmeticTask):
     hint: ClassVar[str] = '<tool name="python">...</tool> '
     question: ClassVar[str] = "rev({a}*{b})="
     kind: ClassVar[str] = "tool-python"
+    #: a call is 52 characters (docs/online.md)
+    max_new_tokens: ClassVar[int] = 56
 
     @staticmethod
     def solve(a: int, b: int) -> str:

@@ -64,6 +64,8 @@ class StepChainTask:
     sft_max_length: ClassVar[int] = 64
     #: SFT steps of the cached reference: the PRM results' recipe (docs/prm.md)
     reference_sft_steps: ClassVar[int] = 800
+    #: a solution of up to 3 steps, one a line (scripts/prm_results.py)
+    max_new_tokens: ClassVar[int] = 32
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_steps <= self.max_steps or self.max_operand < 1 or not self.ops or set(self.ops) - set(_OPS):

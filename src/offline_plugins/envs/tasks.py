@@ -76,6 +76,8 @@ class ArithmeticTask:
     scores_exact_match: ClassVar[bool] = True
     #: SFT steps of the cached reference the online and preference algorithms start from (the results' recipe)
     reference_sft_steps: ClassVar[int] = 2000
+    #: the response budget of the online algorithms (its documented results')
+    max_new_tokens: ClassVar[int] = 6
 
     def __post_init__(self) -> None:
         if self.digits < 1 or not self.ops or set(self.ops) - set("+-*"):
@@ -172,6 +174,8 @@ class LengthTask:
     ops: str = "+"
     test_fraction: float = 0.1
     scores_exact_match: ClassVar[bool] = False
+    #: room past the 6-character target, so a policy can over-optimise the length (docs/rlhf.md)
+    max_new_tokens: ClassVar[int] = 12
 
     def __post_init__(self) -> None:
         if isinstance(self.target, bool) or not isinstance(self.target, int) or self.target < 1:

@@ -58,7 +58,7 @@ class TextRollouts(DataKind):
         "group_size": "responses sampled per prompt, G >= 2 for the group methods (default 8; ppo-rlhf: 1)",
         "prompts_per_round": "prompts per round of rollouts (default 16)",
         "ppo_epochs": "passes over each round's rollouts (default 1)",
-        "max_new_tokens": "response budget in tokens (default 6)",
+        "max_new_tokens": "response budget in tokens (default: the task's own, 6 for a prompt file)",
         "temperature": "sampling temperature (default 1.0)",
         "top_p": "nucleus sampling (default 1.0: off)",
         "reference_sft_steps": "built-in task with a built-in --model (tiny, small): SFT steps of the cached reference (default: the task's own)",
@@ -104,6 +104,8 @@ class TextRollouts(DataKind):
         kwargs = {k: config_value(config, k, ROLLOUT_DEFAULTS[k]) for k in _LOAD_SETTINGS}
         data = load_rollout_data(dataset_id, model=options.model or "tiny", reward=options.reward,
                                  progress=progress, finetune=supervised_finetune, **kwargs)
+        if getattr(config, "max_new_tokens", 0) is None:  # unset: the task's own, recorded with the run
+            config.max_new_tokens = data.collector.max_new_tokens
         return LoadedData(data, {})
 
     def batch_layout(self, config):
