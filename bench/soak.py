@@ -1,0 +1,182 @@
+"""Soak check: long runs whose memory, open files, child processes and speed should stay flat.
+
+    python bench/soak.py [--out /tmp/soak] [--budget-s 7200] [--only grpo-tool-python,dpo,iql] [--json]
+
+Each run is an ordinary ``offline-plugins train`` command in a child process (one thread), bounded by
+its share of ``--budget-s`` (killed past it: the figures then cover what ran). Every ``--every`` seconds
+the sampler reads, from ``/proc``:
+
+* the resident set of the run's process tree (``VmRSS`` of the trainer and its children, MiB);
+* the trainer's open file descriptors;
+* its child processes (a tool sandbox's, a reward worker's);
+* the last gradient step its progress bar showed (steps/s between samples).
+
+A run is flat when, after its first quarter (warm-up: caches, the first checkpoint, the allocator),
+the RSS grows by less than ``--rss-band`` MiB and 10 % of its value, the open files and the child
+processes stay within ``--fd-band`` of their warm-up maximum, and the last quarter's steps/s is within
+25 % of the second quarter's. The runs (the issue's list):
+
+* ``grpo-tool-python``: GRPO on the multi-turn Python-tool task, 2,000 rounds (one update per round,
+  8 episodes), each Python call a fresh bwrap sandbox;
+* ``dpo``: DPO on the built-in preference set, 50,000 steps;
+* ``iql``: IQL on Pendulum medium-replay, 200,000 steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RUNS = {
+    "grpo-tool-python": ["grpo", "--dataset", "tool-python", "--steps", "2000", "--set", "group_size=2",
+                         "--set", "prompts_per_round=4", "--set", "batch_size=8", "--set", "eval_prompts=20",
+                         "--eval-every", "500", "--checkpoint-every", "500"],
+    "dpo": ["dpo", "--dataset", "arithmetic/preference-v0", "--model", "tiny", "--steps", "50000",
+            "--eval-every", "10000", "--checkpoint-every", "10000"],
+    "iql": ["iql", "--dataset", "pendulum/medium-replay-v0", "--steps", "200000", "--eval-every", "50000",
+            "--checkpoint-every", "50000"],
+}
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as fh:
+                    todo += [int(c) for c in fh.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _rss_mib(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _last_step(log: Path) -> int:
+    """The step the run's progress bar (``train: ... 2088/200000 [...``) last showed in its log."""
+    try:
+        with log.open("rb") as fh:
+            fh.seek(max(fh.seek(0, 2) - 8192, 0))
+            tail = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return 0
+    found = re.findall(r"train[^\r\n|]*\|[^|]*\|\s*(\d+)/(\d+)", tail)
+    return int(found[-1][0]) if found else 0
+
+
+def sample(proc: subprocess.Popen, log: Path, limit_s: float, every: float) -> list[dict]:
+    samples, started = [], time.monotonic()
+    while proc.poll() is None:
+        t = time.monotonic() - started
+        if t > limit_s:
+            proc.send_signal(signal.SIGINT)  # the run stops cleanly at its next step and keeps its files
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            break
+        tree = _tree(proc.pid)
+        try:
+            fds = len(os.listdir(f"/proc/{proc.pid}/fd"))
+        except OSError:
+            fds = 0
+        samples.append({"t": round(t, 1), "rss_mib": round(sum(_rss_mib(p) for p in tree), 1), "fds": fds,
+                        "children": len(tree) - 1, "step": _last_step(log)})
+        time.sleep(every)
+    return samples
+
+
+def verdict(samples: list[dict], rss_band: float, fd_band: int) -> dict:
+    """Flatness after the first quarter of the samples; see the module's docstring."""
+    n = len(samples)
+    if n < 8:
+        return {"flat": None, "why": f"only {n} samples"}
+    q = n // 4
+    warm, rest = samples[:q], samples[q:]
+    rss0, rss1 = rest[0]["rss_mib"], max(s["rss_mib"] for s in rest)
+    growth = rss1 - rss0
+    fd_top, fd_after = max(s["fds"] for s in warm), max(s["fds"] for s in rest)
+    ch_top, ch_after = max(s["children"] for s in warm), max(s["children"] for s in rest)
+
+    def rate(part):
+        dt = part[-1]["t"] - part[0]["t"]
+        return (part[-1]["step"] - part[0]["step"]) / dt if dt > 0 else 0.0
+
+    second, last = rate(samples[q:2 * q]), rate(samples[3 * q:])
+    checks = {
+        "rss_growth_mib": round(growth, 1),
+        "rss_ok": growth < max(rss_band, 0.0) and growth < 0.1 * rss0,
+        "fds_warm_max": fd_top, "fds_after_max": fd_after, "fds_ok": fd_after <= fd_top + fd_band,
+        "children_warm_max": ch_top, "children_after_max": ch_after, "children_ok": ch_after <= ch_top + fd_band,
+        "steps_per_s_second_quarter": round(second, 2), "steps_per_s_last_quarter": round(last, 2),
+        "speed_ok": second == 0 or abs(last - second) <= 0.25 * second,
+    }
+    checks["flat"] = all(checks[k] for k in ("rss_ok", "fds_ok", "children_ok", "speed_ok"))
+    return checks
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("/tmp/soak"))
+    parser.add_argument("--budget-s", type=float, default=7200.0, help="seconds for all the runs together")
+    parser.add_argument("--only", default=",".join(RUNS))
+    parser.add_argument("--every", type=float, default=10.0, help="seconds between samples")
+    parser.add_argument("--rss-band", type=float, default=64.0, help="MiB the RSS may grow after the warm-up")
+    parser.add_argument("--fd-band", type=int, default=4)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(RUNS))
+    if unknown:
+        parser.error(f"unknown runs {unknown}; choose from {', '.join(RUNS)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    report: dict = {"budget_s": args.budget_s, "every_s": args.every, "runs": {}}
+    share = args.budget_s / len(names)
+    for name in names:
+        out = args.out / name
+        cmd = [sys.executable, "-m", "offline_plugins.cli", "train", *RUNS[name], "--threads", "1",
+               "--out", str(out), "--overwrite"]
+        started = time.monotonic()
+        with (args.out / f"{name}.log").open("w") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            samples = sample(proc, args.out / f"{name}.log", share, args.every)
+            proc.wait()
+        report["runs"][name] = {"command": " ".join(["offline-plugins", "train", *RUNS[name], "--threads", "1"]),
+                                "exit_code": proc.returncode, "wall_s": round(time.monotonic() - started, 1),
+                                "last_step": samples[-1]["step"] if samples else 0, "samples": len(samples),
+                                **verdict(samples, args.rss_band, args.fd_band)}
+        (args.out / f"{name}.samples.json").write_text(json.dumps(samples))
+        (args.out / "soak.json").write_text(json.dumps(report, indent=1))
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        for name, r in report["runs"].items():
+            print(f"{name}: {r['last_step']} steps in {r['wall_s']} s, flat={r.get('flat')}, RSS +{r.get('rss_growth_mib')} "
+                  f"MiB, fds {r.get('fds_warm_max')}->{r.get('fds_after_max')}, children {r.get('children_warm_max')}->"
+                  f"{r.get('children_after_max')}, steps/s {r.get('steps_per_s_second_quarter')}->"
+                  f"{r.get('steps_per_s_last_quarter')}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
