@@ -81,6 +81,7 @@ BAD_INPUTS = [
                                                                        "4294967295 (numpy's seed range)"),
     (["iql", "--dataset", DATASET, "--seed", "-3"], "--seed must be a whole number from 0 to 4294967295"),
     (["grpo", "--dataset", "tool-python", "--set", "tool_sandbox=nope"], "tool_sandbox: unknown sandbox 'nope'"),
+    (["grpo", "--dataset", "arithmetic", "--set", "reward_workers=fork"], "reward_workers must be one of thread, process"),
 ]
 
 

@@ -247,6 +247,9 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
     from offline_plugins.data.preference_sources import cache_root
     from offline_plugins.modules.tiny_lm import is_builtin_model, load_causal_lm
 
+    from offline_plugins.data.prompts import RewardGuard
+
+    RewardGuard(workers=reward_workers)  # a bad reward_workers is refused before anything loads
     resolved, task = _task_of(dataset_id, "a .jsonl file of prompt/answer rows")
     task = _with_turn_settings(resolved, task, max_turns=max_turns, tools=tools, tool_timeout=tool_timeout,
                                tool_reward=tool_reward, tool_sandbox=tool_sandbox)
