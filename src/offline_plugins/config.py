@@ -69,6 +69,14 @@ RUN_DEFAULTS: dict[str, Any] = {
 }
 
 
+def cache_root() -> Path:
+    """Where the package caches what it makes (built-in models, references, log-probs):
+    ``$OFFLINE_PLUGINS_CACHE`` or ``~/.cache/offline-plugins``."""
+    import os
+
+    return Path(os.environ.get("OFFLINE_PLUGINS_CACHE") or Path.home() / ".cache" / "offline-plugins")
+
+
 class ConfigError(UserError, ValueError):
     """A config key or value that does not fit the algorithm's config dataclass."""
 

@@ -94,8 +94,10 @@ _SIDES = ("chosen", "rejected")
 
 
 def cache_root() -> Path:
-    """``$OFFLINE_PLUGINS_CACHE`` or ``~/.cache/offline-plugins``."""
-    return Path(os.environ.get("OFFLINE_PLUGINS_CACHE") or Path.home() / ".cache" / "offline-plugins")
+    """``$OFFLINE_PLUGINS_CACHE`` or ``~/.cache/offline-plugins`` (:func:`offline_plugins.config.cache_root`)."""
+    from offline_plugins.config import cache_root as root
+
+    return root()
 
 
 def resolve_preference_id(dataset: str) -> Optional[str]:

@@ -56,7 +56,7 @@ __all__ = [
 SMALL_MODELS: dict[str, bool] = {"small": True, "small-pad-eos": False}
 
 #: changes whenever the corpus, the tokenizer's training or the architecture does: the cache folder keys on it
-SMALL_MODEL_VERSION = "qwen2-4x192-bpe512-v1"
+SMALL_MODEL_VERSION = "qwen2-4x192-bpe512-v2"
 
 #: the Qwen2 architecture: 1.66 M parameters (89 k of them the tied embedding of 462 tokens)
 SMALL_CONFIG: dict[str, Any] = {
@@ -95,26 +95,40 @@ CHAT_TEMPLATE = (
 
 
 def task_corpus(seed: int = 0) -> list[str]:
-    """The texts the tokenizer is trained on: the built-in tasks' prompts and answers, their tool
-    episodes and step-by-step solutions, chat turns, and a little Python (fixed by ``seed``).
+    """The texts the tokenizer is trained on, in the built-in tasks' formats: arithmetic prompts and
+    answers, calculator and Python tool episodes, step-by-step solutions one step a line, chat turns
+    and a little Python (fixed by ``seed``). Made here, below the environments that define the tasks
+    (this layer does not import them); ``tests/test_small_model.py`` checks that every built-in task's
+    demonstrations tokenise compactly with the result.
 
     >>> corpus = task_corpus()
     >>> len(corpus) > 1000, any("<tool" in t for t in corpus), any("\\n" in t for t in corpus)
     (True, True, True)
     """
-    from offline_plugins.envs.multiturn import ToolArithmeticTask, ToolPythonTask
-    from offline_plugins.envs.steps import STEP_SEPARATOR, StepChainTask
-    from offline_plugins.envs.tasks import ArithmeticTask
-
+    rng = random.Random(seed)
+    ops = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
     texts: list[str] = []
     for digits in (1, 2, 3, 4):
-        for ops in ("+", "-", "*"):
-            texts += [p.prompt + p.answer for p in ArithmeticTask(digits=digits, ops=ops).problems(300, seed=seed)]
-    for task in (ToolArithmeticTask(), ToolPythonTask()):
-        texts += [p.prompt + task.demonstration(p) for p in task.problems(400, seed=seed)]
-    steps = StepChainTask()
-    texts += [p.prompt + "\n" + p.answer for p in steps.problems(400, seed=seed)]
-    rng = random.Random(seed)
+        for op, f in ops.items():
+            for _ in range(300):
+                a, b = rng.randint(0, 10**digits - 1), rng.randint(0, 10**digits - 1)
+                texts.append(f"{a}{op}{b}={f(a, b)}")
+    for _ in range(400):  # tool-arithmetic and tool-python episodes
+        a, b = rng.randint(100, 999), rng.randint(100, 999)
+        texts.append(f'<tool name="calculator">...</tool> {a}*{b}=<tool name="calculator">{a}*{b}</tool>'
+                     f"<result>{a * b}</result>{a * b}")
+        rev = str(a * b)[::-1]
+        texts.append(f'<tool name="python">...</tool> rev({a}*{b})=<tool name="python">print(str({a}*{b})[::-1])'
+                     f"</tool><result>{rev}</result>{rev}")
+    for _ in range(400):  # step chains, one step a line
+        value = rng.randint(1, 9)
+        chain, lines = str(value), []
+        for _ in range(rng.randint(2, 3)):
+            op, b = rng.choice("+-*"), rng.randint(1, 9)
+            chain += f"{op}{b}"
+            lines.append(f"{value}{op}{b}={ops[op](value, b)}")
+            value = ops[op](value, b)
+        texts.append(chain + "=\n" + "\n".join(lines))
     words = ("the answer is", "compute", "what is", "the sum of", "the product of", "write the digits backwards",
              "think step by step", "call the calculator", "use the tool", "You are a helpful assistant.",
              "result", "correct", "wrong", "number", "digits", "print", "def", "return", "for", "in", "range")
@@ -177,7 +191,7 @@ def small_causal_lm(tokenizer: Any, *, seed: Optional[int] = 0, **overrides: Any
 
 
 def _models_root() -> Path:
-    from offline_plugins.data.preference_sources import cache_root
+    from offline_plugins.config import cache_root
 
     return cache_root() / "models"
 
@@ -189,9 +203,11 @@ def small_model_folder(name: str = "small", *, seed: int = 0, root: Optional[Pat
     records the vocabulary's hash, so a cache written by another version of ``tokenizers`` that trained
     different merges is noticed (and rebuilt) instead of being mixed with this one.
     """
-    from transformers.utils import logging as hf_logging
+    import os
+    import shutil
+    import tempfile
 
-    from offline_plugins.data.files import atomic_folder
+    from transformers.utils import logging as hf_logging
 
     if name not in SMALL_MODELS:
         raise KeyError(f"unknown built-in model {name!r}; the small ones are {', '.join(SMALL_MODELS)}")
@@ -203,14 +219,25 @@ def small_model_folder(name: str = "small", *, seed: int = 0, root: Optional[Pat
     model = small_causal_lm(tokenizer, seed=seed)
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a bar for one shard of a few MB
-    with atomic_folder(folder) as tmp:
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=root))
+    try:  # written beside its place and renamed into it: a folder is whole or absent
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "fingerprint.json").write_text(json.dumps(
             {"name": name, "version": SMALL_MODEL_VERSION, "seed": seed, "vocab_sha256": vocab_hash(tokenizer)},
             indent=1) + "\n")
-    if bars:
-        hf_logging.enable_progress_bar()
+        if folder.exists():  # a half-made folder of an older layout: replaced
+            shutil.rmtree(folder, ignore_errors=True)
+        try:
+            os.rename(tmp, folder)
+        except OSError:  # another process made it first: theirs is the same model
+            if not (folder / "fingerprint.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if bars:
+            hf_logging.enable_progress_bar()
     return folder
 
 
