@@ -1,64 +1,33 @@
-"""Our online LLM losses trained on rollouts from TorchRL's own LLM stack.
+"""Our online LLM losses trained on rollouts from TorchRL's own LLM stack, through the package's bridge.
 
 Run: ``OMP_NUM_THREADS=1 python examples/torchrl_llm_pipeline.py --loss dapo --rounds 10`` (``--loss`` one of
-dapo, dr-grpo, rloo, ppo-rlhf, online-dpo); prints the mean reward of each round's rollouts.
+dapo, dr-grpo, rloo, ppo-rlhf, online-dpo, opd; ``--model`` tiny (default) or any model with a chat template,
+e.g. small; ``--input-mode`` text (default) or history); prints the mean reward of each round's rollouts.
 
-What is TorchRL's (0.14) here, used as its GRPO recipe (``sota-implementations/grpo``) uses it:
+The user code is :func:`train`'s loop: TorchRL's ``ChatEnv`` (prompts of a ``DataLoadingPrimer``, each
+``G`` times in a row) with our :class:`~offline_plugins.torchrl_llm.TaskReward`; TorchRL's
+``TransformersWrapper`` sampling from the policy; ``LLMCollector``; a ``ReplayBuffer`` whose write
+transforms are TorchRL's ``MCAdvantage`` (groups by prompt, GRPO's advantage; DAPO: drops the groups with
+no signal) and our :class:`~offline_plugins.torchrl_llm.FromTorchRLRows` (TorchRL's rows -> our layout, the
+advantage on the response tokens); our loss; an Adam loop. What the bridge changes and why is the
+docstring of :mod:`offline_plugins.torchrl_llm`.
 
-* ``ChatEnv.from_dataloader`` (a ``DatasetChatEnv``: ``ChatEnv`` + ``DataLoadingPrimer``) serves the
-  arithmetic prompts in ``input_mode="text"``, each prompt ``repeats=G`` times in a row;
-* ``TransformersWrapper`` around the tiny causal LM samples the responses (``generate=True``);
-* ``LLMCollector`` steps the env with that policy, one dialog turn per env row;
-* ``ReplayBuffer`` + ``LazyStackStorage`` hold the rows; ``MCAdvantage``, the buffer's write
-  transform, holds rows until their prompt's group of ``G`` is complete, writes the group at
-  once (contiguous) with TorchRL's group-normalised advantage, and for DAPO drops the groups whose
-  rewards are all equal (``keep_return_bounds``: DAPO's dynamic sampling).
+Per loss: DAPO trains on MCAdvantage's advantage (TorchRL's Bessel std: ours times ``sqrt((G - 1) / G)``);
+Dr. GRPO and RLOO are defined by their estimators (unscaled; leave-one-out), so their own
+``process_rollouts`` rewrites it; online DPO pairs MCAdvantage's contiguous groups (``pair_rollouts``);
+PPO-RLHF (GAE on a value head) and OPD need no group: the transform is called on the batch. OPD's teacher is
+the same model after more SFT steps on the task (``--teacher-sft-steps``), as the package's ``opd`` takes
+any ``save_pretrained`` folder of the student's tokenizer.
 
-What is ours: the reward transform :class:`TaskReward` (a TorchRL ``Transform`` scoring with
-``ArithmeticTask.rewards``), the bridge :func:`torchrl_rows_to_ted`, and the losses, unchanged:
-``DAPOLoss``, ``DrGRPOLoss``, ``RLOOLoss``, ``PPORLHFLoss`` and ``OnlinePreferenceLoss`` (DPO inside),
-with :class:`~offline_plugins.modules.causal_lm.CausalLMLogProbs` as their actor (sharing the
-wrapper's weights, so the next round samples from the trained policy).
+Models: ``tiny`` has no chat template (it was fine-tuned on ``"<bos>12+34="``): in text mode the env renders
+the prompt with :data:`PLAIN_TEMPLATE`; ``--input-mode history`` needs a chat template TorchRL can parse
+back into a ``History`` (ChatML, as ``small``'s), so tiny is refused there. A model with a chat template
+uses its own in both modes, passed to the env and the wrapper (TorchRL would otherwise pick its own
+template from the model's name). The reward reads the user message (history) or the rendered prompt with
+the template's text around the message removed (text).
 
-How TorchRL's collector rows differ from our TED text layout, and the bridge for each
-(:func:`torchrl_rows_to_ted`, once per round, outside the gradient step):
-
-1. Batch ``[N, 1]`` (env rows x dialog turns) -> ``[N]``: one row per single-turn rollout.
-2. ``("tokens", "full")``: TorchRL left-pads the prompt (the batched ``generate`` needs it) and
-   right-pads the response after eos: ``[pad.. prompt response pad..]``. Ours is right-padded
-   ``[prompt response pad..]``: each row is shifted left by its number of prompt pads (a gather).
-   Without it, ``CausalLMLogProbs`` (right-padded rows, no mask, positions from 0) would read a
-   padded prompt at shifted positions.
-3. ``("masks", "all_assistant_mask")``: ``None`` in text mode; ours is built from the prompt width
-   (``("tokens", "prompt")`` is ``[N, Tp]``, left-padded): real tokens at or after ``Tp``.
-4. ``("log_probs", ...)``: TorchRL's text-mode generate writes only ``("log_probs", "response")``
-   (``full`` is ``None``), sets the first response token's log-prob to 0, and also scores the pad
-   positions after eos (``pad_output=True``: about -14 there). Our ratio needs the
-   sampling policy's log-prob of every response token aligned with ``tokens.full``: one no-grad
-   scoring forward of the policy writes ``("log_probs", "full")``; the reference's writes
-   ``("next", "ref_log_probs", "full")`` (TorchRL's way is a ``RetrieveLogProb``/``KLRewardTransform``
-   env transform calling a reference wrapper; the same forward either way).
-5. ``("next", "reward")``: TorchRL's LLM reward parsers (e.g. ``GSM8KRewardParser``) write
-   ``batch + (1, 1)``, and so does :class:`TaskReward`; the collector makes it ``[N, 1, 1, 1]``
-   (``ChatEnv`` itself declares no reward). Ours is ``[N, 1]``: a reshape.
-   ``("next", "done")`` must be True (single-turn) for ``MCAdvantage`` to take the rows.
-6. ``"group"``: ours is an integer prompt id; TorchRL groups by the prompt text
-   (``MCAdvantage(prompt_key=("text", "prompt"))``): ids are numbered from the prompts.
-7. ``"advantage"``: ``MCAdvantage`` writes one value per row shaped like the reward; ours is
-   ``[N, T, 1]`` on the response tokens: broadcast over the response mask (DAPO). Its std is the
-   Bessel one (ours the population one): TorchRL's advantages are ours times ``sqrt((G - 1) / G)``. Dr. GRPO and RLOO
-   are defined by their estimators (unscaled, leave-one-out with the KL in the reward), which
-   MCAdvantage does not give: their own ``process_rollouts`` writes the advantage instead.
-   PPO-RLHF's GAE needs no group (no MCAdvantage); online DPO reads MCAdvantage's contiguous groups
-   through ``pair_rollouts``.
-8. Text: our prompts start with bos (``offline_plugins.tokens.prompt_token_ids``, what the SFT saw);
-   ``ChatEnv`` renders the prompt through a chat template, given one that writes ``bos_token`` then
-   the message as is. ``("text", "response")`` keeps special tokens (``skip_special_tokens=False``):
-   the reward transform strips the bos and eos texts before scoring.
-9. The wrapper's response mask is ``tokens != pad_token_id``: a response that sampled the pad token
-   would get a hole in ``all_attention_mask`` (our rows are one contiguous run of real tokens). The
-   policy never samples pad (``generate_kwargs={"bad_words_ids": [[pad]]}``); our log-probs score the
-   model's raw distribution, as the wrapper's do, where an SFT'd model gives pad ~0 probability.
+The policy never samples the pad token (``bad_words_ids``): TorchRL's attention mask is ``tokens != pad``,
+so a sampled pad would be a hole in the response.
 """
 
 from __future__ import annotations
@@ -68,69 +37,22 @@ import copy
 from typing import Optional
 
 import torch
-from tensordict import TensorDict, TensorDictBase, set_list_to_stack
+from tensordict import set_list_to_stack
 
-LOSSES = ("dapo", "dr-grpo", "rloo", "ppo-rlhf", "online-dpo")
+from offline_plugins.torchrl_llm import FromTorchRLRows, TaskReward
+
+LOSSES = ("dapo", "dr-grpo", "rloo", "ppo-rlhf", "online-dpo", "opd")
+INPUT_MODES = ("text", "history")
 #: Adam learning rates, measured on this task over 3 seeds: at 1e-3 the k3 KL of a minibatch jumps to
 #: 10-100 nats and the reward falls; Dr. GRPO's unscaled advantages over a constant length normaliser
 #: give about half GRPO's gradient, so twice the rate; DPO's pairwise loss gets a third
-LEARNING_RATES = {"dapo": 3e-4, "dr-grpo": 6e-4, "rloo": 3e-4, "ppo-rlhf": 3e-4, "online-dpo": 1e-4}
+LEARNING_RATES = {"dapo": 3e-4, "dr-grpo": 6e-4, "rloo": 3e-4, "ppo-rlhf": 3e-4, "online-dpo": 1e-4, "opd": 3e-4}
 #: responses per prompt: online DPO learns from one best-vs-worst pair per prompt, and with 4 responses
 #: most groups of this task are all right (no pair); 8 gave it a steadier rise (3 seeds)
-GROUP_SIZES = {"dapo": 4, "dr-grpo": 4, "rloo": 4, "ppo-rlhf": 4, "online-dpo": 8}
+GROUP_SIZES = {"dapo": 4, "dr-grpo": 4, "rloo": 4, "ppo-rlhf": 4, "online-dpo": 8, "opd": 4}
 #: the prompt is bos + the message's text: the tiny model was fine-tuned on "<bos>12+34=" -> "46<eos>"
 #: (``offline_plugins.tokens.prompt_token_ids``: bos first when the tokenizer has no chat template)
 PLAIN_TEMPLATE = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
-
-
-def _strings(value) -> list[str]:
-    """A stack of strings (``NonTensorStack``, nested list or str) as a flat list of str."""
-    value = value.tolist() if hasattr(value, "tolist") else value
-    if isinstance(value, str):
-        return [value]
-    return [s for v in value for s in _strings(v)]
-
-
-# -- TorchRL's env, with our reward ----------------------------------------------------------
-def _transform_base():
-    from torchrl.envs import Transform
-
-    return Transform
-
-
-class TaskReward(_transform_base()):
-    """Scores ``("text", "response")`` against ``("text", "prompt")`` with ``task.rewards``; ends the episode.
-
-    Writes ``reward`` as TorchRL's LLM reward parsers do (``batch + (1, 1)``) and ``done`` /
-    ``terminated`` True (one turn per episode).
-    """
-
-    def __init__(self, task, eos_text: Optional[str], bos_text: Optional[str] = None) -> None:
-        super().__init__(in_keys=[("text", "prompt"), ("text", "response")], out_keys=["reward"])
-        self.task = task
-        self.eos_text = eos_text
-        self.bos_text = bos_text
-
-    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
-        prompts = _strings(tensordict.get(("text", "prompt")))
-        responses = _strings(tensordict.get(("text", "response")))
-        if self.bos_text:
-            prompts = [p.removeprefix(self.bos_text) for p in prompts]
-        if self.eos_text:
-            responses = [r.split(self.eos_text)[0] for r in responses]
-        shape = tuple(next_tensordict.batch_size)
-        reward = torch.tensor(self.task.rewards(prompts, responses), dtype=torch.float32)
-        next_tensordict.set("reward", reward.reshape(*shape, 1, 1).to(next_tensordict.device))
-        done = torch.ones(*shape, 1, dtype=torch.bool, device=next_tensordict.device)
-        next_tensordict.set("done", done)
-        next_tensordict.set("terminated", done.clone())
-        return next_tensordict
-
-    def transform_reward_spec(self, reward_spec):
-        from torchrl.data import Composite, Unbounded
-
-        reward_spec.update(Composite(reward=Unbounded(reward_spec.shape + (1, 1)), shape=reward_spec.shape))
-        return reward_spec
 
 
 class _PromptLoader:
@@ -158,82 +80,43 @@ class _PromptLoader:
             yield {"query": [p.prompt for p in problems], "answer": [p.answer for p in problems]}
 
 
-def make_env(task, tokenizer, *, prompts_per_round: int, group_size: int, seed: int = 0, pool: Optional[int] = None):
-    """TorchRL's ``ChatEnv`` fed by a ``DataLoadingPrimer`` (each prompt ``group_size`` times in a row),
-    plus :class:`TaskReward`; batch ``prompts_per_round * group_size``."""
+def chat_template_of(tokenizer, input_mode: str) -> str:
+    """The template the env and the wrapper render with: the model's own, else :data:`PLAIN_TEMPLATE` (text mode)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if template:
+        return template
+    if input_mode == "history":
+        raise SystemExit("--input-mode history needs a model with a chat template TorchRL can parse back into a "
+                         "History (ChatML), e.g. --model small; tiny has none: use --input-mode text")
+    return PLAIN_TEMPLATE
+
+
+def make_env(task, tokenizer, *, prompts_per_round: int, group_size: int, seed: int = 0, pool: Optional[int] = None,
+             input_mode: str = "text"):
+    """TorchRL's ``ChatEnv`` fed by a ``DataLoadingPrimer`` (each prompt ``group_size`` times in a row), plus our
+    :class:`~offline_plugins.torchrl_llm.TaskReward`; batch ``prompts_per_round * group_size``."""
     from torchrl.envs.llm import ChatEnv
 
+    template = chat_template_of(tokenizer, input_mode)
     env = ChatEnv.from_dataloader(_PromptLoader(task, prompts_per_round, seed, pool), repeats=group_size,
                                   batch_size=(prompts_per_round * group_size,), tokenizer=tokenizer,
-                                  input_mode="text", template_kwargs={"chat_template": PLAIN_TEMPLATE})
-    return env.append_transform(TaskReward(task, tokenizer.eos_token, tokenizer.bos_token))
+                                  input_mode=input_mode, template_kwargs={"chat_template": template})
+    return env.append_transform(TaskReward(task, tokenizer, chat_template=template))
 
 
-def make_policy(model, tokenizer, *, max_new_tokens: int, temperature: float = 1.0):
-    """TorchRL's ``TransformersWrapper`` sampling from ``model`` (text in, text + tokens out)."""
+def make_policy(model, tokenizer, *, max_new_tokens: int, temperature: float = 1.0, input_mode: str = "text"):
+    """TorchRL's ``TransformersWrapper`` sampling from ``model``; never the pad token (module docstring)."""
     from torchrl.modules.llm import TransformersWrapper
 
-    return TransformersWrapper(model, tokenizer=tokenizer, input_mode="text", generate=True, return_log_probs=True,
-                               pad_output=True, generate_kwargs={"max_new_tokens": max_new_tokens, "do_sample": True,
-                                                                 "temperature": temperature,
-                                                                 # see the module docstring, 9.
-                                                                 "bad_words_ids": [[tokenizer.pad_token_id]]})
-
-
-# -- the bridge ----------------------------------------------------------------------------
-def right_align(tokens: torch.Tensor, attention_mask: torch.Tensor, n_left: torch.Tensor, pad_id: int):
-    """Shift each row left by ``n_left`` (its leading pads): ``[pad.. x..]`` -> ``[x.. pad..]``."""
-    t = tokens.shape[-1]
-    idx = torch.arange(t, device=tokens.device).unsqueeze(0) + n_left.unsqueeze(-1)
-    valid = idx < t
-    idx = idx.clamp(max=t - 1)
-    out = torch.where(valid, tokens.gather(-1, idx), torch.full_like(tokens, pad_id))
-    return out, valid & attention_mask.gather(-1, idx)
-
-
-@torch.no_grad()
-def torchrl_rows_to_ted(data: TensorDictBase, *, pad_id: int, policy_scorer, reference_scorer) -> TensorDict:
-    """TorchRL collector rows ``[N, 1]`` -> our TED text rows ``[N]`` (see the module docstring, 1-8)."""
-    data = data.reshape(-1)  # 1. [envs, turns] -> rows
-    full = data.get(("tokens", "full"))
-    attn = data.get(("masks", "all_attention_mask")).bool()
-    prompt_width = data.get(("tokens", "prompt")).shape[-1]
-    pos = torch.arange(full.shape[-1], device=full.device)
-    response = attn & (pos >= prompt_width)  # 3. the assistant mask text mode leaves None
-    n_left = (~attn[:, :prompt_width]).sum(-1)  # 2. left padding of each prompt
-    tokens, attn_r = right_align(full, attn, n_left, pad_id)
-    response_r, _ = right_align(response.long(), attn, n_left, 0)
-    response_r = response_r.bool() & attn_r
-    n = full.shape[0]
-    prompts = _strings(data.get(("text", "prompt")))
-    ids: dict[str, int] = {}
-    group = torch.tensor([ids.setdefault(p, len(ids)) for p in prompts], device=full.device)  # 6.
-    done = torch.ones(n, 1, dtype=torch.bool, device=full.device)
-    td = TensorDict({
-        "tokens": {"full": tokens},
-        "masks": {"all_attention_mask": attn_r, "all_assistant_mask": response_r},
-        # 4. per-token log-probs aligned with tokens.full, of the sampling policy and the reference
-        "log_probs": {"full": policy_scorer.log_probs(tokens, attn_r)},
-        "next": {"reward": data.get(("next", "reward")).reshape(n, 1),  # 5.
-                 "done": done, "terminated": done.clone(),
-                 "ref_log_probs": {"full": reference_scorer.log_probs(tokens, attn_r)}},
-        "group": group,
-    }, batch_size=[n], device=full.device)
-    td.set(("text", "prompt"), prompts)
-    td.set(("text", "response"), _strings(data.get(("text", "response"))))
-    return td
-
-
-def advantage_on_tokens(td: TensorDictBase) -> TensorDictBase:
-    """7. MCAdvantage's one advantage per row -> ``[N, T, 1]`` on the response tokens."""
-    mask = td.get(("masks", "all_assistant_mask"))
-    adv = td.get("advantage").reshape(-1, 1).to(torch.float32)
-    td.set("advantage", (adv * mask.to(adv.dtype)).unsqueeze(-1))
-    return td
-
+    template = chat_template_of(tokenizer, input_mode) if input_mode == "history" else None
+    return TransformersWrapper(model, tokenizer=tokenizer, input_mode=input_mode, generate=True, return_log_probs=True,
+                               pad_output=True, chat_template=template,
+                               generate_kwargs={"max_new_tokens": max_new_tokens, "do_sample": True,
+                                                "temperature": temperature,
+                                                "bad_words_ids": [[tokenizer.pad_token_id]]})
 
 # -- our losses -----------------------------------------------------------------------------
-def make_loss(name: str, policy_model, reference_model, *, group_size: int, max_new_tokens: int):
+def make_loss(name: str, policy_model, reference_model, *, group_size: int, max_new_tokens: int, teacher=None):
     from offline_plugins.modules.causal_lm import CausalLMLogProbs
     from offline_plugins.objectives.llm.online import DAPOLoss, DrGRPOLoss, RLOOLoss
 
@@ -253,11 +136,16 @@ def make_loss(name: str, policy_model, reference_model, *, group_size: int, max_
         from offline_plugins.objectives.llm.online_dpo import OnlinePreferenceLoss
 
         return OnlinePreferenceLoss(DPOLoss(actor, reduction="none"), group_size=group_size)
+    if name == "opd":
+        from offline_plugins.objectives.llm.distill import OnPolicyDistillationLoss
+
+        return OnPolicyDistillationLoss(actor, teacher)
     raise ValueError(f"--loss must be one of {', '.join(LOSSES)}, got {name!r}")
 
 
-def make_grouping_buffer(name: str, group_size: int, capacity: int):
-    """TorchRL's buffer with ``MCAdvantage`` (groups by prompt text; DAPO: drops all-equal groups)."""
+def make_grouping_buffer(name: str, group_size: int, capacity: int, bridge: FromTorchRLRows):
+    """TorchRL's buffer; on write our bridge, then ``MCAdvantage`` (groups by prompt text; DAPO: drops the
+    all-equal groups); on read the advantage on the response tokens."""
     from torchrl.data import LazyStackStorage, ReplayBuffer
     from torchrl.objectives.llm.grpo import MCAdvantage
 
@@ -266,34 +154,36 @@ def make_grouping_buffer(name: str, group_size: int, capacity: int):
         kwargs = {"trajectory_return": "sum", "keep_return_bounds": (0.0, 1.0)}
     buffer = ReplayBuffer(storage=LazyStackStorage(capacity))
     buffer.append_transform(MCAdvantage(grpo_size=group_size, prompt_key=("text", "prompt"), **kwargs))
-    return buffer
+    return buffer.append_transform(bridge, invert=True)  # the buffer runs write transforms last-first
 
 
-def sft_policy(task, *, steps: int, seed: int = 0, cache_dir=None):
-    """The tiny LM after ``steps`` of SFT on the task (the reference and the policy's start)."""
+def sft_policy(task, *, steps: int, seed: int = 0, model: str = "tiny", cache_dir=None):
+    """``model`` after ``steps`` of SFT on the task (the reference and the policy's start; OPD's teacher)."""
     from offline_plugins.data.rollouts import sft_reference
     from offline_plugins.lightning.sft import supervised_finetune
 
-    return sft_reference(task, steps=steps, seed=seed, batch_size=32, cache_dir=cache_dir,
+    return sft_reference(task, model=model, steps=steps, seed=seed, batch_size=32, cache_dir=cache_dir,
                          finetune=supervised_finetune)
 
 
 def train(loss_name: str, *, rounds: int = 10, seed: int = 0, prompts_per_round: int = 16,
-          group_size: Optional[int] = None,
-          max_new_tokens: int = 4, epochs: int = 4, minibatch: int = 16, lr: Optional[float] = None,
-          sft_steps: int = 300, digits: int = 1, pool: Optional[int] = 16,
-          reference=None, verbose: bool = True) -> list[float]:
+          group_size: Optional[int] = None, max_new_tokens: int = 4, epochs: int = 4, minibatch: int = 16,
+          lr: Optional[float] = None, sft_steps: int = 300, teacher_sft_steps: int = 1500, digits: int = 1,
+          pool: Optional[int] = 16, model_name: str = "tiny", input_mode: str = "text", reference=None,
+          teacher=None, verbose: bool = True) -> list[float]:
     """Train ``loss_name`` for ``rounds`` rounds of TorchRL rollouts; returns each round's mean reward.
 
-    ``reference``: an SFT'd ``(model, tokenizer)`` to start from (copied); built if None. ``lr`` and
-    ``group_size``: None is the loss's entry in :data:`LEARNING_RATES`, :data:`GROUP_SIZES`. The task is
-    1-digit addition (``digits``): 300 SFT steps reach ~0.6 reward at temperature 1, so RL has room to
-    raise it; ``pool=16`` prompts (the same every round, see :class:`_PromptLoader`) make the per-round
-    mean a clean signal. DAPO's overlong penalty is off (``overlong_cache=0``): MCAdvantage reads the
-    raw ``("next", "reward")``, so a penalty would have to be added to the reward before the buffer.
+    ``reference``: an SFT'd ``(model, tokenizer)`` to start from (copied); built from ``model_name`` if None.
+    ``teacher``: OPD's teacher model (built with ``teacher_sft_steps`` if None). ``lr`` and ``group_size``:
+    None is the loss's entry in :data:`LEARNING_RATES`, :data:`GROUP_SIZES`. The task is 1-digit addition
+    (``digits``): 300 SFT steps of tiny reach ~0.6 reward at temperature 1, so RL has room to raise it;
+    ``pool=16`` prompts (the same every round, see :class:`_PromptLoader`) make the per-round mean a clean
+    signal. DAPO's overlong penalty is off (``overlong_cache=0``): MCAdvantage reads the raw reward.
     """
     if loss_name not in LOSSES:
         raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {loss_name!r}")
+    if input_mode not in INPUT_MODES:
+        raise ValueError(f"input_mode must be one of {', '.join(INPUT_MODES)}, got {input_mode!r}")
     lr = LEARNING_RATES[loss_name] if lr is None else lr
     group_size = GROUP_SIZES[loss_name] if group_size is None else group_size
     from torchrl.collectors.llm import LLMCollector
@@ -305,37 +195,42 @@ def train(loss_name: str, *, rounds: int = 10, seed: int = 0, prompts_per_round:
     set_list_to_stack(True).set()
     task = ArithmeticTask(digits=digits, ops="+")
     if reference is None:
-        reference = sft_policy(task, steps=sft_steps, seed=seed)
+        reference = sft_policy(task, steps=sft_steps, seed=seed, model=model_name)
     ref_model, tokenizer = reference
+    chat_template_of(tokenizer, input_mode)  # history mode without a chat template: refused before any work
+    if loss_name == "opd" and teacher is None:
+        teacher = sft_policy(task, steps=teacher_sft_steps, seed=seed, model=model_name)[0]
     ref_model = copy.deepcopy(ref_model).eval().requires_grad_(False)
     model = copy.deepcopy(ref_model).requires_grad_(True)
     torch.manual_seed(seed)
 
     rows = prompts_per_round * group_size
-    env = make_env(task, tokenizer, prompts_per_round=prompts_per_round, group_size=group_size, seed=seed,
-                   pool=pool)
-    collector = LLMCollector(env, policy=make_policy(model, tokenizer, max_new_tokens=max_new_tokens),
-                             dialog_turns_per_batch=rows, total_dialog_turns=rows * rounds)
-    loss = make_loss(loss_name, model, ref_model, group_size=group_size, max_new_tokens=max_new_tokens)
+    env = make_env(task, tokenizer, prompts_per_round=prompts_per_round, group_size=group_size, seed=seed, pool=pool,
+                   input_mode=input_mode)
+    policy = make_policy(model, tokenizer, max_new_tokens=max_new_tokens, input_mode=input_mode)
+    collector = LLMCollector(env, policy=policy, dialog_turns_per_batch=rows, total_dialog_turns=rows * rounds)
+    loss = make_loss(loss_name, model, ref_model, group_size=group_size, max_new_tokens=max_new_tokens,
+                     teacher=teacher)
     optim = torch.optim.Adam([p for p in loss.parameters() if p.requires_grad], lr=lr)
-    scorer, ref_scorer = CausalLMLogProbs(model), CausalLMLogProbs(ref_model)
+    # TorchRL rows -> our layout; the scorers write the sampling policy's and the reference's log-probs
+    bridge = FromTorchRLRows(pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id, tokenizer=tokenizer,
+                             policy_scorer=CausalLMLogProbs(model), reference_scorer=CausalLMLogProbs(ref_model))
     rewards: list[float] = []
     for r, data in enumerate(collector):
         model.eval()
-        ted = torchrl_rows_to_ted(data, pad_id=tokenizer.pad_token_id, policy_scorer=scorer,
-                                  reference_scorer=ref_scorer)
-        rewards.append(float(ted.get(("next", "reward")).mean()))  # once per round, for the printout
+        rewards.append(float(data.get(("next", "reward")).mean()))  # once per round, for the printout
         if verbose:
             print(f"round {r}: mean reward {rewards[-1]:.3f}", flush=True)
-        if loss_name == "ppo-rlhf":
-            batch = loss.process_rollouts(ted)  # GAE on a value head: no group needed
+        if loss_name in ("ppo-rlhf", "opd"):  # no group: convert the batch, then the loss's round hook
+            batch = loss.process_rollouts(bridge(data))
         else:
-            grouping = make_grouping_buffer(loss_name, group_size, rows)
-            grouping.extend(ted)
+            grouping = make_grouping_buffer(loss_name, group_size, rows, bridge)
+            grouping.extend(data)
             if len(grouping) == 0:  # DAPO: every group without signal, nothing to learn this round
                 continue
             batch = grouping[:]
-            batch = advantage_on_tokens(batch) if loss_name == "dapo" else loss.process_rollouts(batch)
+            if loss_name != "dapo":  # Dr. GRPO, RLOO, online DPO: their own estimator (module docstring)
+                batch = loss.process_rollouts(batch)
             if loss_name == "online-dpo":
                 batch = loss.pair_rollouts(batch)
         train_buffer = ReplayBuffer(storage=LazyStackStorage(batch.shape[0]), sampler=SamplerWithoutReplacement(),
@@ -358,11 +253,16 @@ def main(argv=None) -> list[float]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--loss", choices=LOSSES, default="dapo")
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--model", default="tiny", help="tiny, small, or a folder / hub id of a model with a chat "
+                                                        "template (offline_plugins.modules.tiny_lm.load_causal_lm)")
+    parser.add_argument("--input-mode", choices=INPUT_MODES, default="text", help="ChatEnv's and the wrapper's")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sft-steps", type=int, default=300, help="SFT steps of the reference on the task")
+    parser.add_argument("--teacher-sft-steps", type=int, default=1500, help="SFT steps of OPD's teacher")
     parser.add_argument("--lr", type=float, default=None, help="Adam learning rate (default: per loss)")
     args = parser.parse_args(argv)
-    return train(args.loss, rounds=args.rounds, seed=args.seed, sft_steps=args.sft_steps, lr=args.lr)
+    return train(args.loss, rounds=args.rounds, seed=args.seed, sft_steps=args.sft_steps, lr=args.lr,
+                 teacher_sft_steps=args.teacher_sft_steps, model_name=args.model, input_mode=args.input_mode)
 
 
 if __name__ == "__main__":
