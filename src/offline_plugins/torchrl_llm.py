@@ -145,6 +145,20 @@ def history_messages(history: Any) -> list[tuple[str, str]]:
     return [(r, c) for r, c in zip(roles, contents) if r != "<none>"]
 
 
+def _template_around(tokenizer: Any, chat_template: Optional[str]) -> tuple[str, str]:
+    """The text a chat template writes before and after one user message (with the generation prompt)."""
+    template = chat_template or getattr(tokenizer, "chat_template", None)
+    if tokenizer is None or not template:
+        return getattr(tokenizer, "bos_token", None) or "", ""
+    marker = "\x00message\x00"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False,
+                                         add_generation_prompt=True, chat_template=template)
+    if not isinstance(text, str) or text.count(marker) != 1:
+        return "", ""
+    before, after = text.split(marker)
+    return before, after
+
+
 def _model_context(scorer: Any) -> Optional[int]:
     config = getattr(getattr(scorer, "model", None), "config", None)
     for name in ("n_positions", "max_position_embeddings"):
@@ -210,7 +224,10 @@ def _template_tokens(history: Any, *, tokenizer: Any, chat_template: Optional[st
     if tokenizer is None:
         raise TorchRLRowsError("from_torchrl_rows: a multi-turn History episode takes its tokens and assistant mask "
                                "from the chat template; pass tokenizer=... (the wrapper's)")
-    kwargs = {"chat_template": chat_template} if chat_template is not None else {}
+    # the tokenizer's own template unless told: given none, TorchRL picks one from the model's name (a "qwen"
+    # path gets its Qwen template, with a system prompt the episode never had)
+    chat_template = chat_template or getattr(tokenizer, "chat_template", None)
+    kwargs = {"chat_template": chat_template} if chat_template else {}
     out = history.apply_chat_template(tokenizer=tokenizer, add_generation_prompt=False, tokenize=True,
                                       return_assistant_tokens_mask=True, return_dict=True, **kwargs)
     ids = torch.as_tensor(out["input_ids"]).reshape(-1).long()
@@ -554,20 +571,21 @@ class TaskReward(Transform):
     Append it to TorchRL's ``ChatEnv`` (``env.append_transform(TaskReward(task, tokenizer))``). It reads
     ``("history", "prompt" | "response")`` in ``input_mode="history"`` (the last user message and the
     assistant's reply: what the task's prompts look like, without the chat template), else
-    ``("text", "prompt" | "response")`` with the tokenizer's bos text stripped from the prompt and the
-    response cut at its eos text. Writes ``reward`` as TorchRL's LLM reward parsers do (``batch + (1, 1)``)
+    ``("text", "prompt" | "response")``: the prompt without the template's text around one user message
+    (the tokenizer's bos text without a template), the response cut at the eos text. Writes ``reward`` as TorchRL's LLM reward parsers do (``batch + (1, 1)``)
     and ``done`` / ``terminated``: True at turn ``turns`` (history mode counts the assistant messages;
     text mode is single-turn). A multi-turn episode scores each turn's reply against its prompt.
 
     Args:
         task: any object with ``rewards(prompts, responses) -> list[float]`` (our text tasks).
-        tokenizer: the env's tokenizer (its bos and eos texts), or None.
+        tokenizer: the env's tokenizer (its chat template, bos and eos texts), or None.
 
     Keyword Args:
         turns (int): turns per episode. Defaults to 1.
+        chat_template (str, optional): the template the env renders prompts with, if not the tokenizer's.
     """
 
-    def __init__(self, task: Any, tokenizer: Any = None, *, turns: int = 1) -> None:
+    def __init__(self, task: Any, tokenizer: Any = None, *, turns: int = 1, chat_template: Optional[str] = None) -> None:
         super().__init__(in_keys=[("text", "prompt"), ("text", "response")], out_keys=["reward"])
         if not hasattr(task, "rewards"):
             raise TorchRLRowsError(f"TaskReward: task must have rewards(prompts, responses), got {type(task).__name__}")
@@ -576,7 +594,7 @@ class TaskReward(Transform):
         self.task = task
         self.turns = turns
         self.eos_text = getattr(tokenizer, "eos_token", None)
-        self.bos_text = getattr(tokenizer, "bos_token", None)
+        self.prefix, self.suffix = _template_around(tokenizer, chat_template)
 
     def _texts(self, tensordict: TensorDictBase) -> tuple[list[str], list[str], list[int]]:
         prompt_h = tensordict.get(("history", "prompt"), None)
@@ -594,11 +612,14 @@ class TaskReward(Transform):
         if self.turns != 1:
             raise TorchRLRowsError("TaskReward: turns > 1 needs the env in input_mode='history' (text rows do not "
                                    "say which turn they are); use ChatEnv(input_mode='history')")
-        prompts = _strings(tensordict.get(("text", "prompt")))
+        prompts = [self._message(p) for p in _strings(tensordict.get(("text", "prompt")))]
         responses = _strings(tensordict.get(("text", "response")))
-        if self.bos_text:
-            prompts = [p.removeprefix(self.bos_text) for p in prompts]
         return prompts, self._cut(responses), [1] * len(prompts)
+
+    def _message(self, prompt: str) -> str:
+        if prompt.startswith(self.prefix) and prompt.endswith(self.suffix):
+            return prompt[len(self.prefix):len(prompt) - len(self.suffix)]
+        return prompt
 
     def _cut(self, responses: list[str]) -> list[str]:
         return [r.split(self.eos_text)[0] for r in responses] if self.eos_text else responses
