@@ -146,3 +146,15 @@ def test_history_mode_needs_a_chat_template():
     with pytest.raises(SystemExit, match=r"--input-mode history needs a model with a chat template .* --model small"):
         pipeline.chat_template_of(tok, "history")
     assert pipeline.chat_template_of(tok, "text") == pipeline.PLAIN_TEMPLATE
+
+
+@pytest.mark.slow  # small's 300 SFT steps (~25 s) and 4 rounds
+def test_reward_rises_on_small_in_history_mode():
+    """The pipeline with chat rows (``input_mode="history"``) on the hub-shaped ``small`` model: the
+    prompts go through its ChatML template, the bridge reads the History rows."""
+    from offline_plugins.envs.tasks import ArithmeticTask
+
+    ref = pipeline.sft_policy(ArithmeticTask(digits=1), steps=300, seed=0, model="small")
+    rewards = pipeline.train("dapo", rounds=4, seed=0, reference=ref, model_name="small", input_mode="history",
+                             verbose=False)
+    assert len(rewards) == 4 and sum(rewards[-2:]) / 2 > rewards[0] + MARGIN, rewards
