@@ -12,9 +12,11 @@ the sampler reads, from ``/proc``:
 * the last gradient step its progress bar showed (steps/s between samples).
 
 A run is flat when, after its first quarter (warm-up: caches, the first checkpoint, the allocator),
-the median RSS of its last quarter exceeds the second quarter's by less than ``--rss-band`` MiB and
-10 %, the median open files and child processes by at most ``--fd-band``, and the last quarter's
-steps/s is within 25 % of the second quarter's. Peaks (an evaluation, a checkpoint being written) are
+the median RSS of its last quarter exceeds the third quarter's by less than a quarter of ``--rss-band``
+MiB (a leak keeps growing; a one-time allocation such as the first evaluation is a step) and the
+second quarter's by less than the band (or 10 %), the median open files and child processes exceed
+the second quarter's by at most ``--fd-band``, and the last quarter's steps/s is at least 75 % of
+the second quarter's. Peaks (an evaluation, a checkpoint being written) are
 reported beside the medians. The runs (the issue's list):
 
 * ``grpo-tool-python``: GRPO on the multi-turn Python-tool task, 2,000 rounds (one update per round,
@@ -116,9 +118,9 @@ def verdict(samples: list[dict], rss_band: float, fd_band: int) -> dict:
     if n < 8:
         return {"flat": None, "why": f"only {n} samples"}
     q = n // 4
-    second, last = samples[q:2 * q], samples[3 * q:]
+    second, third, last = samples[q:2 * q], samples[2 * q:3 * q], samples[3 * q:]
     med = lambda part, key: statistics.median(s[key] for s in part)  # noqa: E731
-    rss0, rss1 = med(second, "rss_mib"), med(last, "rss_mib")
+    rss0, rss_third, rss1 = med(second, "rss_mib"), med(third, "rss_mib"), med(last, "rss_mib")
 
     def rate(part):
         dt = part[-1]["t"] - part[0]["t"]
@@ -127,8 +129,10 @@ def verdict(samples: list[dict], rss_band: float, fd_band: int) -> dict:
     r2, r4 = rate(second), rate(last)
     checks = {
         "rss_median_second_quarter_mib": round(rss0, 1), "rss_median_last_quarter_mib": round(rss1, 1),
+        "rss_median_third_quarter_mib": round(rss_third, 1),
         "rss_peak_mib": round(max(s["rss_mib"] for s in samples[q:]), 1),
-        "rss_ok": rss1 - rss0 < rss_band and rss1 - rss0 < 0.1 * rss0,
+        # a leak keeps growing: a one-time allocation (the first evaluation) is a step, not a trend
+        "rss_ok": rss1 - rss_third < rss_band / 4 and rss1 - rss0 < max(rss_band, 0.1 * rss0),
         "fds_median_second_quarter": med(second, "fds"), "fds_median_last_quarter": med(last, "fds"),
         "fds_peak": max(s["fds"] for s in samples[q:]),
         "fds_ok": med(last, "fds") <= med(second, "fds") + fd_band,
@@ -136,7 +140,7 @@ def verdict(samples: list[dict], rss_band: float, fd_band: int) -> dict:
         "children_peak": max(s["children"] for s in samples[q:]),
         "children_ok": med(last, "children") <= med(second, "children") + fd_band,
         "steps_per_s_second_quarter": round(r2, 2), "steps_per_s_last_quarter": round(r4, 2),
-        "speed_ok": r2 == 0 or abs(r4 - r2) <= 0.25 * r2,
+        "speed_ok": r2 == 0 or r4 >= 0.75 * r2,  # a slowdown; a faster end is other load leaving the machine
     }
     checks["flat"] = all(checks[k] for k in ("rss_ok", "fds_ok", "children_ok", "speed_ok"))
     return checks
