@@ -76,7 +76,7 @@ ready=$(date +%s)
 
 set +e
 CI=true OMP_NUM_THREADS=1 VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" \
-  "$venv/bin/python" -m pytest -q -ra --durations=0 tests/test_vllm_generator.py
+  "$venv/bin/python" -m pytest -q -ra --durations=0 tests/test_vllm_generator.py tests/test_vllm_torchrl_bridge.py
 rc=$?
 set -e
 end=$(date +%s)
