@@ -79,3 +79,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def vllm():
+    """The vllm module, for the tests marked vllm. Where vLLM is missing those tests are skipped before this
+    runs, except in CI (CI=true), where a skip would hide that vLLM is no longer tested: there they fail here."""
+    try:
+        import vllm
+    except ImportError as exc:
+        pytest.fail(f"CI is set and vLLM cannot be imported ({exc}): run the vLLM tests in the environment "
+                    "scripts/test_vllm.sh makes", pytrace=False)
+    return vllm

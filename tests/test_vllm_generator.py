@@ -105,16 +105,6 @@ def test_the_default_generator_is_the_policys_own_generate():
 
 
 # -- with vLLM --------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def vllm():
-    # where vLLM is missing, tests/conftest.py skips the tests marked vllm before this runs, except in CI
-    # (CI=true), where a skip would hide that the engine is no longer tested: there they fail here
-    try:
-        import vllm
-    except ImportError as exc:
-        pytest.fail(f"CI is set and vLLM cannot be imported ({exc}): run this file in the environment "
-                    "scripts/test_vllm.sh makes", pytrace=False)
-    return vllm
 
 
 def _response_log_probs(model, gen):

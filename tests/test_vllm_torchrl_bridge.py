@@ -61,16 +61,6 @@ CASES = [("small", "text", False), ("small", "text", True), ("small", "history",
          ("tiny", "text", False), ("tiny", "text", True)]
 
 
-@pytest.fixture(scope="module")
-def vllm():
-    # where vLLM is missing, tests/conftest.py skips the tests marked vllm before this runs, except in CI
-    # (CI=true), where a skip would hide that the bridge's vLLM path is no longer tested: there they fail here
-    try:
-        import vllm
-    except ImportError as exc:
-        pytest.fail(f"CI is set and vLLM cannot be imported ({exc}): run this file in the environment "
-                    "scripts/test_vllm.sh makes", pytrace=False)
-    return vllm
 
 
 def _folder(name: str, tmp_path_factory) -> Path:
