@@ -53,6 +53,33 @@ def test_two_cpu_ranks_train_a_language_model_in_sync(tmp_path, algorithm):
     assert moved
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_two_rank_grpo_run_resumed_mid_round_ends_as_the_uninterrupted_one(tmp_path):
+    """Each rank samples its own prompts; the checkpoint keeps every rank's round, so a resume in
+    the middle of a round trains each rank on the rollouts it had (rank 1's re-sampled by the
+    moved policy would carry other log-probs and end elsewhere)."""
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(10)]
+    data = _write(tmp_path / "grpo.jsonl", rows)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+           "OFFLINE_PLUGINS_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(Path(__file__).parent)}
+
+    def run(out: Path, steps: int, *extra: str) -> dict:
+        proc = launch([sys.executable, str(SCRIPT), "grpo", str(data), str(out), str(steps), *extra], env, 190)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return torch.load(out / "rank0.pt", weights_only=False)["state"]
+
+    full = run(tmp_path / "full", 6)  # rounds of 4 steps: step 2 is in the middle of round 0
+    run(tmp_path / "part", 2)
+    ckpt = torch.load(tmp_path / "part" / "checkpoints" / "last.ckpt", weights_only=False)
+    saved = next(v for k, v in ckpt.items() if isinstance(v, dict) and "ranks" in v)
+    assert [r["rank"] for r in saved["ranks"]] == [0, 1]
+    resumed = run(tmp_path / "part", 6, "resume")
+    assert json.loads((tmp_path / "part" / "summary.json").read_text())["steps"] == 6
+    for k in full:
+        assert torch.equal(full[k], resumed[k]), k
+
+
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
 def test_fsdp_on_two_gpus_shards_the_decoder_layers_and_saves_a_checkpoint(tmp_path):

@@ -25,8 +25,8 @@ steps have passed since the last load, and shuts it down when the fit ends.
 Minibatch ``m`` of epoch ``e`` of round ``r`` is a slice of a permutation seeded by
 ``(seed, rank, r, e)``; prompts and sampling are seeded by ``(seed, rank, r)``, and the
 round being trained on is saved in checkpoints, so a resumed run trains on exactly the
-rollouts of the uninterrupted one. Under DDP each rank samples its own prompts; a resume
-there re-samples the current round on ranks other than 0 (Lightning saves rank 0's state).
+rollouts of the uninterrupted one. Under DDP each rank samples its own prompts, and the
+checkpoint (written by rank 0) gathers every rank's round, so a resume there is exact too.
 
 :class:`RolloutEvaluation` scores greedy responses to the held-out prompts and watches
 for reward hacking (:class:`~offline_plugins.lightning.monitor.RewardHackingMonitor`).
@@ -209,6 +209,17 @@ class RolloutDataModule(LightningDataModule):
 
     # -- checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        state = self._rank_state()
+        trainer = self.trainer
+        if trainer is not None and trainer.world_size > 1:
+            # Lightning writes rank 0's checkpoint; every rank calls this when a checkpoint is
+            # saved, so the ranks' rounds are gathered into it (each rank samples its own prompts)
+            ranks: list = [None] * trainer.world_size
+            torch.distributed.all_gather_object(ranks, state)
+            state = {**state, "ranks": ranks}
+        return state
+
+    def _rank_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {"seed": self.seed, "round": self.round, "rank": self.rank,
                                  "history": list(self.history)}
         if self.rollouts is not None:
@@ -221,14 +232,20 @@ class RolloutDataModule(LightningDataModule):
         if int(state_dict.get("seed", self.seed)) != self.seed:
             raise UserError(f"the checkpoint was trained with seed {state_dict['seed']}, this run uses seed "
                             f"{self.seed}; resume with the same --seed")
-        self.history = list(state_dict.get("history", []))
-        if "tensors" not in state_dict:
+        trainer = self.trainer
+        rank = int(trainer.global_rank) if trainer is not None else 0
+        ranks = state_dict.get("ranks") or []
+        # this rank's own round where the checkpoint has it (a run saved on as many ranks or more);
+        # otherwise rank 0's, which _ensure_round keeps for rank 0 only (the others sample theirs)
+        own = next((r for r in ranks if int(r.get("rank", -1)) == rank), state_dict)
+        self.history = list(own.get("history", []))
+        if "tensors" not in own:
             return
         n = self.collector.rows
-        td = TensorDict(state_dict["tensors"], batch_size=[n])
-        for k, values in state_dict.get("text", {}).items():
+        td = TensorDict(own["tensors"], batch_size=[n])
+        for k, values in own.get("text", {}).items():
             td.set(("text", k), NonTensorStack(*values, batch_size=[n]))
-        self._pending = {"round": int(state_dict["round"]), "rank": int(state_dict.get("rank", 0)), "td": td}
+        self._pending = {"round": int(own["round"]), "rank": int(own.get("rank", 0)), "td": td}
 
 
 class RolloutEvaluation(ScheduledEvaluation):
