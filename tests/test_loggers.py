@@ -5,6 +5,9 @@ wrote; a logger whose package is missing is one line naming the extra to install
 from __future__ import annotations
 
 import csv
+import errno
+import json
+import os
 import sys
 
 import pytest
@@ -153,3 +156,83 @@ def test_the_cli_refuses_an_unknown_logger(capsys, tmp_path):
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "unknown logger 'neptune'; choose from csv, tensorboard, mlflow, wandb" in err
     assert not (tmp_path / "run").exists()
+
+
+def _tb_scalars(folder, tag):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+@pytest.mark.slow
+def test_a_resumed_run_continues_the_runs_its_loggers_started(tmp_path, monkeypatch):
+    """A run resumed from the checkpoint at step 2 of 4 (the interrupted run had logged steps 3 and
+    4 already): TensorBoard's curves are the uninterrupted run's, MLflow keeps one run."""
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    kwargs = dict(steps=4, eval_every=2, eval_episodes=1, log_every=1, progress=False, logger="tensorboard,mlflow",
+                  checkpoint_every=2, keep_checkpoints=True)
+    straight = tmp_path / "straight"
+    train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=straight, **kwargs)
+    out = tmp_path / "run"
+    train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=out, **kwargs)
+    first = json.loads((out / "loggers.json").read_text())
+    train_algorithm(TINY_SPEC, FakeOfflineData(), out_dir=out, resume=out / "checkpoints" / "step=2.ckpt", **kwargs)
+
+    assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 2
+    for tag in ("train/loss_qvalue", "eval/return_mean"):
+        assert _tb_scalars(out / "tensorboard", tag) == _tb_scalars(straight / "tensorboard", tag), tag
+    record = json.loads((out / "loggers.json").read_text())
+    run_id = first["mlflow"]["run_id"]
+    assert record["mlflow"] == {**first["mlflow"], "resumed_at_steps": [2]}
+    client = MlflowClient(record["mlflow"]["tracking_uri"])
+    runs = client.search_runs([client.get_experiment_by_name("offline-plugins").experiment_id])
+    assert [r.info.run_id for r in runs] == [run_id]
+    assert runs[0].data.tags["offline_plugins.resumed_at_steps"] == "2"
+    # the points logged after the checkpoint stay, the resumed run's come later at the same steps
+    history = client.get_metric_history(run_id, "train/loss_qvalue")
+    last = {m.step: m.value for m in sorted(history, key=lambda m: m.timestamp)}
+    assert sorted(last.items()) == _tb_scalars(straight / "tensorboard", "train/loss_qvalue")
+
+
+def _failing_after(n: int):
+    calls = {"n": 0}
+
+    def check() -> None:
+        calls["n"] += 1
+        if calls["n"] > n:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    return check
+
+
+@pytest.mark.parametrize("logger", ["tensorboard", "mlflow"])
+def test_a_logger_that_cannot_write_stops_the_run_in_one_line(tmp_path, monkeypatch, logger):
+    pytest.importorskip(logger)
+    from offline_plugins.data.files import WriteError
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    check = _failing_after(6)
+    if logger == "tensorboard":
+        from tensorboard.summary.writer import record_writer
+
+        write = record_writer.RecordWriter.write
+        monkeypatch.setattr(record_writer.RecordWriter, "write", lambda self, data: (check(), write(self, data)))
+        where = tmp_path / "run" / "tensorboard"
+    else:
+        from mlflow.store.tracking import file_store
+
+        log_batch = file_store.FileStore.log_batch
+        monkeypatch.setattr(file_store.FileStore, "log_batch", lambda self, *a, **k: (check(), log_batch(self, *a, **k)))
+        where = tmp_path / "run" / "mlruns"
+    with pytest.raises(WriteError) as err:
+        _run(tmp_path, logger)
+    text = str(err.value)
+    assert "\n" not in text and str(where) in text and "ENOSPC" in text, text
+    assert "metrics.csv and the last checkpoint are intact" in text and "--resume" in text
+    assert _csv_steps(tmp_path / "run", "train/loss_qvalue")[:1] == [1]  # the rows logged before are kept

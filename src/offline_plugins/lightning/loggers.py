@@ -17,6 +17,20 @@ wandb          ``WandbLogger``: project ``offline-plugins``, ``pip install 'offl
                nothing leaves the machine)
 =============  ======================================  ==========================================
 
+What each does on a full disk and on ``--resume``:
+
+- A write that fails (full disk, quota, a folder made read-only) stops the run with the same
+  one-line :class:`~offline_plugins.data.files.WriteError` as ``metrics.csv`` and the
+  checkpoints, naming the logger's folder; ``metrics.csv`` and ``last.ckpt`` are intact and
+  ``--resume`` continues.
+- A resumed run continues the run its loggers started, recorded in ``OUT/loggers.json``:
+  TensorBoard writes a new event file whose ``purge_step`` hides what the interrupted run
+  logged after its checkpoint (TensorBoard's own mechanism for a restart), so the curves are an
+  uninterrupted run's; MLflow logs into the same run (``run_id``), where the points logged
+  after the checkpoint stay beside the resumed run's (MLflow has no call that deletes metric
+  points; the run carries the tag ``offline_plugins.resumed_at_steps``); W&B resumes the same
+  run id (``resume="allow"``).
+
 >>> logger_names(None), logger_names("tensorboard,csv"), logger_names(["csv"])
 (('csv',), ('csv', 'tensorboard'), ('csv',))
 >>> logger_names("neptune")
@@ -27,14 +41,16 @@ offline_plugins.errors.UserError: unknown --logger 'neptune'; choose from csv, t
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import json
 import os
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import Any, Iterator, Optional, Sequence, Union
 
 from offline_plugins.errors import UserError
 
-__all__ = ["LOGGERS", "logger_names", "make_loggers", "close_loggers"]
+__all__ = ["LOGGERS", "RECORD", "logger_names", "make_loggers", "close_loggers"]
 
 #: ``--logger`` names -> the packages any one of which the Lightning logger needs
 LOGGERS: dict[str, tuple[str, ...]] = {
@@ -79,12 +95,81 @@ def logger_names(logger: Union[None, str, Sequence[str]]) -> tuple[str, ...]:
     return tuple(names)
 
 
-def make_loggers(logger: Union[None, str, Sequence[str]], out: Union[str, os.PathLike], *, run_name: str) -> list:
+#: where a run records the runs its loggers started, for a resume to continue them
+RECORD = "loggers.json"
+
+
+@contextlib.contextmanager
+def _writes(where: str) -> Iterator[None]:
+    # a logger's failed write (full disk, quota, read-only folder) is the run's one-line WriteError
+    from offline_plugins.data.files import is_write_error, write_error
+    from offline_plugins.lightning.files import RESUME_FIX
+
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as exc:  # Lightning's TensorBoard logger re-raises the writer's OSError as a ValueError
+        if is_write_error(exc):
+            raise write_error(where, exc, fix=RESUME_FIX,
+                              what="metrics.csv and the last checkpoint are intact") from None
+        raise
+
+
+def _guarded(base: type) -> type:
+    """``base`` (a Lightning logger class) whose writes fail as :func:`_writes` says; on a run that
+    failed already, its closing write error is dropped (the run's own error is the one reported)."""
+
+    class Guarded(base):  # type: ignore[misc, valid-type]
+        def _where(self) -> str:
+            return str(getattr(self, "log_dir", None) or getattr(self, "save_dir", None) or self.name)
+
+        def log_metrics(self, *args: Any, **kwargs: Any) -> None:
+            with _writes(self._where()):
+                return super().log_metrics(*args, **kwargs)
+
+        def log_hyperparams(self, *args: Any, **kwargs: Any) -> None:
+            with _writes(self._where()):
+                return super().log_hyperparams(*args, **kwargs)
+
+        def save(self) -> None:
+            with _writes(self._where()):
+                return super().save()
+
+        def finalize(self, status: str) -> None:
+            try:
+                with _writes(self._where()):
+                    return super().finalize(status)
+            except UserError:
+                if status != "failed":
+                    raise
+
+    Guarded.__name__ = Guarded.__qualname__ = f"Run{base.__name__}"
+    return Guarded
+
+
+def _record(out: Path) -> dict[str, Any]:
+    try:
+        found = json.loads((out / RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def make_loggers(logger: Union[None, str, Sequence[str]], out: Union[str, os.PathLike], *, run_name: str,
+                 resume_step: Optional[int] = None) -> list:
     """The Lightning loggers of a run writing to ``out``: ``CSVLogger`` first (``out/metrics.csv``),
-    then the others ``logger`` names (see the module's table), each run named ``run_name``."""
-    from offline_plugins.lightning.files import RunCSVLogger
+    then the others ``logger`` names (see the module's table), each run named ``run_name``.
+    ``resume_step``: the step of the checkpoint a resumed run starts from; the loggers continue
+    the runs recorded in ``out/loggers.json``."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from offline_plugins.data.files import atomic_write_text
+    from offline_plugins.lightning.files import RESUME_FIX, RunCSVLogger
 
     out = Path(out)
+    earlier = _record(out) if resume_step is not None else {}
+    record: dict[str, Any] = {}
     loggers: list[Any] = []
     for name in logger_names(logger):
         if name == "csv":
@@ -92,8 +177,11 @@ def make_loggers(logger: Union[None, str, Sequence[str]], out: Union[str, os.Pat
         elif name == "tensorboard":
             from lightning.pytorch.loggers import TensorBoardLogger
 
-            loggers.append(TensorBoardLogger(save_dir=str(out), name="tensorboard", version="",
-                                             default_hp_metric=False))
+            # on a resume, the events the interrupted run logged after its checkpoint (training rows
+            # from step+1, as metrics.csv is cut) are hidden by the new event file's purge_step
+            kwargs = {"purge_step": int(resume_step) + 1} if resume_step is not None else {}
+            loggers.append(_guarded(TensorBoardLogger)(save_dir=str(out), name="tensorboard", version="",
+                                                       default_hp_metric=False, **kwargs))
         elif name == "mlflow":
             from lightning.pytorch.loggers import MLFlowLogger
 
@@ -104,11 +192,22 @@ def make_loggers(logger: Union[None, str, Sequence[str]], out: Union[str, os.Pat
                 os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
                 uri = (out / "mlruns").resolve().as_uri()
             given = os.environ.get("MLFLOW_TRACKING_URI")
-            mlflow_logger = MLFlowLogger(experiment_name="offline-plugins", run_name=run_name, tracking_uri=uri)
+            run_id = (earlier.get("mlflow") or {}).get("run_id")
+            if (earlier.get("mlflow") or {}).get("tracking_uri") != uri:
+                run_id = None  # another store now: a run of its own there
+            mlflow_logger = _guarded(MLFlowLogger)(experiment_name="offline-plugins", run_name=run_name,
+                                                   tracking_uri=uri, run_id=run_id)
             # starting its run, Lightning's logger sets MLflow's process-wide tracking URI (and
             # MLFLOW_TRACKING_URI) to its own; the run is started now and the URI put back, so a later
             # run in this process writes to its own store (the logger keeps a client of its own)
-            mlflow_logger.experiment
+            with _writes(str(out / "mlruns") if not given else uri):
+                client = mlflow_logger.experiment
+                if run_id is not None and rank_zero_only.rank == 0:
+                    steps = [*(earlier["mlflow"].get("resumed_at_steps") or []), int(resume_step or 0)]
+                    client.set_tag(run_id, "offline_plugins.resumed_at_steps", ",".join(map(str, steps)))
+                    record["mlflow"] = {"tracking_uri": uri, "run_id": run_id, "resumed_at_steps": steps}
+                else:
+                    record["mlflow"] = {"tracking_uri": uri, "run_id": mlflow_logger.run_id}
             import mlflow
 
             mlflow.set_tracking_uri(given)
@@ -116,8 +215,17 @@ def make_loggers(logger: Union[None, str, Sequence[str]], out: Union[str, os.Pat
         elif name == "wandb":
             from lightning.pytorch.loggers import WandbLogger
 
-            loggers.append(WandbLogger(project=os.environ.get("WANDB_PROJECT", "offline-plugins"), name=run_name,
-                                       save_dir=str(out)))
+            run_id = (earlier.get("wandb") or {}).get("id")
+            if run_id is None:
+                import secrets
+
+                run_id = secrets.token_hex(4)  # a W&B run id (lower-case letters and digits)
+            record["wandb"] = {"id": run_id}
+            loggers.append(_guarded(WandbLogger)(project=os.environ.get("WANDB_PROJECT", "offline-plugins"),
+                                                 name=run_name, save_dir=str(out), id=run_id, resume="allow"))
+    if record and rank_zero_only.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / RECORD, json.dumps(record, indent=1) + "\n", fix=RESUME_FIX)
     return loggers
 
 

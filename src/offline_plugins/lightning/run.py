@@ -562,7 +562,8 @@ def _fit(plan: RunPlan, settings: RunSettings, out: Path, ckpt_path: Optional[Pa
         max_steps=total,
         max_epochs=-1,
         # CSV always (metrics.csv, the learning curve), then those --logger names
-        logger=make_loggers(loggers, out, run_name=out.name),
+        logger=make_loggers(loggers, out, run_name=out.name,
+                            resume_step=start_step if ckpt_path is not None else None),
         callbacks=[
             *([StepProgressBar(refresh_rate=max(1, min(50, total // 100)))] if progress else []),
             *built.callbacks,
