@@ -53,7 +53,9 @@ def test_the_monitor_finds_the_peak_keeps_its_checkpoint_and_warns(tmp_path):
     assert fit["points"] == 6
     assert fit["alpha"] == pytest.approx(0.1) and fit["beta"] == pytest.approx(0.05)
     assert fit["peak_kl"] == pytest.approx(1.0) and fit["r2"] == pytest.approx(1.0)
-    assert report["hacking_warnings"][0].startswith("between steps 20 and 30")
+    # made-up scores carry no held-out size: taken as exact, the first fall from the peak is said once
+    assert report["hacking_warnings"] == [
+        "the gold score fell from 0.55 at step 20 to 0.537 at step 30 (-1.3 points) while the proxy reward rose 0.2 -> 0.3"]
     # logged beside the run's metrics: the gap between proxy and gold gains grows
     import csv
 
@@ -97,3 +99,44 @@ def test_evaluation_only_at_the_end_says_the_monitor_cannot_warn(tmp_path, capsy
                  "--set", "batch_size=4"]) == 0
     err = capsys.readouterr().err
     assert "offline-plugins: warning: with --eval-every 0 the held-out prompts are scored only at the end" in err
+
+
+def test_a_noisy_run_whose_gold_rises_does_not_cry_wolf():
+    """Issue 40's run: the held-out gold (200 prompts) rose 74.5 -> 79.0 while the proxy rose, with a
+    2-point dip on the way; binomial noise alone must not warn. 1,000 such runs of 10 evaluations,
+    each score drawn independently (the worst case: greedy answers to the same prompts correlate)."""
+    import random
+
+    from offline_plugins.eval.overoptimization import hacking_signal
+
+    dip = [{"step": 360, "g": 0.805, "p": 0.60, "heldout_n": 200}, {"step": 480, "g": 0.785, "p": 0.65, "heldout_n": 200}]
+    assert hacking_signal(dip, gold="g", proxy="p") is None
+    assert hacking_signal([dict(r, heldout_n=None) for r in dip], gold="g", proxy="p") is not None  # exact scores
+    rng = random.Random(0)
+    warned = 0
+    for _ in range(1000):
+        history, said = [], False
+        for i in range(10):
+            p = 0.745 + 0.005 * i
+            history.append({"step": 60 * (i + 1), "g": sum(rng.random() < p for _ in range(200)) / 200,
+                            "p": 0.5 + 0.03 * i + rng.gauss(0, 0.01), "heldout_n": 200})
+            said = said or hacking_signal(history, gold="g", proxy="p") is not None
+        warned += said
+    # the bound says at most 5 % of runs; these 1,000 give 24 (2.4 %)
+    assert warned <= 50, warned
+
+
+def test_a_fall_beyond_the_noise_warns_with_the_drop_and_the_interval():
+    from offline_plugins.eval.overoptimization import hacking_signal, noise_interval
+
+    history = [{"step": s, "g": g, "p": p, "heldout_n": 400}
+               for s, g, p in [(100, 0.40, 1.0), (200, 0.52, 3.0), (300, 0.50, 4.0), (400, 0.30, 6.0)]]
+    assert hacking_signal(history[:3], gold="g", proxy="p") is None
+    said = hacking_signal(history, gold="g", proxy="p")
+    width = noise_interval(0.52, 0.30, 400, 400, earlier=3)
+    assert 0.05 < width < 0.22
+    assert said == (f"the gold score fell from 0.52 at step 200 to 0.3 at step 400 (-22.0 points, beyond the "
+                    f"{100 * width:.1f} points the noise of 400 held-out prompts allows at 95 % over the run) "
+                    "while the proxy reward rose 3 -> 6")
+    # the proxy fell too: not over-optimisation of the proxy
+    assert hacking_signal(history[:3] + [dict(history[3], p=2.0)], gold="g", proxy="p") is None

@@ -197,7 +197,8 @@ class RolloutData(TextTaskData):
         """Greedy responses to the held-out prompts (``plan``'s source and tokenizer where it names
         them): ``exact_match`` (None without answers), ``heldout_reward``, the reward called through
         ``guard`` (a run's :class:`~offline_plugins.data.prompts.RewardGuard`; default: the data's),
-        ``response_chars`` (their mean length in characters, stripped) and, where ``--reward``
+        ``response_chars`` (their mean length in characters, stripped), ``heldout_n`` (how many
+        prompts were scored) and, where ``--reward``
         replaced a built-in task's verifier, ``heldout_gold``: the task's verifier on the same
         responses (None when the plan samples from its own prompts, which the task did not make)."""
         source = getattr(plan, "source", None) or self.source
@@ -213,7 +214,8 @@ class RolloutData(TextTaskData):
                                             multiturn=source.multiturn, width=self.collector.width)
         rewards = score_responses(source, rows, responses, guard=guard or self.collector.reward_guard)
         out = {**empty, "exact_match": em, "heldout_reward": sum(rewards) / len(rewards),
-               "response_chars": sum(len(r.strip()) for r in responses) / len(responses)}
+               "response_chars": sum(len(r.strip()) for r in responses) / len(responses),
+               "heldout_n": len(rows)}  # the monitor's noise interval reads the size
         if self.gold is not None and source is self.source:
             gold = [float(g) for g in self.gold([r["prompt"] for r in rows], responses)]
             out["heldout_gold"] = sum(gold) / len(gold)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
-__all__ = ["fit_gao", "GAO_FORMS", "hacking_signal", "ceiling_signal"]
+__all__ = ["fit_gao", "GAO_FORMS", "hacking_signal", "ceiling_signal", "noise_interval"]
 
 GAO_FORMS = ("bon", "rl")
 
@@ -79,23 +79,74 @@ def fit_gao(d: Sequence[float], gain: Sequence[float], *, form: str = "rl") -> O
     return out
 
 
-def hacking_signal(history: Sequence[dict], *, gold: str, proxy: str, window: int = 2) -> Optional[str]:
-    """A warning when, over the last ``window`` evaluations, the gold score fell while the proxy rose; else None.
+def _z(one_sided_alpha: float) -> float:
+    from statistics import NormalDist
 
-    >>> h = [{"step": 10, "g": 0.5, "p": 0.2}, {"step": 20, "g": 0.6, "p": 0.4}, {"step": 30, "g": 0.55, "p": 0.6}]
-    >>> hacking_signal(h, gold="g", proxy="p", window=1)
-    'between steps 20 and 30 the gold score fell 0.6 -> 0.55 while the proxy reward rose 0.4 -> 0.6'
-    >>> hacking_signal(h[:2], gold="g", proxy="p", window=1) is None
+    return NormalDist().inv_cdf(1.0 - one_sided_alpha)
+
+
+def noise_interval(a: float, b: float, n_a: Optional[int], n_b: Optional[int], *, earlier: int = 1,
+                   alpha: float = 0.05) -> float:
+    """How far the held-out mean ``b`` may fall below ``a`` by the noise of the held-out set alone:
+    the one-sided bound on ``a - b`` for two means of scores in [0, 1] over ``n_a`` and ``n_b``
+    prompts (0 where a size is unknown: the scores are taken as exact).
+
+    - Each mean's variance is at most ``m (1 - m) / n`` (Bhatia and Davis 2000: a [0, 1] score of
+      mean ``m`` varies at most as a 0/1 one, which exact match is). The two are treated as
+      independent; greedy answers to the same prompts are positively correlated, so the bound is
+      wider than the truth and errs towards silence.
+    - ``a`` is the best of ``earlier`` evaluations, and a run checks once per evaluation: each
+      check ``k`` compares against ``k`` earlier scores at level ``alpha / (k^2 (k + 1))``, so
+      over a whole run the chance of a warning from noise alone is at most ``alpha`` (the levels
+      sum to ``alpha``: a union bound).
+
+    >>> round(noise_interval(0.805, 0.785, 200, 200), 4)  # issue 40's 2-point drop: inside
+    0.0791
+    >>> round(noise_interval(0.805, 0.785, 200, 200, earlier=8), 4)  # the 9th evaluation
+    0.1515
+    >>> noise_interval(0.8, 0.7, None, 200)
+    0.0
+    """
+    if not n_a or not n_b:
+        return 0.0
+    var = sum(min(max(m, 0.0), 1.0) * (1.0 - min(max(m, 0.0), 1.0)) / n for m, n in ((a, n_a), (b, n_b)))
+    k = max(int(earlier), 1)
+    return _z(alpha / (k * k * (k + 1))) * math.sqrt(var)
+
+
+def hacking_signal(history: Sequence[dict], *, gold: str, proxy: str, size: str = "heldout_n",
+                   alpha: float = 0.05) -> Optional[str]:
+    """A warning when, at the last evaluation, the gold score sits below the best earlier one by more
+    than the noise of the held-out set while the proxy rose over the same span; else None.
+
+    The noise is :func:`noise_interval` of the two scores over the held-out size each record
+    carries (``size``; a record without it is taken as exact): over a whole run, noise alone
+    warns with a chance of at most ``alpha``.
+
+    >>> h = [{"step": 10, "g": 0.5, "p": 0.2, "heldout_n": 200}, {"step": 20, "g": 0.805, "p": 0.4, "heldout_n": 200},
+    ...      {"step": 30, "g": 0.785, "p": 0.6, "heldout_n": 200}]
+    >>> hacking_signal(h, gold="g", proxy="p") is None  # 2 points on 200 prompts: noise
     True
+    >>> hacking_signal(h + [{"step": 40, "g": 0.66, "p": 0.7, "heldout_n": 200}], gold="g", proxy="p")
+    'the gold score fell from 0.805 at step 20 to 0.66 at step 40 (-14.5 points, beyond the 13.1 points the noise of 200 held-out prompts allows at 95 % over the run) while the proxy reward rose 0.4 -> 0.7'
     """
     usable = [r for r in history if r.get(gold) is not None and r.get(proxy) is not None]
-    if len(usable) < window + 1:
+    if len(usable) < 2:
         return None
-    a, b = usable[-window - 1], usable[-1]
-    if b[gold] < a[gold] and b[proxy] > a[proxy]:
-        return (f"between steps {a['step']} and {b['step']} the gold score fell {a[gold]:.3g} -> {b[gold]:.3g} "
-                f"while the proxy reward rose {a[proxy]:.3g} -> {b[proxy]:.3g}")
-    return None
+    last, earlier = usable[-1], usable[:-1]
+    best = max(earlier, key=lambda r: float(r[gold]))
+    drop = float(best[gold]) - float(last[gold])
+    if drop <= 0 or float(last[proxy]) <= float(best[proxy]):
+        return None
+    width = noise_interval(float(best[gold]), float(last[gold]), best.get(size), last.get(size),
+                           earlier=len(earlier), alpha=alpha)
+    if drop <= width:
+        return None
+    noise = (f", beyond the {100 * width:.1f} points the noise of {int(last[size])} held-out prompts allows "
+             f"at {100 * (1 - alpha):.0f} % over the run" if width > 0 else "")
+    return (f"the gold score fell from {float(best[gold]):.3g} at step {best['step']} to {float(last[gold]):.3g} at "
+            f"step {last['step']} (-{100 * drop:.1f} points{noise}) while the proxy reward rose "
+            f"{float(best[proxy]):.3g} -> {float(last[proxy]):.3g}")
 
 
 def ceiling_signal(history: Sequence[dict], *, gold: str, proxy: str, baseline: Optional[float] = None,

@@ -10,7 +10,9 @@ evaluation of the run, and
   difference) with ``monitor/sqrt_kl``;
 * keeps the checkpoint with the best gold score (``best_gold.ckpt``) and says at which
   step and KL it was;
-* warns when the gold score fell while the proxy rose over the last evaluations, and when the
+* warns when the gold score fell below its best by more than the noise of the held-out set
+  (an interval from its size and the two scores, :func:`~offline_plugins.eval.overoptimization.hacking_signal`)
+  while the proxy rose, and when the
   proxy sits at its ceiling (every response scored alike, the run's highest) while the gold score
   has not moved (a broken or gamed reward: :func:`~offline_plugins.eval.overoptimization.ceiling_signal`);
 * fits Gao et al.'s RL form ``d (alpha - beta log d)`` (and the best-of-n one) to the gold
@@ -49,15 +51,16 @@ class RewardHackingMonitor(Callback):
         kl: the record's KL to the reference (default ``"kl_to_reference"``).
         checkpoint: where the best-gold checkpoint goes (None: not saved; ``"auto"``: the run's
             ``checkpoints/best_gold.ckpt``).
-        window: evaluations over which "gold fell while proxy rose" is judged.
+        alpha: the warning's level: the gold must fall beyond the ``1 - alpha`` interval of the
+            held-out noise (each record's ``heldout_n``; a record without it is taken as exact).
     """
 
     def __init__(self, evaluation: Any, *, gold: str = "exact_match", proxy: str = "reward_mean",
-                 kl: str = "kl_to_reference", checkpoint: Union[None, str, Path] = None, window: int = 1) -> None:
+                 kl: str = "kl_to_reference", checkpoint: Union[None, str, Path] = None, alpha: float = 0.05) -> None:
         self.evaluation = evaluation
         self.gold, self.proxy, self.kl = gold, proxy, kl
         self.checkpoint = None if checkpoint is None else str(checkpoint)
-        self.window = int(window)
+        self.alpha = float(alpha)
         self.best: Optional[dict] = None
         self.warnings: list[str] = []
         self._seen = 0
@@ -102,10 +105,11 @@ class RewardHackingMonitor(Callback):
                     trainer.save_checkpoint(self.checkpoint, weights_only=False)
         self._seen = len(history)
         gold0, _ = self._baseline()
-        for signal in (hacking_signal(history, gold=self.gold, proxy=self.proxy, window=self.window),
+        for signal in (hacking_signal(history, gold=self.gold, proxy=self.proxy, alpha=self.alpha),
                        None if any(w.startswith("at step") for w in self.warnings) else  # said once a run
                        ceiling_signal(history, gold=self.gold, proxy=self.proxy, baseline=gold0)):
-            if signal is not None and signal not in self.warnings:
+            # a fall from the same peak is said once (its later evaluations would repeat it)
+            if signal is not None and not any(w.split(" to ")[0] == signal.split(" to ")[0] for w in self.warnings):
                 self.warnings.append(signal)
                 warnings.warn(RewardHackingWarning(f"possible reward hacking: {signal}"), stacklevel=2)
 

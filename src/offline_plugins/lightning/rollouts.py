@@ -316,7 +316,7 @@ class RolloutEvaluation(ScheduledEvaluation):
         last = self.rounds.history[-1] if self.rounds is not None and self.rounds.history else {}
         fields = {**scores, **{k: last.get(k) for k in ("reward_mean", "kl_to_reference", "response_length",
                                                         "groups_without_signal")}}
-        metrics = {f"eval/{k}": v for k, v in scores.items() if v is not None}
+        metrics = {f"eval/{k}": v for k, v in scores.items() if v is not None and k != "heldout_n"}
         return fields, metrics
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
