@@ -140,3 +140,31 @@ def test_a_fall_beyond_the_noise_warns_with_the_drop_and_the_interval():
                     "while the proxy reward rose 3 -> 6")
     # the proxy fell too: not over-optimisation of the proxy
     assert hacking_signal(history[:3] + [dict(history[3], p=2.0)], gold="g", proxy="p") is None
+
+
+#: the evaluations (step, held-out gold, rollout reward) of two real over-optimising runs, 200 held-out
+#: prompts: `python scripts/rlhf_gold_results.py run --root R --seeds 0 1 --settings reward-model ppo-rlhf`
+#: at 1ed369c (PPO-RLHF against a learnt length proxy on arithmetic-length, tiny, 2,400 steps)
+_REAL_RUNS = {
+    0: [(200, 0.4467, 2.356), (400, 0.4975, 2.562), (600, 0.5258, 4.126), (800, 0.5325, 4.474), (1000, 0.53, 5.033),
+        (1200, 0.5325, 5.5), (1400, 0.5375, 5.251), (1600, 0.5375, 6.125), (1800, 0.5125, 6.387),
+        (2000, 0.0408, 9.802), (2200, 0.0075, 10.487), (2400, 0.0375, 9.461)],
+    1: [(200, 0.4142, 0.735), (400, 0.4625, 0.541), (600, 0.4983, 2.628), (800, 0.5158, 1.872), (1000, 0.5375, 4.588),
+        (1200, 0.52, 4.437), (1400, 0.505, 5.758), (1600, 0.0775, 9.466), (1800, 0.0225, 11.581), (2000, 0.0, 11.597),
+        (2200, 0.0, 11.456), (2400, 0.0, 12.131)],
+}
+
+
+@pytest.mark.parametrize("seed, collapse", [(0, 2000), (1, 1600)])
+def test_a_real_over_optimisation_warns_at_the_first_evaluation_after_the_collapse(seed, collapse):
+    """Replayed evaluation by evaluation: the 2.5-point dip at step 1800 (seed 0) and the 3.25 at 1400
+    (seed 1) stay quiet; the collapse of the gold (53.8 -> 4-8 %) is said at its first evaluation."""
+    from offline_plugins.eval.overoptimization import hacking_signal
+
+    history, said = [], []
+    for step, gold, proxy in _REAL_RUNS[seed]:
+        history.append({"step": step, "heldout_gold": gold, "reward_mean": proxy, "heldout_n": 200})
+        signal = hacking_signal(history, gold="heldout_gold", proxy="reward_mean")
+        if signal is not None:
+            said.append(step)
+    assert said[0] == collapse
