@@ -5,7 +5,8 @@ the reward is higher the closer the behaviour action is to it; episodes last
 ``episode_len`` steps. The behaviour policy is the best action plus noise, so BC,
 and the value-based methods, have something to learn. ``return_to_go`` holds the
 Monte-Carlo discounted return of the data from each step (the data layer's is
-undiscounted; the loss diagnostics read either).
+undiscounted; the losses' Monte-Carlo diagnostics read neither, but ``mc_return``, which
+the algorithms' ``build`` computes from the episodes at the loss's gamma).
 
 >>> data, batch = synthetic_transitions(40, obs_dim=3, action_dim=2, seed=0)
 >>> data.action_space, tuple(batch["action"].shape), tuple(batch["next", "reward"].shape)

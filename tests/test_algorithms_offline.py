@@ -38,10 +38,14 @@ def registry():
     return load_registry()
 
 
-def _data(action_space: str, n: int = 64):
+def _data(action_space: str, n: int = 64, **kwargs):
     if action_space == "continuous":
-        return synthetic_transitions(n, obs_dim=3, action_dim=2, seed=1)
-    return synthetic_transitions(n, obs_dim=3, num_actions=3, seed=1)
+        data, batch = synthetic_transitions(n, obs_dim=3, action_dim=2, seed=1, **kwargs)
+    else:
+        data, batch = synthetic_transitions(n, obs_dim=3, num_actions=3, seed=1, **kwargs)
+    # what the replay buffer writes: the loss's columns (the discounted mc_return) are looked up by it
+    batch["index"] = torch.arange(n)
+    return data, batch
 
 
 def _small(spec, **overrides):
@@ -118,24 +122,60 @@ def test_build_train_and_act(registry, name):
 
 @pytest.mark.parametrize("name", ["iql", "td3-bc", "cql", "cql-discrete", "iql-discrete", "bcq", "awac"])
 def test_over_estimation_diagnostic(registry, name):
+    from offline_plugins.objectives.columns import discounted_returns
+
     spec = registry.algorithm(name)
+    config = _small(spec)
     data, batch = _data(ALGORITHMS[name][0])
-    out = spec.load_build()(_small(spec), data).loss(batch.clone())
+    out = spec.load_build()(config, data).loss(batch.clone())
     q = out["q_data_mean"]
-    assert torch.allclose(out["mc_return_mean"], batch["return_to_go"].mean())
+    assert torch.allclose(out["mc_return_mean"], discounted_returns(data.td, config.gamma).mean())
     assert torch.isfinite(q) and torch.isfinite(out["q_data_minus_mc"])
 
 
+# one episode of 3 rewards of 1 (terminated at its end): the data layer's undiscounted return_to_go
+# is 3, 2, 1; discounted at gamma = 0.5 it is 1 + .5 (1 + .5 * 1) = 1.75, 1.5, 1
+_EPISODE_MC_MEAN = (1.75 + 1.5 + 1.0) / 3
+_MC_NAMES = {name: ALGORITHMS[name][0] for name in
+             ["iql", "iql-discrete", "td3-bc", "cql", "cql-discrete", "awac", "bcq", "bcq-discrete"]}
+_MC_NAMES.update({"rebrac": "continuous", "sac-n": "continuous", "edac": "continuous", "cal-ql": "continuous"})
+
+
+@pytest.mark.parametrize("name", sorted(_MC_NAMES))
+def test_monte_carlo_diagnostics_read_the_return_discounted_at_the_loss_gamma(registry, name):
+    """q_data_minus_mc compares Q, a return discounted at gamma, with the data's return discounted at
+    the same gamma (the build's mc_return column), not with the undiscounted return_to_go."""
+    torch.manual_seed(0)
+    spec = registry.algorithm(name)
+    data, batch = _data(_MC_NAMES[name], n=3, episode_len=3)
+    for td in (data.td, batch):
+        td["next", "reward"] = torch.ones(3, 1)
+        td["return_to_go"] = torch.tensor([[3.0], [2.0], [1.0]])  # the data layer's: undiscounted
+    loss = spec.load_build()(_small(spec, gamma=0.5), data).loss
+    out = loss(batch.clone())
+    assert float(out["mc_return_mean"]) == pytest.approx(_EPISODE_MC_MEAN)
+    torch.testing.assert_close(out["q_data_minus_mc"], out["q_data_mean"] - out["mc_return_mean"])
+    # a batch that carries its own mc_return keeps it (a user's pipeline, a keyword call)
+    own = batch.clone().set("mc_return", torch.full((3, 1), 7.0))
+    assert float(loss(own)["mc_return_mean"]) == pytest.approx(7.0)
+
+
 @pytest.mark.parametrize("name", ["iql", "td3-bc", "cql", "cql-discrete", "iql-discrete"])
-def test_no_monte_carlo_diagnostics_without_a_return_to_go(registry, name):
-    # the glue turns mc_diagnostics on only for data whose transitions carry return_to_go
+def test_monte_carlo_diagnostics_need_stored_episodes_not_a_return_to_go(registry, name):
+    # the glue computes mc_return from the stored episodes (data.td): data without a return_to_go
+    # still gets the pair, data without stored episodes does not
     spec = registry.algorithm(name)
     data, batch = _data(ALGORITHMS[name][0])
     data.td = data.td.exclude("return_to_go")
     loss = spec.load_build()(_small(spec), data).loss
+    assert {"mc_return_mean", "q_data_minus_mc"} <= set(loss.out_keys)
+    assert set(loss.out_keys) <= set(loss(batch.exclude("return_to_go")).keys())
+
+    data.td = None
+    loss = spec.load_build()(_small(spec), data).loss
     assert "q_data_mean" in loss.out_keys
     assert not {"mc_return_mean", "q_data_minus_mc"} & set(loss.out_keys)
-    assert set(loss.out_keys) <= set(loss(batch.exclude("return_to_go")).keys())
+    assert set(loss.out_keys) <= set(loss(batch.exclude("return_to_go", "index")).keys())
 
 
 def test_cql_gap_and_iql_advantage_statistics(registry):

@@ -37,7 +37,7 @@ def _continuous(**kwargs) -> CQLLoss:
     return loss
 
 
-def _batch(*shape, return_to_go=True) -> TensorDict:
+def _batch(*shape, mc_return=True) -> TensorDict:
     g = torch.Generator().manual_seed(1)
     td = TensorDict(
         {
@@ -50,8 +50,8 @@ def _batch(*shape, return_to_go=True) -> TensorDict:
         },
         list(shape),
     )
-    if return_to_go:
-        td["return_to_go"] = torch.randn(*shape, 1, generator=g)
+    if mc_return:
+        td["mc_return"] = torch.randn(*shape, 1, generator=g)
     return td
 
 
@@ -66,15 +66,15 @@ def _discrete(**kwargs) -> DiscreteCQLLoss:
     return loss
 
 
-def _discrete_batch(*shape, return_to_go=True) -> TensorDict:
-    return _batch(*shape, return_to_go=return_to_go).exclude("action").set("action", torch.randint(4, shape))
+def _discrete_batch(*shape, mc_return=True) -> TensorDict:
+    return _batch(*shape, mc_return=mc_return).exclude("action").set("action", torch.randint(4, shape))
 
 
 @pytest.mark.parametrize("which", ["continuous", "lagrange", "discrete"])
 def test_diagnostics_follow_the_one_rule(which):
     # default: TorchRL's out_keys, in_keys and keyword call; diagnostics=True: listed after
     # TorchRL's keys; mc_diagnostics=True: the Monte-Carlo pair last, always returned, and a
-    # batch without return_to_go refused, naming the key and the fix
+    # batch without mc_return refused, naming the key and the fix
     if which == "discrete":
         make, batch = _discrete, _discrete_batch(6)
         theirs = TorchRLDiscreteCQLLoss(QValueActor(nets.mlp(3, 4, H), in_keys=["observation"], spec=Categorical(4)))
@@ -89,7 +89,7 @@ def test_diagnostics_follow_the_one_rule(which):
         theirs = TorchRLCQLLoss(nets.make_tanh_gaussian_actor(3, SPEC, H), nets.make_qvalue(3, 2, H),
                                 with_lagrange=lagrange)
         diagnostics, extra = ["q_data_mean", "cql_gap", *(["alpha_prime"] if lagrange else [])], set()
-    plain = batch.exclude("return_to_go")
+    plain = batch.exclude("mc_return")
 
     default = make()
     assert default.out_keys == theirs.out_keys
@@ -105,14 +105,14 @@ def test_diagnostics_follow_the_one_rule(which):
 
     mc = make(diagnostics=True, mc_diagnostics=True)
     assert mc.out_keys == [*theirs.out_keys, *diagnostics, *MC]
-    assert set(mc.in_keys) == {*theirs.in_keys, "return_to_go"}
+    assert set(mc.in_keys) == {*theirs.in_keys, "mc_return"}
     out = mc(batch.clone())
     assert set(out.keys()) == {*mc.out_keys, *extra}
-    torch.testing.assert_close(out["mc_return_mean"], batch["return_to_go"].mean())
+    torch.testing.assert_close(out["mc_return_mean"], batch["mc_return"].mean())
     torch.testing.assert_close(out["q_data_minus_mc"], out["q_data_mean"] - out["mc_return_mean"])
     assert len(mc(**_keyword_args(batch))) == len(mc.out_keys)
     for call in (lambda: mc(plain.clone()), lambda: mc(**_keyword_args(plain))):
-        with pytest.raises(MissingBatchKeyError, match=r"'return_to_go'.*mc_diagnostics=False"):
+        with pytest.raises(MissingBatchKeyError, match=r"'mc_return'.*mc_diagnostics=False"):
             call()
     with pytest.raises(HyperparameterError, match="diagnostics=True"):
         make(mc_diagnostics=True)
@@ -180,7 +180,7 @@ def test_lagrange_without_reduction_gives_per_sample_losses_whose_mean_is_the_re
 
 def test_keyword_call_returns_the_out_keys_values_in_order():
     loss = _continuous(with_lagrange=True, diagnostics=True)
-    td = _batch(6, return_to_go=False)
+    td = _batch(6, mc_return=False)
     torch.manual_seed(3)
     expected = loss(td.clone())
     torch.manual_seed(3)

@@ -50,7 +50,7 @@ def _discrete(one_hot: bool = False, n: int = 4):
     return actor, nets.make_discrete_qvalue(3, n, H), nets.make_value(3, H)
 
 
-def _batch(batch_size=(8,), action=None, return_to_go: bool = False, seed: int = 0) -> TensorDict:
+def _batch(batch_size=(8,), action=None, mc_return: bool = False, seed: int = 0) -> TensorDict:
     g = torch.Generator().manual_seed(seed)
     shape = tuple(batch_size)
     td = TensorDict(
@@ -64,8 +64,8 @@ def _batch(batch_size=(8,), action=None, return_to_go: bool = False, seed: int =
         },
         shape,
     )
-    if return_to_go:
-        td["return_to_go"] = torch.randn(*shape, 1, generator=g)
+    if mc_return:
+        td["mc_return"] = torch.randn(*shape, 1, generator=g)
     return td
 
 
@@ -141,11 +141,11 @@ def _batch_for(discrete: bool, **kwargs) -> TensorDict:
 def test_diagnostics_follow_the_one_rule(discrete):
     # default: TorchRL's out_keys, in_keys and keyword call; diagnostics=True: listed after
     # TorchRL's keys; mc_diagnostics=True: the Monte-Carlo pair last, always returned, and a
-    # batch without return_to_go refused, naming the key and the fix
+    # batch without mc_return refused, naming the key and the fix
     theirs = (trl.DiscreteIQLLoss(*_discrete(), action_space="categorical") if discrete
               else trl.IQLLoss(*_continuous()))
-    batch = _batch_for(discrete, return_to_go=True)
-    plain = batch.exclude("return_to_go")
+    batch = _batch_for(discrete, mc_return=True)
+    plain = batch.exclude("mc_return")
 
     default = _make(discrete)
     assert default.out_keys == theirs.out_keys == ["loss_actor", "loss_qvalue", "loss_value", "entropy"]
@@ -160,14 +160,14 @@ def test_diagnostics_follow_the_one_rule(discrete):
 
     mc = _make(discrete, diagnostics=True, mc_diagnostics=True)
     assert mc.out_keys == [*theirs.out_keys, *DIAGNOSTICS, *MC]
-    assert set(mc.in_keys) == {*theirs.in_keys, "return_to_go"}
+    assert set(mc.in_keys) == {*theirs.in_keys, "mc_return"}
     out = mc(batch.clone())
     assert list(out.keys()) == mc.out_keys
-    torch.testing.assert_close(out["mc_return_mean"], batch["return_to_go"].mean())
+    torch.testing.assert_close(out["mc_return_mean"], batch["mc_return"].mean())
     torch.testing.assert_close(out["q_data_minus_mc"], out["q_data_mean"] - out["mc_return_mean"])
     assert len(mc(**_kwargs(batch))) == len(mc.out_keys)
     for call in (lambda: mc(plain.clone()), lambda: mc(**_kwargs(plain))):
-        with pytest.raises(MissingBatchKeyError, match=r"'return_to_go'.*mc_diagnostics=False"):
+        with pytest.raises(MissingBatchKeyError, match=r"'mc_return'.*mc_diagnostics=False"):
             call()
     with pytest.raises(HyperparameterError, match="diagnostics=True"):
         _make(discrete, mc_diagnostics=True)
@@ -176,7 +176,7 @@ def test_diagnostics_follow_the_one_rule(discrete):
 @pytest.mark.parametrize("discrete", [False, True])
 def test_keyword_call_returns_the_out_keys_in_order(discrete):
     loss = _make(discrete, diagnostics=True, mc_diagnostics=True)
-    batch = _batch_for(discrete, return_to_go=True)
+    batch = _batch_for(discrete, mc_return=True)
     torch.manual_seed(0)
     out = loss(batch.clone())
     torch.manual_seed(0)
@@ -240,7 +240,7 @@ def test_nd_batch_writes_back_what_torchrl_writes():
 def test_diagnostics_count_only_the_positions_the_mask_keeps():
     loss = IQLLoss(*_continuous(), diagnostics=True, mc_diagnostics=True)
     loss.make_value_estimator(gamma=0.99)
-    batch = _batch((4, 5), return_to_go=True)
+    batch = _batch((4, 5), mc_return=True)
     mask = torch.zeros(4, 5, dtype=torch.bool)
     mask[:, :2] = True
     batch["collector", "mask"] = mask
@@ -259,6 +259,29 @@ def test_state_dict_loads_both_ways_with_torchrl():
         assert set(ours.state_dict()) == set(theirs.state_dict()), type(ours).__name__
         ours.load_state_dict(theirs.state_dict())  # strict: a TorchRL checkpoint restores ours
         theirs.load_state_dict(ours.state_dict())
+
+
+@pytest.mark.parametrize("discrete", [False, True])
+def test_columns_fill_mc_return_by_index_and_leave_torchrls_contract(discrete):
+    # columns= fills the discounted mc_return by the batch's replay-buffer index before the key
+    # check; they are no part of the state_dict, and with the defaults the keys stay TorchRL's
+    from offline_plugins.objectives.columns import DatasetColumns
+
+    column = torch.arange(10.0).unsqueeze(-1)
+    columns = DatasetColumns({"mc_return": column})
+    theirs = (trl.DiscreteIQLLoss(*_discrete(), action_space="categorical") if discrete
+              else trl.IQLLoss(*_continuous()))
+    theirs.make_value_estimator(gamma=0.99)
+    plain = _make(discrete, columns=columns)
+    assert plain.out_keys == theirs.out_keys and set(plain.in_keys) == set(theirs.in_keys)
+    assert set(plain.state_dict()) == set(theirs.state_dict())
+    mc = _make(discrete, diagnostics=True, mc_diagnostics=True, columns=columns)
+    batch = _batch_for(discrete).set("index", torch.tensor([1, 3, 5, 7, 9, 0, 2, 4]))
+    out = mc(batch)
+    torch.testing.assert_close(out["mc_return_mean"], column[batch["index"]].mean())
+    torch.testing.assert_close(out["q_data_minus_mc"], out["q_data_mean"] - out["mc_return_mean"])
+    with pytest.raises(MissingBatchKeyError, match=r"'mc_return'.*discounted at the loss's gamma.*columns="):
+        mc(batch.exclude("index", "mc_return"))
 
 
 def test_reduction_none_out_keys_match_the_output():

@@ -38,7 +38,7 @@ def _td3bc(**kwargs):
     return loss
 
 
-def _transitions(*shape, return_to_go=True):
+def _transitions(*shape, mc_return=True):
     torch.manual_seed(1)
     td = TensorDict(
         {
@@ -51,8 +51,8 @@ def _transitions(*shape, return_to_go=True):
         },
         shape,
     )
-    if return_to_go:
-        td["return_to_go"] = torch.randn(*shape, 1)
+    if mc_return:
+        td["mc_return"] = torch.randn(*shape, 1)
     return td
 
 
@@ -116,11 +116,11 @@ def _keyword_args(td: TensorDict) -> dict:
 def test_td3bc_diagnostics_follow_the_one_rule():
     # default: TorchRL's out_keys, in_keys and keyword call; diagnostics=True: listed after
     # TorchRL's keys; mc_diagnostics=True: the Monte-Carlo pair last, always returned, and a
-    # batch without return_to_go refused, naming the key and the fix
+    # batch without mc_return refused, naming the key and the fix
     default = _td3bc()
     theirs = trl.TD3BCLoss(default.actor_network, default.qvalue_network, action_spec=SPEC)
     batch = _transitions(5)
-    plain = batch.exclude("return_to_go")
+    plain = batch.exclude("mc_return")
 
     assert default.out_keys == theirs.out_keys
     assert set(default.in_keys) == set(theirs.in_keys)
@@ -134,16 +134,16 @@ def test_td3bc_diagnostics_follow_the_one_rule():
 
     mc = _td3bc(diagnostics=True, mc_diagnostics=True)
     assert mc.out_keys == [*theirs.out_keys, "q_data_mean", *MC]
-    assert set(mc.in_keys) == {*theirs.in_keys, "return_to_go"}
+    assert set(mc.in_keys) == {*theirs.in_keys, "mc_return"}
     out = mc(batch.clone())
     assert set(out.keys()) == set(mc.out_keys)
-    torch.testing.assert_close(out["mc_return_mean"], batch["return_to_go"].mean())
+    torch.testing.assert_close(out["mc_return_mean"], batch["mc_return"].mean())
     torch.testing.assert_close(out["q_data_minus_mc"], out["q_data_mean"] - out["mc_return_mean"])
     assert len(mc(**_keyword_args(batch))) == len(mc.out_keys)
     calls = (lambda: mc(plain.clone()), lambda: mc(**_keyword_args(plain)),
              lambda: mc.loss_terms(plain.clone(), ["loss_qvalue"]))
     for call in calls:
-        with pytest.raises(MissingBatchKeyError, match=r"'return_to_go'.*mc_diagnostics=False"):
+        with pytest.raises(MissingBatchKeyError, match=r"'mc_return'.*mc_diagnostics=False"):
             call()
     with pytest.raises(HyperparameterError, match="diagnostics=True"):
         _td3bc(mc_diagnostics=True)
@@ -208,7 +208,7 @@ def test_td3bc_n_d_batch_gives_torchrl_shapes_and_priorities():
     theirs = trl.TD3BCLoss(ours.actor_network, ours.qvalue_network, action_spec=SPEC, loss_function="l2")
     theirs.load_state_dict(ours.state_dict(), strict=False)
     theirs.make_value_estimator(gamma=0.9)
-    batch = _transitions(4, 3, return_to_go=False)
+    batch = _transitions(4, 3, mc_return=False)
     a, b = batch.clone(), batch.clone()
     torch.manual_seed(3)
     out_ours = ours(a)
@@ -227,10 +227,10 @@ def test_td3bc_diagnostics_count_only_unmasked_positions():
     batch["collector", "mask"] = valid.unsqueeze(-1)
     out = loss(batch.clone())
     q_data = out["pred_value"].min(0).values
-    rtg = batch["return_to_go"].squeeze(-1)
+    mc = batch["mc_return"].squeeze(-1)
     torch.testing.assert_close(out["q_data_mean"], q_data[valid].mean())
-    torch.testing.assert_close(out["mc_return_mean"], rtg[valid].mean())
-    torch.testing.assert_close(out["q_data_minus_mc"], (q_data - rtg)[valid].mean())
+    torch.testing.assert_close(out["mc_return_mean"], mc[valid].mean())
+    torch.testing.assert_close(out["q_data_minus_mc"], (q_data - mc)[valid].mean())
 
 
 def test_td3bc_alpha_zero_is_accepted_as_torchrl_does_and_leaves_pure_behaviour_cloning():

@@ -94,6 +94,23 @@ def test_the_ratio_sets_the_online_share_and_columns_fill_both_parts(store):
     assert torch.isfinite(terms["loss_cql"]).all()
 
 
+def test_online_rows_carry_the_monte_carlo_return_the_diagnostics_read(store):
+    # IQL's q_data_minus_mc reads mc_return, the return discounted at the loss's gamma: the online
+    # rows get it from the loss's columns too, and the mixed batch reports the pair
+    parts = _parts("iql", gamma=0.5)
+    dm = parts.datamodule
+    batch = dm.batch_of(5)
+    rows = dm.buffer.storage.get(range(50))
+    g, expected = 0.0, []
+    for reward in reversed(rows["next", "reward"].reshape(-1).tolist()):
+        g = reward + 0.5 * g
+        expected.append(g)
+    torch.testing.assert_close(rows["mc_return"].reshape(-1), torch.tensor(expected[::-1]))
+    out = parts.module.parts.loss(batch)
+    torch.testing.assert_close(out["mc_return_mean"], batch["mc_return"].mean())
+    torch.testing.assert_close(out["q_data_minus_mc"], out["q_data_mean"] - out["mc_return_mean"])
+
+
 def test_a_deterministic_actor_explores_with_gaussian_noise_in_units_of_half_the_range(store):
     parts = _parts("rebrac", exploration_noise=0.1)
     policy = exploration_policy(parts.module.parts, parts.plan.data, 0.1)

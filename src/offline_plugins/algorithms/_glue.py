@@ -5,7 +5,7 @@ Imported lazily (from inside ``build``), so it may import torch.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Mapping, Optional
 
 from offline_plugins.objectives.common import ActionSpaceError, check_range
 
@@ -16,7 +16,7 @@ __all__ = [
     "obs_dim",
     "action_dim",
     "num_actions",
-    "has_return_to_go",
+    "mc_columns",
     "params",
     "soft_updater",
     "group",
@@ -93,12 +93,26 @@ def num_actions(data: Any) -> int:
     return int(n)
 
 
-def has_return_to_go(data: Any) -> bool:
-    """Whether the dataset's transitions carry ``return_to_go`` (``OfflineData`` loaded from Minari
-    computes it): the batches sampled from ``data.td`` then have it, and a loss can turn on its
-    Monte-Carlo diagnostics (``mc_diagnostics=True``). False for data without a ``td``."""
+def mc_columns(data: Any, gamma: float, extra: Optional[Mapping[Any, Callable]] = None):
+    """The :class:`~offline_plugins.objectives.columns.DatasetColumns` a loss's ``columns=`` takes:
+    ``mc_return``, the data's Monte-Carlo return discounted at ``gamma`` (the loss's, so that
+    ``q_data_minus_mc`` compares Q with the return it estimates;
+    :func:`~offline_plugins.objectives.columns.discounted_returns`), and the columns ``extra``
+    makes (``{key: make(td)}``, e.g. ReBRAC's ``("next", "action")``), computed from the stored
+    episodes ``data.td`` and filled into batches by their replay-buffer ``index``. The makers are
+    kept, so the online phase of fine-tuning computes the columns for its new transitions.
+
+    None for data without stored episodes (no ``td``): a loss then runs without its Monte-Carlo
+    diagnostics (``mc_diagnostics=columns is not None``)."""
     td = getattr(data, "td", None)
-    return td is not None and td.get("return_to_go", None) is not None
+    if td is None:
+        return None
+    import functools
+
+    from offline_plugins.objectives.columns import DatasetColumns, discounted_returns
+
+    makers = {"mc_return": functools.partial(discounted_returns, gamma=float(gamma)), **dict(extra or {})}
+    return DatasetColumns.of(td, makers)
 
 
 def params(*modules) -> list:

@@ -40,6 +40,7 @@ def build(config: AWACConfig, data: Any):
         networks.make_qvalue(n_obs, _glue.action_dim(data), hidden),
         beta=config.beta,
         max_weight=config.max_weight,
+        columns=_glue.mc_columns(data, config.gamma),  # the diagnostics' mc_return, discounted at gamma
     )
     return _glue.transition_parts(loss, DeterministicPolicy(actor), config, _glue.actor_critic_groups(loss, config))
 

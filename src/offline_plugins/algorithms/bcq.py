@@ -60,6 +60,7 @@ def build(config: BCQConfig, data: Any):
         lmbda=config.lmbda,
         num_samples=config.num_samples,
         kl_weight=config.kl_weight,
+        columns=_glue.mc_columns(data, config.gamma),  # the diagnostics' mc_return, discounted at gamma
     )
     groups = [_glue.group("vae", loss.vae_network_params, config.vae_lr, "loss_vae")]
     policy = BCQPolicy(loss, num_samples=config.eval_samples)
@@ -78,7 +79,8 @@ def build_discrete(config: DiscreteBCQConfig, data: Any):
     n_obs, n, hidden = _glue.obs_dim(data), _glue.num_actions(data), tuple(config.hidden)
     qnet = TensorDictModule(networks.mlp(n_obs, n, hidden), ["observation"], ["action_value"])
     classifier = TensorDictModule(networks.mlp(n_obs, n, hidden), ["observation"], ["imitation_logits"])
-    loss = DiscreteBCQLoss(qnet, classifier, threshold=config.threshold, logit_reg=config.logit_reg)
+    loss = DiscreteBCQLoss(qnet, classifier, threshold=config.threshold, logit_reg=config.logit_reg,
+                           columns=_glue.mc_columns(data, config.gamma))
     groups = [
         _glue.group("critic", loss.value_network_params, config.lr, "loss_qvalue"),
         _glue.group("imitation", loss.imitation_network_params, config.lr, "loss_imitation"),

@@ -10,13 +10,13 @@ AntMaze and Kitchen, CORL's ``algorithms/finetune/cal_ql.py`` 10 and a policy lr
 
 The bound is the discounted return :math:`\\sum_k \\gamma^k r_{t+k}` to the episode's end at the
 config's ``gamma``, computed from the stored episodes when the algorithm is built
-(:func:`offline_plugins.objectives.columns.discounted_returns`); the dataset's own
-``return_to_go`` is undiscounted and is not used for it.
+(:func:`offline_plugins.objectives.columns.discounted_returns`, the ``mc_return`` column that the
+Monte-Carlo diagnostics of every algorithm read); the dataset's own ``return_to_go`` is
+undiscounted and is not used for it.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,15 +39,15 @@ def build(config: CalQLConfig, data: Any):
     from offline_plugins.algorithms.cql import build_with
     from offline_plugins.errors import UserError
     from offline_plugins.objectives.cal_ql import CalQLLoss
-    from offline_plugins.objectives.columns import DatasetColumns, discounted_returns
 
     _glue.check_inputs(config, data, "cal-ql", "continuous")
     td = getattr(data, "td", None)
     if td is None:
         raise UserError("cal-ql: the data has no stored transitions (data.td) to compute the Monte-Carlo returns "
                         "from; load it with offline_plugins.data.load_offline_data")
-    columns = DatasetColumns.of(td, {"mc_return": functools.partial(discounted_returns, gamma=config.gamma)})
-    return build_with(CalQLLoss, config, data, columns=columns)
+    # build_with gives the loss the data's mc_return at config.gamma (_glue.mc_columns): the bound and
+    # the diagnostics read the same column
+    return build_with(CalQLLoss, config, data)
 
 
 offline_plugins_register_algorithms = builtin_hook(

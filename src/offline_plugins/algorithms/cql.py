@@ -60,6 +60,8 @@ def build_with(loss_class: type, config: CQLConfig, data: Any, **loss_kwargs: An
     n_obs, hidden = _glue.obs_dim(data), tuple(config.hidden)
     actor = networks.make_tanh_gaussian_actor(n_obs, data.action_spec, hidden)
     qvalue = networks.make_qvalue(n_obs, _glue.action_dim(data), hidden)
+    # the data's Monte-Carlo return discounted at gamma: the diagnostics' (and Cal-QL's bound's) mc_return
+    columns = _glue.mc_columns(data, config.gamma)
     loss = loss_class(
         actor,
         qvalue,
@@ -71,7 +73,8 @@ def build_with(loss_class: type, config: CQLConfig, data: Any, **loss_kwargs: An
         temperature=config.temperature,
         action_spec=data.action_spec,
         diagnostics=True,
-        mc_diagnostics=_glue.has_return_to_go(data),
+        mc_diagnostics=columns is not None,
+        columns=columns,
     )
     groups = _glue.actor_critic_groups(loss, config, "loss_qvalue", "loss_cql")
     groups.append(_glue.group("alpha", [loss.log_alpha], config.alpha_lr, "loss_alpha"))
@@ -92,8 +95,9 @@ def build_discrete(config: DiscreteCQLConfig, data: Any):
     _glue.check_inputs(config, data, "cql-discrete", "discrete")
     n_obs, n = _glue.obs_dim(data), _glue.num_actions(data)
     qnet = QValueActor(networks.mlp(n_obs, n, tuple(config.hidden)), in_keys=["observation"], action_space="categorical")
+    columns = _glue.mc_columns(data, config.gamma)
     loss = DiscreteCQLLoss(
-        qnet, alpha=config.alpha, diagnostics=True, mc_diagnostics=_glue.has_return_to_go(data)
+        qnet, alpha=config.alpha, diagnostics=True, mc_diagnostics=columns is not None, columns=columns
     )
     groups = [_glue.group("critic", loss.value_network_params, config.lr, "loss_qvalue", "loss_cql")]
     return _glue.transition_parts(loss, DeterministicPolicy(qnet), config, groups)

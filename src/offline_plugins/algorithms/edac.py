@@ -46,8 +46,9 @@ def _build(config: SACNConfig, data: Any, name: str):
     n_obs, hidden = _glue.obs_dim(data), tuple(config.hidden)
     actor = networks.make_tanh_gaussian_actor(n_obs, data.action_spec, hidden)
     qvalue = networks.make_qvalue(n_obs, _glue.action_dim(data), hidden)
+    columns = _glue.mc_columns(data, config.gamma)  # the diagnostics' mc_return, discounted at gamma
     common = dict(num_qvalue_nets=int(config.num_critics), action_spec=data.action_spec, diagnostics=True,
-                  mc_diagnostics=_glue.has_return_to_go(data))
+                  mc_diagnostics=columns is not None, columns=columns)
     if isinstance(config, EDACConfig):
         loss = EDACLoss(actor, qvalue, eta=config.eta, **common)
         critic_keys = ("loss_qvalue", "loss_diversity")

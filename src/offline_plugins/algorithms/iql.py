@@ -27,7 +27,7 @@ class IQLConfig(FineTuneConfig, TDConfig):
     diagnostics: bool = config_field(
         True,
         "log Q-on-data, value and advantage statistics (one extra no-grad pass), and Q minus the data's "
-        "return-to-go when the dataset has one",
+        "Monte-Carlo return discounted at gamma when the dataset has stored episodes",
     )
 
 
@@ -39,12 +39,14 @@ def _build(config: IQLConfig, data: Any, action_space: str, name: str):
 
     _glue.check_inputs(config, data, name, action_space)
     n_obs, hidden = _glue.obs_dim(data), tuple(config.hidden)
+    columns = _glue.mc_columns(data, config.gamma) if config.diagnostics else None
     kwargs = dict(
         expectile=config.expectile,
         temperature=config.temperature,
         num_qvalue_nets=config.num_qvalue_nets,
         diagnostics=config.diagnostics,
-        mc_diagnostics=config.diagnostics and _glue.has_return_to_go(data),
+        mc_diagnostics=columns is not None,
+        columns=columns,
     )
     if action_space == "continuous":
         actor = networks.make_tanh_gaussian_actor(n_obs, data.action_spec, hidden)

@@ -41,7 +41,7 @@ def build(config: ReBRACConfig, data: Any):
     from offline_plugins.algorithms import _glue
     from offline_plugins.modules import networks
     from offline_plugins.modules.policies import DeterministicPolicy
-    from offline_plugins.objectives.columns import DatasetColumns, next_actions
+    from offline_plugins.objectives.columns import next_actions
     from offline_plugins.objectives.common import check_range
     from offline_plugins.objectives.rebrac import ReBRACLoss
 
@@ -52,9 +52,9 @@ def build(config: ReBRACConfig, data: Any):
     actor = networks.make_deterministic_actor(n_obs, data.action_spec, hidden)
     make_q = networks.make_layer_norm_qvalue if config.critic_layer_norm else networks.make_qvalue
     qvalue = make_q(n_obs, _glue.action_dim(data), hidden)
-    td = getattr(data, "td", None)
-    # the data layer stores no next action; it follows from the episodes (see objectives/columns.py)
-    columns = DatasetColumns.of(td, {("next", "action"): next_actions}) if td is not None else None
+    # the data layer stores neither the next action nor the discounted return the diagnostics read;
+    # both follow from the episodes (see objectives/columns.py)
+    columns = _glue.mc_columns(data, config.gamma, extra={("next", "action"): next_actions})
     max_action = float(data.action_spec.space.high.abs().max())
     loss = ReBRACLoss(
         actor,
@@ -68,7 +68,7 @@ def build(config: ReBRACConfig, data: Any):
         noise_clip=config.noise_clip * max_action,
         columns=columns,
         diagnostics=True,
-        mc_diagnostics=_glue.has_return_to_go(data),
+        mc_diagnostics=columns is not None,
     )
     every = int(config.policy_freq)
     groups = _glue.actor_critic_groups(loss, config, actor_every=every)

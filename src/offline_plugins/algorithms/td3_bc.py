@@ -47,6 +47,7 @@ def build(config: TD3BCConfig, data: Any):
     qvalue = networks.make_qvalue(n_obs, _glue.action_dim(data), hidden)
     # the paper scales both noise terms by the action bound
     max_action = float(data.action_spec.space.high.abs().max())
+    columns = _glue.mc_columns(data, config.gamma)  # the diagnostics' mc_return, discounted at gamma
     loss = TD3BCLoss(
         actor,
         qvalue,
@@ -55,7 +56,8 @@ def build(config: TD3BCConfig, data: Any):
         policy_noise=config.policy_noise * max_action,
         noise_clip=config.noise_clip * max_action,
         diagnostics=True,
-        mc_diagnostics=_glue.has_return_to_go(data),
+        mc_diagnostics=columns is not None,
+        columns=columns,
     )
     every = int(config.policy_freq)
     groups = _glue.actor_critic_groups(loss, config, actor_every=every)

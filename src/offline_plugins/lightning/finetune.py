@@ -18,8 +18,9 @@ RLPD, arXiv:2302.02948). :class:`FineTuneDataModule` owns both phases:
 A round's environment resets and its action noise are seeded by ``(seed, rank, round)``, the episode
 in progress is cut (truncated) at the round's end, and the online buffer is saved in checkpoints, so a
 run resumed in either phase trains on exactly the transitions and batches of the uninterrupted run.
-Columns a loss reads that the data layer does not store (Cal-QL's ``mc_return``, ReBRAC's next
-action) are computed for each round by the loss's
+Columns a loss reads that the data layer does not store (``mc_return``, the Monte-Carlo return
+discounted at the loss's gamma that Cal-QL's bound and every loss's Monte-Carlo diagnostics read;
+ReBRAC's next action) are computed for each round by the loss's
 :class:`~offline_plugins.objectives.columns.DatasetColumns` and filled into the dataset's part of
 each batch before the two parts are joined.
 
@@ -291,6 +292,8 @@ class FineTuneDataModule(LightningDataModule):
         rows.set("episode", local + self._episode_base + self.episodes)
         finished = int(local.max()) + 1
         self.episodes += finished
+        # the data layer's undiscounted return_to_go, so the online rows have the dataset's keys; the
+        # loss's columns (mc_return at its gamma, ...) follow from their makers
         rows.set("return_to_go", discounted_returns(rows, 1.0))
         if self.columns is not None:
             for key, value in self.columns.compute(rows).items():

@@ -7,6 +7,7 @@ with Offline Datasets", arXiv:2006.09359.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from tensordict import TensorDictBase, TensorDictParams
@@ -16,6 +17,7 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.objectives.common import LossModule
 from torchrl.objectives.utils import ValueEstimators, _vmap_func, distance_loss
 
+from offline_plugins.objectives.columns import DatasetColumns
 from offline_plugins.objectives.common import TD0TransitionLoss, TransitionKeys, advantage_diagnostics, check_range
 
 __all__ = ["AWACLoss", "awac_weights"]
@@ -52,9 +54,13 @@ class AWACLoss(TD0TransitionLoss, LossModule):
         max_weight (float): :math:`w_{max}`, clip of the weights. Defaults to 100.
         num_qvalue_nets (int): critics. Defaults to 2.
         loss_function (str): critic regression loss. Defaults to ``"l2"``.
-        diagnostics (bool): add ``q_data_mean``, ``mc_return_mean``/``q_data_minus_mc`` (with
-            ``return_to_go``), ``value_mean``, ``advantage_mean``, ``advantage_std``,
+        diagnostics (bool): add ``q_data_mean``, ``mc_return_mean``/``q_data_minus_mc`` (when the
+            batch carries ``mc_return``, the data's Monte-Carlo return discounted at the loss's
+            gamma), ``value_mean``, ``advantage_mean``, ``advantage_std``,
             ``advantage_weight_mean``, ``advantage_weight_clipped_frac``. Defaults to True.
+        columns (DatasetColumns): fills the columns it holds (``mc_return``) into batches that
+            lack them, by their storage ``index`` (:mod:`offline_plugins.objectives.columns`; the
+            ``awac`` algorithm passes one at its ``gamma``). Defaults to None.
 
     Gradients: ``loss_qvalue`` reaches only the critics, ``loss_actor`` only the actor.
 
@@ -105,6 +111,7 @@ class AWACLoss(TD0TransitionLoss, LossModule):
         num_qvalue_nets: int = 2,
         loss_function: str = "l2",
         diagnostics: bool = True,
+        columns: Optional[DatasetColumns] = None,
     ) -> None:
         check_range("AWACLoss", "beta", beta, 0.0, None)
         check_range("AWACLoss", "max_weight", max_weight, 0.0, None)
@@ -114,6 +121,7 @@ class AWACLoss(TD0TransitionLoss, LossModule):
         self.num_qvalue_nets = num_qvalue_nets
         self.loss_function = loss_function
         self.diagnostics = diagnostics
+        self._set_columns(columns)
         self.register_buffer("beta", torch.tensor(float(beta)))
         self.register_buffer("max_weight", torch.tensor(float(max_weight)))
         self._vmap_qvalue = _vmap_func(self.qvalue_network, (None, 0), randomness=self.vmap_randomness)

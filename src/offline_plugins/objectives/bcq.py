@@ -9,6 +9,7 @@ arXiv:1910.01708.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +19,7 @@ from tensordict.utils import NestedKey
 from torchrl.objectives.common import LossModule
 from torchrl.objectives.utils import ValueEstimators, _vmap_func, distance_loss
 
+from offline_plugins.objectives.columns import DatasetColumns
 from offline_plugins.objectives.common import TD0TransitionLoss, TransitionKeys, check_range
 
 __all__ = ["BCQLoss", "BCQPolicy", "DiscreteBCQLoss", "DiscreteBCQPolicy", "bcq_backup", "bcq_allowed_actions"]
@@ -67,8 +69,12 @@ class BCQLoss(TD0TransitionLoss, LossModule):
         kl_weight (float): :math:`w_{KL}`. Defaults to 0.5 (the paper's code).
         num_qvalue_nets (int): critics. Defaults to 2.
         loss_function (str): critic regression loss. Defaults to ``"l2"``.
-        diagnostics (bool): add ``q_data_mean``, ``mc_return_mean``/``q_data_minus_mc`` (with
-            ``return_to_go``), ``vae_recon``, ``vae_kl``, ``perturbation_abs_mean``. Defaults to True.
+        diagnostics (bool): add ``q_data_mean``, ``mc_return_mean``/``q_data_minus_mc`` (when the
+            batch carries ``mc_return``, the data's Monte-Carlo return discounted at the loss's
+            gamma), ``vae_recon``, ``vae_kl``, ``perturbation_abs_mean``. Defaults to True.
+        columns (DatasetColumns): fills the columns it holds (``mc_return``) into batches that
+            lack them, by their storage ``index`` (:mod:`offline_plugins.objectives.columns`; the
+            ``bcq`` algorithm passes one at its ``gamma``). Defaults to None.
 
     Gradients: ``loss_vae`` reaches only the VAE, ``loss_qvalue`` only the critics,
     ``loss_actor`` only the perturbation model, so one backward of their sum is safe.
@@ -132,6 +138,7 @@ class BCQLoss(TD0TransitionLoss, LossModule):
         num_qvalue_nets: int = 2,
         loss_function: str = "l2",
         diagnostics: bool = True,
+        columns: Optional[DatasetColumns] = None,
     ) -> None:
         check_range("BCQLoss", "lmbda", lmbda, 0.0, 1.0, low_inclusive=True, high_inclusive=True)
         check_range("BCQLoss", "num_samples", num_samples, 1, None, low_inclusive=True)
@@ -144,6 +151,7 @@ class BCQLoss(TD0TransitionLoss, LossModule):
         self.num_samples = int(num_samples)
         self.loss_function = loss_function
         self.diagnostics = diagnostics
+        self._set_columns(columns)
         self.register_buffer("lmbda", torch.tensor(float(lmbda)))
         self.register_buffer("kl_weight", torch.tensor(float(kl_weight)))
         self._vmap_qvalue = _vmap_func(self.qvalue_network, (None, 0), randomness=self.vmap_randomness)
@@ -282,8 +290,9 @@ class DiscreteBCQLoss(TD0TransitionLoss, LossModule):
         threshold (float): :math:`\tau` in [0, 1). Defaults to 0.3.
         logit_reg (float): weight of the logits' L2 penalty. Defaults to 1e-2.
         loss_function (str): Q regression loss. Defaults to ``"smooth_l1"`` (Huber, the paper's).
-        diagnostics (bool): add ``q_data_mean``, ``mc_return_mean``/``q_data_minus_mc``,
-            ``allowed_actions_frac``. Defaults to True.
+        diagnostics (bool): add ``q_data_mean``, ``mc_return_mean``/``q_data_minus_mc`` (when the
+            batch carries ``mc_return``), ``allowed_actions_frac``. Defaults to True.
+        columns (DatasetColumns): as :class:`BCQLoss`. Defaults to None.
 
     Actions are int64 indices.
 
@@ -345,6 +354,7 @@ class DiscreteBCQLoss(TD0TransitionLoss, LossModule):
         logit_reg: float = 1e-2,
         loss_function: str = "smooth_l1",
         diagnostics: bool = True,
+        columns: Optional[DatasetColumns] = None,
     ) -> None:
         check_range("DiscreteBCQLoss", "threshold", threshold, 0.0, 1.0, low_inclusive=True)
         check_range("DiscreteBCQLoss", "logit_reg", logit_reg, 0.0, None, low_inclusive=True)
@@ -355,6 +365,7 @@ class DiscreteBCQLoss(TD0TransitionLoss, LossModule):
         self.register_buffer("logit_reg", torch.tensor(float(logit_reg)))
         self.loss_function = loss_function
         self.diagnostics = diagnostics
+        self._set_columns(columns)
 
     def _run(self, module: TensorDictModule, params, observation: torch.Tensor, out_key: NestedKey) -> torch.Tensor:
         td = TensorDict({self.tensor_keys.observation: observation}, observation.shape[:-1])

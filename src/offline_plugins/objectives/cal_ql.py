@@ -41,14 +41,15 @@ class CalQLLoss(CQLLoss):
         columns (DatasetColumns): fills ``mc_return`` into batches that lack it by their
             storage ``index`` (the ``cal-ql`` algorithm builds one with
             :func:`~offline_plugins.objectives.columns.discounted_returns` at its ``gamma``).
-            Defaults to None: the batch must carry ``mc_return``.
+            Defaults to None: the batch must carry ``mc_return``. As :class:`CQLLoss`'s.
         **kwargs: as :class:`CQLLoss` (``min_q_weight`` 5.0, ``num_random`` 10, ...).
             ``conservative_term="torchrl"`` is refused: the bound is defined on the paper's term.
 
     Reads ``mc_return`` ``[*B, 1]`` (``set_keys(mc_return=...)`` renames it); it joins
     ``in_keys``, so a keyword call passes ``mc_return=``. Its diagnostic ``calql_bound_frac``
     (with ``diagnostics=True``, after CQL's) is the fraction of the bounded policy values that
-    the bound raised.
+    the bound raised. With ``mc_diagnostics=True`` the Monte-Carlo pair reads the same
+    ``mc_return`` as the bound.
 
     Examples:
         >>> import torch
@@ -69,11 +70,12 @@ class CalQLLoss(CQLLoss):
 
     @dataclass
     class _AcceptedKeys(CQLLoss._AcceptedKeys):
-        """CQL's keys, then ``mc_return``.
+        """CQL's keys, ``mc_return`` among them (:class:`~offline_plugins.objectives.common.MCReturnKey`):
+        here the bound as well as the diagnostics' return.
 
         Attributes:
-            mc_return (NestedKey): the data's discounted Monte-Carlo return from the state,
-                ``[*B, 1]``. Defaults to ``"mc_return"``.
+            mc_return (NestedKey): the data's Monte-Carlo return from the state discounted at the
+                loss's gamma, ``[*B, 1]``. Defaults to ``"mc_return"``.
         """
 
         mc_return: NestedKey = "mc_return"
@@ -85,8 +87,7 @@ class CalQLLoss(CQLLoss):
         if kwargs.get("conservative_term", "paper") != "paper":
             raise ValueError("CalQLLoss: conservative_term must be 'paper'; the Cal-QL bound is defined on the paper's "
                              "importance-sampled term (use CQLLoss for TorchRL's)")
-        super().__init__(actor_network, qvalue_network, **kwargs)
-        self.columns = columns
+        super().__init__(actor_network, qvalue_network, columns=columns, **kwargs)
 
     def _diagnostic_keys(self) -> list:
         return [*super()._diagnostic_keys(), "calql_bound_frac"]
@@ -103,7 +104,7 @@ class CalQLLoss(CQLLoss):
         self._in_keys = values
 
     def _check_batch(self, tensordict: TensorDictBase) -> None:
-        super()._check_batch(tensordict)
+        super()._check_batch(tensordict)  # fills the columns first
         check_batch_keys(tensordict, [self.tensor_keys.mc_return], type(self).__name__)
 
     def _policy_values(self, tensordict: TensorDictBase, q_curr: torch.Tensor,
@@ -117,8 +118,6 @@ class CalQLLoss(CQLLoss):
 
     @dispatch
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        if self.columns is not None:
-            self.columns.fill(tensordict)
         return self._diagnosed_forward(tensordict)
 
     def _diagnose(self, tensordict: TensorDictBase) -> dict:

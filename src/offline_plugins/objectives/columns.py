@@ -1,9 +1,11 @@
 """Per-transition columns a loss reads that the data layer does not store, looked up by index.
 
 ReBRAC's critic penalty reads the data's next action ``("next", "action")``, and Cal-QL's
-bound reads the discounted Monte-Carlo return ``mc_return``. ``OfflineData`` stores neither
-(its ``return_to_go`` is undiscounted). Both follow from the stored episodes, so
-:func:`next_actions` and :func:`discounted_returns` compute them once, and a
+bound reads the Monte-Carlo return discounted at the loss's gamma, ``mc_return``, as do the
+Monte-Carlo diagnostics (``mc_return_mean``, ``q_data_minus_mc``) of every loss with
+``mc_diagnostics=True``. ``OfflineData`` stores neither (its ``return_to_go`` is
+undiscounted). Both follow from the stored episodes, so :func:`next_actions` and
+:func:`discounted_returns` compute them once, and a
 :class:`DatasetColumns` hands them to a batch by the storage ``index`` that TorchRL's replay
 buffer writes into every sample. A batch that already carries a column keeps its own, so
 a user's own pipeline (or a keyword call) passes the keys directly.

@@ -8,8 +8,8 @@ Traceback (most recent call last):
 ...
 offline_plugins.objectives.common.MissingBatchKeyError: IQLLoss: the batch has no key ('next', 'reward');...
 >>> q = torch.tensor([[2.0], [4.0]])
->>> rtg = torch.tensor([[1.0], [1.0]])
->>> d = data_q_diagnostics(q, TensorDict({"return_to_go": rtg}, [2]), "return_to_go")
+>>> mc = torch.tensor([[1.0], [1.0]])
+>>> d = data_q_diagnostics(q, TensorDict({"mc_return": mc}, [2]), "mc_return")
 >>> [(k, float(v)) for k, v in sorted(d.items())]
 [('mc_return_mean', 1.0), ('q_data_mean', 3.0), ('q_data_minus_mc', 2.0)]
 """
@@ -37,7 +37,8 @@ __all__ = [
     "DiagnosticsContract",
     "data_q_diagnostics",
     "advantage_diagnostics",
-    "ReturnToGoKey",
+    "MCReturnKey",
+    "ColumnsInput",
     "transition_keys",
     "td0_value_estimator_keys",
     "make_td0_value_estimator",
@@ -101,26 +102,62 @@ def check_range(
     return value
 
 
-#: the Monte-Carlo pair: read the batch's return-to-go, so they are switched on separately
+#: the Monte-Carlo pair: read the batch's ``mc_return`` (the data's Monte-Carlo return discounted at
+#: the loss's gamma), so they are switched on separately
 MC_DIAGNOSTIC_KEYS = ("mc_return_mean", "q_data_minus_mc")
 
+#: how a loss gets ``mc_return``, for the errors that name it
+_MC_RETURN_HOW = (
+    "the data's Monte-Carlo return discounted at the loss's gamma, sum_k gamma^k r_(t+k) to the episode's end "
+    "(not the data layer's undiscounted return_to_go); pass columns=DatasetColumns.of(data.td, {'mc_return': "
+    "functools.partial(discounted_returns, gamma=gamma)}) to the loss (offline_plugins.objectives.columns; it "
+    "fills batches by their replay-buffer 'index'), add it to the batch yourself, rename yours with "
+    "loss.set_keys(mc_return=...)"
+)
 
-class DiagnosticsContract:
+
+class ColumnsInput:
+    """What a loss that takes ``columns=`` shares: per-transition columns the data layer does not
+    store (:class:`~offline_plugins.objectives.columns.DatasetColumns`: the discounted
+    ``mc_return``, ReBRAC's ``("next", "action")``) filled into each batch, by its storage
+    ``index``, before the loss checks the batch's keys. A batch that carries a column keeps its own.
+
+    A class calls :meth:`_set_columns` after ``nn.Module.__init__`` (a module can be assigned only
+    then) and :meth:`_fill_columns` first thing in ``forward``; the columns are a submodule, so
+    they follow ``.to()``, and their non-persistent buffers stay out of ``state_dict``.
+    """
+
+    def _set_columns(self, columns) -> None:
+        self.columns = columns
+
+    def _fill_columns(self, tensordict: TensorDictBase) -> TensorDictBase:
+        columns = getattr(self, "columns", None)
+        return tensordict if columns is None else columns.fill(tensordict)
+
+
+class DiagnosticsContract(ColumnsInput):
     """TorchRL's ``out_keys``/``in_keys`` contract, plus detached diagnostics on request.
 
     The one rule for our subclasses of TorchRL's losses: with ``diagnostics=False`` (the
     default) ``out_keys``, ``in_keys`` and what a keyword call returns are TorchRL's. With
     ``diagnostics=True`` the class's diagnostics are listed in ``out_keys`` after TorchRL's
-    keys and returned. With ``mc_diagnostics=True`` as well, ``return_to_go`` joins
+    keys and returned. With ``mc_diagnostics=True`` as well, ``mc_return`` (the data's
+    Monte-Carlo return discounted at the loss's gamma, :class:`MCReturnKey`) joins
     ``in_keys``, ``mc_return_mean``/``q_data_minus_mc`` are listed last and always
-    returned, and a batch without a return-to-go raises :class:`MissingBatchKeyError`.
+    returned, and a batch without ``mc_return`` raises :class:`MissingBatchKeyError`.
     Every setting is fixed at construction, so ``out_keys`` never depends on the data.
+
+    The loss's ``columns`` (:class:`ColumnsInput`; a
+    :class:`~offline_plugins.objectives.columns.DatasetColumns`, e.g. ``mc_return`` from
+    :func:`~offline_plugins.objectives.columns.discounted_returns`) are filled into the batch by
+    :meth:`_check_batch`, before any key is checked.
 
     A class lists this base before TorchRL's and provides ``_torchrl_out_keys()`` and
     ``_diagnostic_keys()`` (its own diagnostics, the Monte-Carlo pair excluded); it calls
-    :meth:`_init_diagnostics` before TorchRL's ``__init__``, :meth:`_set_out_keys` after
-    it, and :meth:`_check_batch` at the start of ``forward``, or has ``forward`` return
-    :meth:`_diagnosed_forward` (TorchRL's ``forward`` and ``_diagnose()``'s entries).
+    :meth:`_init_diagnostics` before TorchRL's ``__init__``, :meth:`_set_out_keys` and
+    :meth:`_set_columns` after it, and :meth:`_check_batch` at the start of ``forward``, or
+    has ``forward`` return :meth:`_diagnosed_forward` (TorchRL's ``forward`` and
+    ``_diagnose()``'s entries).
     """
 
     # TorchRL declares most losses' ``out_keys`` as a class-level list, which
@@ -165,9 +202,9 @@ class DiagnosticsContract:
     @property
     def in_keys(self) -> list:
         keys = list(super().in_keys)
-        if self._emits_mc() and self.tensor_keys.return_to_go not in keys:
-            # so a keyword call takes ``return_to_go=``
-            keys.append(self.tensor_keys.return_to_go)
+        if self._emits_mc() and self.tensor_keys.mc_return not in keys:
+            # so a keyword call takes ``mc_return=``
+            keys.append(self.tensor_keys.mc_return)
         return keys
 
     @in_keys.setter
@@ -179,8 +216,10 @@ class DiagnosticsContract:
         return self.actor_network.in_keys
 
     def _check_batch(self, tensordict: TensorDictBase) -> None:
-        """Raise :class:`MissingBatchKeyError` for a batch without a transition's keys
-        (:func:`transition_keys`) or a return-to-go the diagnostics read."""
+        """Fill the loss's ``columns`` into the batch, then raise :class:`MissingBatchKeyError`
+        for a batch without a transition's keys (:func:`transition_keys`) or the ``mc_return``
+        the diagnostics read."""
+        self._fill_columns(tensordict)
         check_batch_keys(tensordict, transition_keys(self._observation_keys(), self.tensor_keys), type(self).__name__)
         self._check_diagnostic_keys(tensordict)
 
@@ -195,12 +234,11 @@ class DiagnosticsContract:
         return out
 
     def _check_diagnostic_keys(self, tensordict: TensorDictBase) -> None:
-        key = self.tensor_keys.return_to_go if self._emits_mc() else None
+        key = self.tensor_keys.mc_return if self._emits_mc() else None
         if key is not None and tensordict.get(key, None) is None:
             raise MissingBatchKeyError(
                 f"{type(self).__name__}: the batch has no key {key!r}, which mc_diagnostics=True reads for "
-                f"{' and '.join(MC_DIAGNOSTIC_KEYS)}; add the return-to-go to the batch (OfflineData loaded "
-                "from Minari has it), rename yours with loss.set_keys(return_to_go=...), or pass mc_diagnostics=False"
+                f"{' and '.join(MC_DIAGNOSTIC_KEYS)}: {_MC_RETURN_HOW}, or pass mc_diagnostics=False"
             )
 
     def _counted_positions(self, tensordict: TensorDictBase, like: torch.Tensor) -> Optional[torch.Tensor]:
@@ -218,11 +256,11 @@ class DiagnosticsContract:
         """The Monte-Carlo pair for ``q_data`` (already restricted to ``valid``); empty when off."""
         if not self._emits_mc():
             return {}
-        rtg = tensordict.get(self.tensor_keys.return_to_go).to(q_data.dtype)
-        rtg = rtg.reshape(valid.shape if valid is not None else q_data.shape)
+        mc = tensordict.get(self.tensor_keys.mc_return).to(q_data.dtype)
+        mc = mc.reshape(valid.shape if valid is not None else q_data.shape)
         if valid is not None:
-            rtg = rtg[valid]
-        return {"mc_return_mean": rtg.mean(), "q_data_minus_mc": (q_data.detach() - rtg).mean()}
+            mc = mc[valid]
+        return {"mc_return_mean": mc.mean(), "q_data_minus_mc": (q_data.detach() - mc).mean()}
 
 
 def data_q_diagnostics(q_data: torch.Tensor, tensordict: TensorDictBase, return_key: NestedKey) -> dict:
@@ -230,16 +268,16 @@ def data_q_diagnostics(q_data: torch.Tensor, tensordict: TensorDictBase, return_
 
     ``q_data_minus_mc`` > 0 that grows during training is the over-estimation
     that extrapolation error causes (Fujimoto et al. 2019); it is only reported
-    when the batch carries a return-to-go (``return_key``; the data layer's is the
-    undiscounted sum of the rewards to the episode's end).
+    when the batch carries the Monte-Carlo return (``return_key``, ``mc_return``: discounted
+    at the loss's gamma, as Q is; :func:`~offline_plugins.objectives.columns.discounted_returns`).
     """
     q_data = q_data.detach()
     out = {"q_data_mean": q_data.mean()}
-    rtg = tensordict.get(return_key, None)
-    if rtg is not None:
-        rtg = rtg.to(q_data.dtype)
-        out["mc_return_mean"] = rtg.mean()
-        out["q_data_minus_mc"] = (q_data.reshape(rtg.shape) - rtg).mean()
+    mc = tensordict.get(return_key, None)
+    if mc is not None:
+        mc = mc.to(q_data.dtype)
+        out["mc_return_mean"] = mc.mean()
+        out["q_data_minus_mc"] = (q_data.reshape(mc.shape) - mc).mean()
     return out
 
 
@@ -273,7 +311,7 @@ def random_transitions(action: torch.Tensor, obs_dim: int, **entries: torch.Tens
     ``action`` ``[B, ...]`` is the batch's action; ``observation`` and ``("next", "observation")``
     ``[B, obs_dim]`` and ``("next", "reward")`` ``[B, 1]`` are standard normal, and
     ``("next", "done")``/``("next", "terminated")`` False. ``entries``: further keys
-    (``return_to_go=...``).
+    (``mc_return=...``).
 
     >>> batch = random_transitions(torch.randint(4, (5,)), obs_dim=3)
     >>> batch.batch_size, batch["next", "observation"].shape, batch["next", "terminated"].any().item()
@@ -322,17 +360,19 @@ def make_td0_value_estimator(loss, value_type, value_key: NestedKey, **hyperpara
 
 
 @dataclass
-class ReturnToGoKey:
-    """The key our diagnostics add to the ``_AcceptedKeys`` of TorchRL's losses (CQL, IQL, TD3+BC):
-    mixed in first, ``class _AcceptedKeys(ReturnToGoKey, TorchRLLoss._AcceptedKeys)``, so it comes
-    after TorchRL's keys.
+class MCReturnKey:
+    """The key our diagnostics add to the ``_AcceptedKeys`` of TorchRL's losses (CQL, IQL, TD3+BC,
+    SAC): mixed in first, ``class _AcceptedKeys(MCReturnKey, TorchRLLoss._AcceptedKeys)``, so it
+    comes after TorchRL's keys.
 
     Attributes:
-        return_to_go (NestedKey): the data's undiscounted Monte-Carlo return, read only with
-            ``mc_diagnostics=True``. Defaults to ``"return_to_go"``.
+        mc_return (NestedKey): the data's Monte-Carlo return from the state, discounted at the
+            loss's gamma (:func:`~offline_plugins.objectives.columns.discounted_returns`; the
+            data layer's ``return_to_go`` is undiscounted and is not it), ``[*B, 1]``, read only
+            with ``mc_diagnostics=True``. Defaults to ``"mc_return"``.
     """
 
-    return_to_go: NestedKey = "return_to_go"
+    mc_return: NestedKey = "mc_return"
 
 
 @dataclass
@@ -343,8 +383,9 @@ class TransitionKeys:
         action (NestedKey): the dataset's action. Defaults to ``"action"``.
         reward, done, terminated (NestedKey): under ``"next"``. Default to their names.
         priority (NestedKey): where the TD error is written. Defaults to ``"td_error"``.
-        return_to_go (NestedKey): the data's undiscounted Monte-Carlo return, read only for
-            diagnostics when present. Defaults to ``"return_to_go"``.
+        mc_return (NestedKey): the data's Monte-Carlo return discounted at the loss's gamma
+            (:class:`MCReturnKey`), read only for diagnostics when present. Defaults to
+            ``"mc_return"``.
     """
 
     action: NestedKey = "action"
@@ -352,10 +393,10 @@ class TransitionKeys:
     done: NestedKey = "done"
     terminated: NestedKey = "terminated"
     priority: NestedKey = "td_error"
-    return_to_go: NestedKey = "return_to_go"
+    mc_return: NestedKey = "mc_return"
 
 
-class TD0TransitionLoss:
+class TD0TransitionLoss(ColumnsInput):
     """What our own transition losses with a TD(0) critic (AWAC, BCQ, discrete BCQ; TorchRL has
     none of them) share: the keys they read, the estimator wiring, the target and ``forward``.
 
@@ -363,10 +404,12 @@ class TD0TransitionLoss:
     :class:`TransitionKeys`, ``_next_value_key`` names the key field of the next-state value
     the loss computes and the TD(0) estimator reads, and it provides
     ``_loss_terms(batch) -> (losses, td_error, q_data, diagnostics)`` (and
-    ``_observation_keys()`` unless it reads ``tensor_keys.observation``). ``forward`` checks
-    the batch's keys (:attr:`in_keys`), flattens it to ``[batch]``, writes ``td_error`` at
-    ``priority`` and returns the losses, then, with ``diagnostics``, :func:`data_q_diagnostics`
-    of ``q_data`` and the loss's own diagnostics.
+    ``_observation_keys()`` unless it reads ``tensor_keys.observation``), and calls
+    :meth:`_set_columns` in its ``__init__``. ``forward`` fills the loss's ``columns`` into the
+    batch (:class:`ColumnsInput`), checks the batch's keys (:attr:`in_keys`), flattens it to
+    ``[batch]``, writes ``td_error`` at ``priority`` and returns the losses, then, with
+    ``diagnostics``, :func:`data_q_diagnostics` of ``q_data`` (the Monte-Carlo pair when the
+    batch carries ``mc_return``) and the loss's own diagnostics.
     """
 
     _next_value_key = "state_action_value"
@@ -396,6 +439,7 @@ class TD0TransitionLoss:
 
     @dispatch
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        self._fill_columns(tensordict)
         check_batch_keys(tensordict, self.in_keys, type(self).__name__)
         if tensordict.ndim != 1:
             tensordict = tensordict.reshape(-1)
@@ -403,6 +447,6 @@ class TD0TransitionLoss:
         tensordict.set(self.tensor_keys.priority, td_error)
         out = TensorDict(losses)
         if self.diagnostics:
-            out.update(data_q_diagnostics(q_data, tensordict, self.tensor_keys.return_to_go))
+            out.update(data_q_diagnostics(q_data, tensordict, self.tensor_keys.mc_return))
             out.update(diagnostics)
         return out

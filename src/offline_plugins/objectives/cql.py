@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from tensordict import TensorDictBase
@@ -53,7 +54,8 @@ from torchrl.objectives import CQLLoss as _TorchRLCQLLoss
 from torchrl.objectives import DiscreteCQLLoss as _TorchRLDiscreteCQLLoss
 
 from offline_plugins.objectives import _fused
-from offline_plugins.objectives.common import DiagnosticsContract, ReturnToGoKey, check_range
+from offline_plugins.objectives.columns import DatasetColumns
+from offline_plugins.objectives.common import DiagnosticsContract, MCReturnKey, check_range
 
 __all__ = ["CQLLoss", "DiscreteCQLLoss"]
 
@@ -95,10 +97,15 @@ class CQLLoss(DiagnosticsContract, _TorchRLCQLLoss):
             by default, so ``out_keys``, ``in_keys`` and keyword calls are TorchRL's; the
             ``cql`` algorithms turn them on. Defaults to False.
         mc_diagnostics (bool): with ``diagnostics``, also ``mc_return_mean`` (the batch's
-            ``return_to_go``: the undiscounted Monte-Carlo return the data layer stores) and
-            ``q_data_minus_mc``, listed last; ``return_to_go`` joins ``in_keys`` and a batch
-            without it raises :class:`~offline_plugins.objectives.common.MissingBatchKeyError`.
-            Defaults to False.
+            ``mc_return``: the data's Monte-Carlo return discounted at the loss's gamma, the
+            quantity Q estimates) and ``q_data_minus_mc`` (``q_data_mean`` minus it), listed last;
+            ``mc_return`` joins ``in_keys`` and a batch without it (after ``columns``) raises
+            :class:`~offline_plugins.objectives.common.MissingBatchKeyError`. Defaults to False.
+        columns (DatasetColumns): fills the columns it holds (``mc_return``) into batches that
+            lack them, by their storage ``index``, before the batch's keys are checked
+            (:mod:`offline_plugins.objectives.columns`; the ``cql`` algorithms pass one built
+            with :func:`~offline_plugins.objectives.columns.discounted_returns` at their
+            ``gamma``). Defaults to None: the batch carries what the loss reads.
         **kwargs: passed to :class:`torchrl.objectives.CQLLoss` (``alpha_init``,
             ``temperature`` > 0, ``max_q_backup``, ``deterministic_backup``, ``delay_actor``,
             ``delay_qvalue``, ``reduction``, ``deactivate_vmap``, ``scalar_output_mode``, ...).
@@ -127,8 +134,8 @@ class CQLLoss(DiagnosticsContract, _TorchRLCQLLoss):
     """
 
     @dataclass
-    class _AcceptedKeys(ReturnToGoKey, _TorchRLCQLLoss._AcceptedKeys):
-        """TorchRL's CQL keys, then ``return_to_go`` (:class:`~offline_plugins.objectives.common.ReturnToGoKey`)."""
+    class _AcceptedKeys(MCReturnKey, _TorchRLCQLLoss._AcceptedKeys):
+        """TorchRL's CQL keys, then ``mc_return`` (:class:`~offline_plugins.objectives.common.MCReturnKey`)."""
 
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
@@ -146,6 +153,7 @@ class CQLLoss(DiagnosticsContract, _TorchRLCQLLoss):
         conservative_term: str = "paper",
         diagnostics: bool = False,
         mc_diagnostics: bool = False,
+        columns: Optional[DatasetColumns] = None,
         **kwargs,
     ) -> None:
         check_range("CQLLoss", "min_q_weight", min_q_weight, 0.0, None, low_inclusive=True)
@@ -173,6 +181,7 @@ class CQLLoss(DiagnosticsContract, _TorchRLCQLLoss):
         self._q_chain = False
         self._critic_chain()
         self._set_out_keys()
+        self._set_columns(columns)
 
     def _torchrl_out_keys(self) -> list:
         keys = ["loss_actor", "loss_actor_bc", "loss_qvalue", "loss_cql", "loss_alpha"]
@@ -381,6 +390,7 @@ class DiscreteCQLLoss(DiagnosticsContract, _TorchRLDiscreteCQLLoss):
         diagnostics (bool): add detached ``q_data_mean`` and ``cql_gap``, listed in
             ``out_keys`` after TorchRL's two (see :class:`CQLLoss`). Defaults to False.
         mc_diagnostics (bool): as :class:`CQLLoss`. Defaults to False.
+        columns (DatasetColumns): as :class:`CQLLoss`. Defaults to None.
         **kwargs: passed to :class:`torchrl.objectives.DiscreteCQLLoss` (``loss_function``,
             ``delay_value``, ``reduction``).
 
@@ -407,8 +417,8 @@ class DiscreteCQLLoss(DiagnosticsContract, _TorchRLDiscreteCQLLoss):
     """
 
     @dataclass
-    class _AcceptedKeys(ReturnToGoKey, _TorchRLDiscreteCQLLoss._AcceptedKeys):
-        """TorchRL's discrete CQL keys, then ``return_to_go`` (:class:`~offline_plugins.objectives.common.ReturnToGoKey`)."""
+    class _AcceptedKeys(MCReturnKey, _TorchRLDiscreteCQLLoss._AcceptedKeys):
+        """TorchRL's discrete CQL keys, then ``mc_return`` (:class:`~offline_plugins.objectives.common.MCReturnKey`)."""
 
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
@@ -421,6 +431,7 @@ class DiscreteCQLLoss(DiagnosticsContract, _TorchRLDiscreteCQLLoss):
         action_space=None,
         diagnostics: bool = False,
         mc_diagnostics: bool = False,
+        columns: Optional[DatasetColumns] = None,
         **kwargs,
     ) -> None:
         check_range("DiscreteCQLLoss", "alpha", alpha, 0.0, None, low_inclusive=True)
@@ -430,6 +441,7 @@ class DiscreteCQLLoss(DiagnosticsContract, _TorchRLDiscreteCQLLoss):
         super().__init__(value_network, action_space=action_space, **kwargs)
         self.register_buffer("alpha", torch.tensor(float(alpha)))
         self._set_out_keys()
+        self._set_columns(columns)
 
     def _torchrl_out_keys(self) -> list:
         return ["loss_qvalue", "loss_cql"]

@@ -20,6 +20,7 @@ what                        ours                                         TorchRL
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -27,7 +28,8 @@ from tensordict.nn import dispatch
 from torchrl.objectives import SACLoss as _TorchRLSACLoss
 from torchrl.objectives.utils import _vmap_func, distance_loss
 
-from offline_plugins.objectives.common import DiagnosticsContract, ReturnToGoKey, check_range
+from offline_plugins.objectives.columns import DatasetColumns
+from offline_plugins.objectives.common import DiagnosticsContract, MCReturnKey, check_range
 
 __all__ = ["SACNLoss", "EDACLoss", "diversity_penalty"]
 
@@ -81,8 +83,13 @@ class SACNLoss(DiagnosticsContract, _TorchRLSACLoss):
         diagnostics (bool): add ``q_data_mean`` (the ensemble minimum on the data's actions) and
             ``q_data_std`` (the ensemble's standard deviation there, averaged: the uncertainty the
             minimum penalises), listed in ``out_keys`` after TorchRL's. Defaults to False.
-        mc_diagnostics (bool): with ``diagnostics``, the Monte-Carlo pair (see
+        mc_diagnostics (bool): with ``diagnostics``, the Monte-Carlo pair ``mc_return_mean`` (the
+            batch's ``mc_return``: the data's Monte-Carlo return discounted at the loss's gamma)
+            and ``q_data_minus_mc`` (see
             :class:`~offline_plugins.objectives.common.DiagnosticsContract`). Defaults to False.
+        columns (DatasetColumns): fills the columns it holds (``mc_return``) into batches that
+            lack them, by their storage ``index``, before the batch's keys are checked
+            (:mod:`offline_plugins.objectives.columns`). Defaults to None.
         **kwargs: passed to :class:`torchrl.objectives.SACLoss` (``alpha_init``,
             ``target_entropy``, ``action_spec``, ``reduction``...). SAC v1 (a value network)
             is not supported.
@@ -106,8 +113,8 @@ class SACNLoss(DiagnosticsContract, _TorchRLSACLoss):
     """
 
     @dataclass
-    class _AcceptedKeys(ReturnToGoKey, _TorchRLSACLoss._AcceptedKeys):
-        """TorchRL's SAC keys, then ``return_to_go`` (:class:`~offline_plugins.objectives.common.ReturnToGoKey`)."""
+    class _AcceptedKeys(MCReturnKey, _TorchRLSACLoss._AcceptedKeys):
+        """TorchRL's SAC keys, then ``mc_return`` (:class:`~offline_plugins.objectives.common.MCReturnKey`)."""
 
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
@@ -121,6 +128,7 @@ class SACNLoss(DiagnosticsContract, _TorchRLSACLoss):
         loss_function: str = "l2",
         diagnostics: bool = False,
         mc_diagnostics: bool = False,
+        columns: Optional[DatasetColumns] = None,
         **kwargs,
     ) -> None:
         check_range(type(self).__name__, "num_qvalue_nets", num_qvalue_nets, 2, None, low_inclusive=True)
@@ -130,6 +138,7 @@ class SACNLoss(DiagnosticsContract, _TorchRLSACLoss):
         super().__init__(actor_network, qvalue_network, num_qvalue_nets=int(num_qvalue_nets),
                          loss_function=loss_function, **kwargs)
         self._set_out_keys()
+        self._set_columns(columns)
 
     def _make_vmap(self):
         super()._make_vmap()

@@ -23,7 +23,8 @@ from torchrl.objectives import IQLLoss as _TorchRLIQLLoss
 from torchrl.objectives.utils import distance_loss
 
 from offline_plugins.objectives import _fused
-from offline_plugins.objectives.common import DiagnosticsContract, ReturnToGoKey, advantage_diagnostics, check_range
+from offline_plugins.objectives.columns import DatasetColumns
+from offline_plugins.objectives.common import DiagnosticsContract, MCReturnKey, advantage_diagnostics, check_range
 
 __all__ = ["IQLLoss", "DiscreteIQLLoss"]
 
@@ -57,6 +58,7 @@ class _IQLCommon(DiagnosticsContract):
         loss_function: str = "l2",
         diagnostics: bool = False,
         mc_diagnostics: bool = False,
+        columns: Optional[DatasetColumns] = None,
         check_hyperparameters: bool = True,
         **kwargs,
     ) -> None:
@@ -74,6 +76,7 @@ class _IQLCommon(DiagnosticsContract):
             **kwargs,
         )
         self._set_out_keys()
+        self._set_columns(columns)
 
     def _init_checks(self, expectile: float, temperature: float, *, expectile_max_inclusive: bool) -> None:
         name = type(self).__name__
@@ -96,7 +99,7 @@ class _IQLCommon(DiagnosticsContract):
         """The ``diagnostics`` entries, averaged over the positions the loss's reduction counts.
 
         ``min_q``/``value``: the target-ensemble minimum on the data's actions and ``V(s)``,
-        shaped like the batch; ``tensordict``: the batch (its mask and ``return_to_go``).
+        shaped like the batch; ``tensordict``: the batch (its mask and ``mc_return``).
         """
         min_q, value = min_q.detach(), value.detach()
         valid = self._counted_positions(tensordict, min_q)
@@ -163,11 +166,17 @@ class IQLLoss(_fused.FusedPath, _IQLCommon, _TorchRLIQLLoss):
             statistics. Off by default, so ``out_keys``, ``in_keys`` and keyword calls are
             TorchRL's; the ``iql`` algorithms turn them on. Defaults to False.
         mc_diagnostics (bool): with ``diagnostics``, also ``mc_return_mean`` (the batch's
-            ``return_to_go``) and ``q_data_minus_mc`` (``q_data_mean`` minus it: the
-            over-estimation), listed last. ``return_to_go`` then joins ``in_keys`` (a keyword
-            call passes ``return_to_go=``), and a batch without it raises
+            ``mc_return``: the data's Monte-Carlo return discounted at the loss's gamma) and
+            ``q_data_minus_mc`` (``q_data_mean`` minus it: the over-estimation), listed last.
+            ``mc_return`` then joins ``in_keys`` (a keyword call passes ``mc_return=``), and a
+            batch without it (after ``columns``) raises
             :class:`~offline_plugins.objectives.common.MissingBatchKeyError`. The ``iql``
-            algorithms turn it on when the dataset has a return-to-go. Defaults to False.
+            algorithms turn it on when the dataset has stored episodes. Defaults to False.
+        columns (DatasetColumns): fills the columns it holds into batches that lack them, by
+            their storage ``index``, before the batch's keys are checked
+            (:class:`~offline_plugins.objectives.columns.DatasetColumns`; the ``iql`` algorithms
+            pass ``mc_return`` from :func:`~offline_plugins.objectives.columns.discounted_returns`
+            at their ``gamma``). Defaults to None: the batch carries what the loss reads.
         check_hyperparameters (bool): raise :class:`~offline_plugins.objectives.common.HyperparameterError`
             (a ``ValueError``) for ``expectile`` outside (0, 1] or a negative ``temperature``,
             where the value regression or the advantage weights lose their meaning.
@@ -186,11 +195,11 @@ class IQLLoss(_fused.FusedPath, _IQLCommon, _TorchRLIQLLoss):
         **kwargs: passed to :class:`torchrl.objectives.IQLLoss` (``reduction``,
             ``separate_losses``, ``deactivate_vmap``, ``scalar_output_mode``, ...).
 
-    The extra key ``return_to_go`` (``set_keys(return_to_go=...)``) is read only with
-    ``mc_diagnostics=True``: the data's Monte-Carlo return from each step, as the data layer
-    stores it, the undiscounted sum of the rewards to the episode's end (``Q`` estimates the
-    discounted return, so with ``gamma < 1`` it is the trend of ``q_data_minus_mc`` that
-    tells over-estimation).
+    The extra key ``mc_return`` (``set_keys(mc_return=...)``) is read only with
+    ``mc_diagnostics=True``: the data's Monte-Carlo return from each step discounted at the
+    loss's gamma, :math:`\sum_k \gamma^k r_{t+k}` to the episode's end, the quantity ``Q``
+    estimates for the behaviour policy, so ``q_data_minus_mc`` compares like with like (the
+    data layer's ``return_to_go`` is undiscounted and is not it).
 
     Examples:
         >>> import torch
@@ -216,8 +225,8 @@ class IQLLoss(_fused.FusedPath, _IQLCommon, _TorchRLIQLLoss):
         >>> loss(batch)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        offline_plugins.objectives.common.MissingBatchKeyError: IQLLoss: the batch has no key 'return_to_go', ...
-        >>> batch["return_to_go"] = torch.randn(4, 1)
+        offline_plugins.objectives.common.MissingBatchKeyError: IQLLoss: the batch has no key 'mc_return', ...
+        >>> batch["mc_return"] = torch.randn(4, 1)
         >>> list(loss(batch).keys()) == loss.out_keys
         True
         >>> IQLLoss(make_tanh_gaussian_actor(3, spec, (8,)), make_qvalue(3, 2, (8,)), make_value(3, (8,)),
@@ -228,8 +237,8 @@ class IQLLoss(_fused.FusedPath, _IQLCommon, _TorchRLIQLLoss):
     """
 
     @dataclass
-    class _AcceptedKeys(ReturnToGoKey, _TorchRLIQLLoss._AcceptedKeys):
-        """TorchRL's IQL keys, then ``return_to_go`` (:class:`~offline_plugins.objectives.common.ReturnToGoKey`)."""
+    class _AcceptedKeys(MCReturnKey, _TorchRLIQLLoss._AcceptedKeys):
+        """TorchRL's IQL keys, then ``mc_return`` (:class:`~offline_plugins.objectives.common.MCReturnKey`)."""
 
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
@@ -380,7 +389,7 @@ class DiscreteIQLLoss(_IQLCommon, _TorchRLDiscreteIQLLoss):
             ``"one-hot"`` whatever the actor: pass ``action_space="one-hot"`` for that.
         expectile (float): :math:`\tau` in (0, 1), as TorchRL's discrete loss requires.
             Defaults to 0.7.
-        temperature, num_qvalue_nets, loss_function, diagnostics, mc_diagnostics,
+        temperature, num_qvalue_nets, loss_function, diagnostics, mc_diagnostics, columns,
             check_hyperparameters: as :class:`IQLLoss`.
         **kwargs: passed to :class:`torchrl.objectives.DiscreteIQLLoss`.
 
@@ -400,8 +409,8 @@ class DiscreteIQLLoss(_IQLCommon, _TorchRLDiscreteIQLLoss):
     """
 
     @dataclass
-    class _AcceptedKeys(ReturnToGoKey, _TorchRLDiscreteIQLLoss._AcceptedKeys):
-        """TorchRL's discrete IQL keys, then ``return_to_go`` (:class:`~offline_plugins.objectives.common.ReturnToGoKey`)."""
+    class _AcceptedKeys(MCReturnKey, _TorchRLDiscreteIQLLoss._AcceptedKeys):
+        """TorchRL's discrete IQL keys, then ``mc_return`` (:class:`~offline_plugins.objectives.common.MCReturnKey`)."""
 
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys

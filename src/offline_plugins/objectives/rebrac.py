@@ -55,10 +55,10 @@ class ReBRACLoss(TD3BCLoss):
             :math:`\lambda = 1`. Defaults to True.
         policy_noise, noise_clip (float): target smoothing, in action units. Default to 0.2, 0.5.
         loss_function (str): critic regression loss. Defaults to ``"l2"``.
-        columns (DatasetColumns): fills ``("next", "action")`` into batches that lack it, by
-            their storage ``index`` (:mod:`offline_plugins.objectives.columns`); the
-            ``rebrac`` algorithm passes one built from the dataset. Defaults to None: the
-            batch must carry the key.
+        columns (DatasetColumns): fills ``("next", "action")`` (and, for ``mc_diagnostics``,
+            ``mc_return``) into batches that lack them, by their storage ``index``
+            (:mod:`offline_plugins.objectives.columns`); the ``rebrac`` algorithm passes one
+            built from the dataset. Defaults to None: the batch must carry the keys.
         diagnostics, mc_diagnostics (bool): as :class:`TD3BCLoss`.
         **kwargs: passed to :class:`TD3BCLoss` (``num_qvalue_nets``, ``reduction``...).
 
@@ -120,6 +120,7 @@ class ReBRACLoss(TD3BCLoss):
             loss_function=loss_function,
             diagnostics=diagnostics,
             mc_diagnostics=mc_diagnostics,
+            columns=columns,
             fused=False,
             **kwargs,
         )
@@ -127,7 +128,6 @@ class ReBRACLoss(TD3BCLoss):
         self.register_buffer("critic_bc_coef", torch.tensor(float(critic_bc_coef)))
         self.register_buffer("action_scale", ((self.max_action - self.min_action) / 2).clamp_min(1e-6))
         self.normalize_q = bool(normalize_q)
-        self.columns = columns
 
     def _set_in_keys(self):
         super()._set_in_keys()
@@ -136,7 +136,7 @@ class ReBRACLoss(TD3BCLoss):
             self._in_keys.append(next_action)
 
     def _check_batch(self, tensordict: TensorDictBase) -> None:
-        super()._check_batch(tensordict)
+        super()._check_batch(tensordict)  # fills the columns first
         check_batch_keys(tensordict, [("next", self.tensor_keys.action)], type(self).__name__)
 
     def _penalty(self, action: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
@@ -192,8 +192,6 @@ class ReBRACLoss(TD3BCLoss):
         }
 
     def _forward(self, tensordict: TensorDictBase, actor: bool) -> TensorDictBase:
-        if self.columns is not None:
-            self.columns.fill(tensordict)
         self._check_batch(tensordict)
         loss_qvalue, metadata = self.qvalue_loss(tensordict)
         tensordict.set(self.tensor_keys.priority, metadata.pop("td_error").detach().max(0)[0])

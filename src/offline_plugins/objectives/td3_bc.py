@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -11,7 +12,8 @@ from torchrl.objectives import TD3BCLoss as _TorchRLTD3BCLoss
 from torchrl.objectives.utils import distance_loss
 
 from offline_plugins.objectives import _fused
-from offline_plugins.objectives.common import DiagnosticsContract, ReturnToGoKey, check_range
+from offline_plugins.objectives.columns import DatasetColumns
+from offline_plugins.objectives.common import DiagnosticsContract, MCReturnKey, check_range
 
 __all__ = ["TD3BCLoss"]
 
@@ -62,11 +64,17 @@ class TD3BCLoss(_fused.FusedPath, DiagnosticsContract, _TorchRLTD3BCLoss):
             ``td3-bc`` algorithm turns them on (they are free: they read the critic's
             prediction on the data). Defaults to False.
         mc_diagnostics (bool): with ``diagnostics``, also ``mc_return_mean`` (the batch's
-            ``return_to_go``: the undiscounted Monte-Carlo return the data layer stores) and
-            ``q_data_minus_mc``: the over-estimation the paper's constraint exists to stop.
-            Listed last; ``return_to_go`` joins ``in_keys`` (a keyword call passes
-            ``return_to_go=`` and gets all eleven values), and a batch without it raises
+            ``mc_return``: the data's Monte-Carlo return discounted at the loss's gamma, the
+            quantity Q estimates) and ``q_data_minus_mc`` (``q_data_mean`` minus it): the
+            over-estimation the paper's constraint exists to stop. Listed last; ``mc_return``
+            joins ``in_keys`` (a keyword call passes ``mc_return=`` and gets all eleven values),
+            and a batch without it (after ``columns``) raises
             :class:`~offline_plugins.objectives.common.MissingBatchKeyError`. Defaults to False.
+        columns (DatasetColumns): fills the columns it holds into batches that lack them, by
+            their storage ``index``, before the batch's keys are checked
+            (:mod:`offline_plugins.objectives.columns`; the ``td3-bc`` algorithm passes
+            ``mc_return`` from :func:`~offline_plugins.objectives.columns.discounted_returns` at
+            its ``gamma``). Defaults to None: the batch carries what the loss reads.
         fused (bool): compute both terms straight from the parameters (the ensemble as one
             batched matmul per layer, only the first critic for the actor term) where that is
             exactly TorchRL's computation: the networks are the plain MLPs of
@@ -89,7 +97,7 @@ class TD3BCLoss(_fused.FusedPath, DiagnosticsContract, _TorchRLTD3BCLoss):
         ...     diagnostics=True, mc_diagnostics=True,
         ... )
         >>> loss.make_value_estimator(gamma=0.99)
-        >>> batch = random_transitions(spec.rand((4,)), obs_dim=3, return_to_go=torch.randn(4, 1))
+        >>> batch = random_transitions(spec.rand((4,)), obs_dim=3, mc_return=torch.randn(4, 1))
         >>> out = loss(batch)
         >>> sorted(k for k in out.keys() if k.startswith("loss_"))
         ['loss_actor', 'loss_qvalue']
@@ -102,8 +110,8 @@ class TD3BCLoss(_fused.FusedPath, DiagnosticsContract, _TorchRLTD3BCLoss):
     """
 
     @dataclass
-    class _AcceptedKeys(ReturnToGoKey, _TorchRLTD3BCLoss._AcceptedKeys):
-        """TorchRL's TD3+BC keys, then ``return_to_go`` (:class:`~offline_plugins.objectives.common.ReturnToGoKey`)."""
+    class _AcceptedKeys(MCReturnKey, _TorchRLTD3BCLoss._AcceptedKeys):
+        """TorchRL's TD3+BC keys, then ``mc_return`` (:class:`~offline_plugins.objectives.common.MCReturnKey`)."""
 
     default_keys = _AcceptedKeys
     tensor_keys: _AcceptedKeys
@@ -124,6 +132,7 @@ class TD3BCLoss(_fused.FusedPath, DiagnosticsContract, _TorchRLTD3BCLoss):
         loss_function: str = "l2",
         diagnostics: bool = False,
         mc_diagnostics: bool = False,
+        columns: Optional[DatasetColumns] = None,
         fused: bool = True,
         **kwargs,
     ) -> None:
@@ -142,6 +151,7 @@ class TD3BCLoss(_fused.FusedPath, DiagnosticsContract, _TorchRLTD3BCLoss):
             **kwargs,
         )
         self._set_out_keys()
+        self._set_columns(columns)
         self._init_fused(fused)
 
     def _torchrl_out_keys(self) -> list:
