@@ -350,7 +350,10 @@ def test_columns_fill_only_what_is_missing_and_check_the_index():
     assert columns.fill(own)["mc_return"].sum() == 0  # a batch's own column wins
     with pytest.raises(MissingBatchKeyError, match="index"):
         columns.fill(TensorDict({"index": torch.tensor([7])}, [1]))
-    assert "column_0" not in columns.state_dict()  # recomputed by build, not checkpointed
+    assert columns.state_dict() == {}  # recomputed by build, not checkpointed
+    # not buffers either: DDP would broadcast them from rank 0 every step
+    assert list(columns.buffers()) == []
+    assert columns.to(torch.float64).values[0].dtype == torch.float64  # they follow .to()
 
 
 # the contract: N-D batches, keyword calls, errors ----------------------------------------------------

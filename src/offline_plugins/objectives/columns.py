@@ -98,9 +98,10 @@ class DatasetColumns(torch.nn.Module):
     """Columns indexed like the replay buffer's storage, filled into batches by their ``index``.
 
     Args:
-        columns: ``{key: tensor [N, ...]}``, one row per stored transition. They are
-            non-persistent buffers: they follow ``.to()`` but stay out of checkpoints
-            (``build`` recomputes them from the data).
+        columns: ``{key: tensor [N, ...]}``, one row per stored transition. They follow
+            ``.to()`` (the module's ``_apply``) but are not buffers: they stay out of
+            checkpoints (``build`` recomputes them from the data) and DDP does not broadcast
+            them each step (every rank builds the same columns from the same data).
 
     Keyword Args:
         index_key (NestedKey): where a batch carries its storage indices. Defaults to
@@ -117,8 +118,12 @@ class DatasetColumns(torch.nn.Module):
         self.keys = list(columns)
         self.index_key = index_key
         self.makers = dict(makers or {})
-        for i, value in enumerate(columns.values()):
-            self.register_buffer(f"column_{i}", value, persistent=False)
+        self.values = list(columns.values())
+        self._checked = False  # the batches' index against the columns' length: once, not every step
+
+    def _apply(self, fn, recurse: bool = True):
+        self.values = [fn(v) for v in self.values]
+        return super()._apply(fn, recurse)
 
     @classmethod
     def of(cls, td: TensorDictBase, makers: Mapping[NestedKey, Callable[[TensorDictBase], torch.Tensor]],
@@ -143,19 +148,22 @@ class DatasetColumns(torch.nn.Module):
 
     def fill(self, tensordict: TensorDictBase) -> TensorDictBase:
         """``tensordict`` with every column it lacks set from its ``index``; returned as given
-        (no index, or nothing missing). Raises when an index is past the columns' end."""
+        (no index, or nothing missing). Raises when an index of the first batch filled is past the
+        columns' end (checked once: a check every step would sync the host with the device)."""
         missing = [k for k in self.keys if tensordict.get(k, None) is None]
         index = tensordict.get(self.index_key, None) if missing else None
         if index is None:
             return tensordict
-        n = getattr(self, "column_0").shape[0]
-        if index.numel() and int(index.max()) >= n:
-            raise MissingBatchKeyError(
-                f"DatasetColumns: the batch's {self.index_key!r} reaches {int(index.max())} but the columns "
-                f"have {n} rows; build the algorithm on the dataset the batches are sampled from"
-            )
-        for i, key in enumerate(self.keys):
+        n = self.values[0].shape[0]
+        if not self._checked and index.numel():  # one host sync, on the first batch
+            if int(index.max()) >= n:
+                raise MissingBatchKeyError(
+                    f"DatasetColumns: the batch's {self.index_key!r} reaches {int(index.max())} but the columns "
+                    f"have {n} rows; build the algorithm on the dataset the batches are sampled from"
+                )
+            self._checked = True
+        for key, column in zip(self.keys, self.values):
             if key in missing:
-                value = getattr(self, f"column_{i}")[index.to(torch.long)]
+                value = column[index.to(torch.long)]
                 tensordict.set(key, value.to(tensordict.device) if tensordict.device is not None else value)
         return tensordict
