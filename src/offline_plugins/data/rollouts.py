@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from tensordict import TensorDict
@@ -62,7 +62,8 @@ def _task_of(dataset_id: str, files: str) -> tuple[str, Any]:
     resolved = resolve_rollout_id(dataset_id)
     if resolved is None:
         raise RolloutError(f"{dataset_id!r} is not a text task; use {', '.join(BUILTIN_ROLLOUT_TASKS)} (short: "
-                           f"arithmetic, arithmetic-length, tool-arithmetic, tool-python, steps-arithmetic) or {files}")
+                           f"arithmetic, arithmetic-length, tool-arithmetic, tool-python, steps-arithmetic, word-problems, "
+                           f"word-problems-calculator, word-problems-python) or {files}")
     if resolved not in BUILTIN_ROLLOUT_TASKS:
         return resolved, None
     from offline_plugins.envs.tasks import make_task
@@ -73,6 +74,10 @@ def _task_of(dataset_id: str, files: str) -> tuple[str, Any]:
 
         kind = settings.pop("task")
         return resolved, (ToolArithmeticTask if kind == "tool-arithmetic" else ToolPythonTask)(**settings)
+    if str(settings.get("task", "")).startswith("word-problems"):  # offline_plugins.envs.word_problems
+        from offline_plugins.envs.word_problems import WORD_PROBLEM_TASKS
+
+        return resolved, WORD_PROBLEM_TASKS[settings.pop("task")](**settings)
     if settings.get("task") == "steps-arithmetic":  # one step a line (offline_plugins.envs.steps)
         from offline_plugins.envs.steps import StepChainTask
 
@@ -308,11 +313,15 @@ class CompletionData(TextTaskData):
     """
 
     def __init__(self, train: TensorDict, held_out_rows: list[dict], reference, tokenizer, *, dataset_id: str,
-                 model: str, max_new_tokens: int, from_scratch: bool) -> None:
+                 model: str, max_new_tokens: int, from_scratch: bool,
+                 verifier: Optional[Callable[[list, list], Sequence[float]]] = None) -> None:
         super().__init__(reference, tokenizer, dataset_id=dataset_id, model=model, from_scratch=from_scratch)
         self.train = train
         self.held_out_rows = held_out_rows
         self.max_new_tokens = int(max_new_tokens)
+        #: a built-in task's verifier where it is not exact match of the whole completion (it reads the
+        #: final answer of a worked solution): scored beside the exact match as ``heldout_reward``
+        self.verifier = verifier
 
     def replay_buffer(self, batch_size: int, *, sampler: str = "random", slice_len=None, seed: int = 0,
                       device=None):
@@ -331,9 +340,13 @@ class CompletionData(TextTaskData):
         and ``guard``: ignored, SFT samples no rollouts and calls no reward)."""
         if not self.held_out_rows:
             return {"exact_match": None}
-        _, em = self.greedy_answers(model, self.tokenizer, self.held_out_rows, "completion",
-                                    max_new_tokens=self.max_new_tokens, batch_size=batch_size)
-        return {"exact_match": em}
+        responses, em = self.greedy_answers(model, self.tokenizer, self.held_out_rows, "completion",
+                                            max_new_tokens=self.max_new_tokens, batch_size=batch_size)
+        out: dict[str, Optional[float]] = {"exact_match": em, "heldout_n": len(self.held_out_rows)}
+        if self.verifier is not None:
+            scores = self.verifier([r["prompt"] for r in self.held_out_rows], responses)
+            out["heldout_reward"] = sum(float(x) for x in scores) / len(scores)
+        return out
 
 
 def load_completion_data(dataset_id: str, *, model: str = "tiny", seed: int = 0, eval_prompts: int = 200,
@@ -350,6 +363,7 @@ def load_completion_data(dataset_id: str, *, model: str = "tiny", seed: int = 0,
 
         rows = sft_rows(task, train_rows, seed=seed)
         held = sft_rows(task, eval_prompts, split="test", seed=1)
+        max_length = max(max_length, getattr(task, "sft_max_length", 0))  # a worked solution is longer
     else:
         def check(row: dict) -> Optional[str]:
             if not isinstance(row.get("prompt"), str) or not isinstance(row.get("completion"), str):
@@ -364,6 +378,10 @@ def load_completion_data(dataset_id: str, *, model: str = "tiny", seed: int = 0,
         if not rows:
             raise RolloutError(f"{resolved}: every row fell in the held-out split; give more rows")
     reference, tokenizer = load_causal_lm(model, seed=seed)
+    if task is not None:
+        from offline_plugins.data.text_tasks import check_task_fits
+
+        check_task_fits(task, reference, tokenizer, model_name=model)
     reference.eval()
     for p in reference.parameters():
         p.requires_grad_(False)
@@ -373,8 +391,9 @@ def load_completion_data(dataset_id: str, *, model: str = "tiny", seed: int = 0,
     if report.dropped or report.truncated_responses:  # as the preference loaders say it
         logging.getLogger(__name__).warning("%s: %s", resolved, report.summary())
     held, longest = _held_out_within(held, tokenizer, context, source=resolved)
+    verifier = task.rewards if task is not None and not task.scores_exact_match else None
     return CompletionData(train, held, reference, tokenizer, dataset_id=resolved, model=str(model),
-                          max_new_tokens=longest + 1, from_scratch=is_builtin_model(model))
+                          max_new_tokens=longest + 1, from_scratch=is_builtin_model(model), verifier=verifier)
 
 
 def _held_out_within(held: list[dict], tokenizer: Any, context: int, *, source: str) -> tuple[list[dict], int]:

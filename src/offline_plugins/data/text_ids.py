@@ -25,6 +25,15 @@ BUILTIN_ROLLOUT_TASKS: dict[str, tuple[str, dict]] = {
     "offline-plugins/steps-arithmetic/v0": (
         "chains of 2-3 operations on 1..9 solved one step a line, exact match of the final value (step labels "
         "are generated: the PRM's task)", {"task": "steps-arithmetic"}),
+    "offline-plugins/word-problems/v0": (
+        "word problems in GSM8K's shape, 2-8 steps in three tiers, solved one step a line and answered after "
+        "'####' (the verifier reads the final number)", {"task": "word-problems"}),
+    "offline-plugins/word-problems-calculator/v0": (
+        "the word problems with a calculator tool, one call a step over up to 9 turns, then '#### N'",
+        {"task": "word-problems-calculator"}),
+    "offline-plugins/word-problems-python/v0": (
+        "the word problems with a sandboxed Python tool, one program for the story, then '#### N'",
+        {"task": "word-problems-python"}),
 }
 _ALIASES = {"arithmetic": "offline-plugins/arithmetic/v0", "arithmetic/v0": "offline-plugins/arithmetic/v0",
             "arithmetic-length": "offline-plugins/arithmetic-length/v0",
@@ -33,7 +42,9 @@ _ALIASES = {"arithmetic": "offline-plugins/arithmetic/v0", "arithmetic/v0": "off
             "tool-arithmetic/v0": "offline-plugins/tool-arithmetic/v0",
             "tool-python": "offline-plugins/tool-python/v0", "tool-python/v0": "offline-plugins/tool-python/v0",
             "steps-arithmetic": "offline-plugins/steps-arithmetic/v0",
-            "steps-arithmetic/v0": "offline-plugins/steps-arithmetic/v0"}
+            "steps-arithmetic/v0": "offline-plugins/steps-arithmetic/v0",
+            **{f"{name}{v}": f"offline-plugins/{name}/v0" for name in
+               ("word-problems", "word-problems-calculator", "word-problems-python") for v in ("", "/v0")}}
 
 
 def resolve_rollout_id(dataset: str) -> Optional[str]:

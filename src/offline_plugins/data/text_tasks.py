@@ -229,6 +229,24 @@ def require_finetune(finetune: Any, what: str) -> None:
                         "data kinds do")
 
 
+def check_task_fits(task: Any, model: Any, tokenizer: Any, *, model_name: Any = None, **_: Any) -> None:
+    """Refuse, in one line, a task whose demonstrations run past ``model``'s context in ``tokenizer``'s
+    tokens (checked on 256 of them, before any training): SFT would drop most rows and a rollout
+    would run past the position table."""
+    from offline_plugins.errors import UserError
+    from offline_plugins.modules.generation import model_context
+
+    context = model_context(model)
+    rows = sft_rows(task, 256, seed=0)
+    longest = max(len(tokenizer(r["prompt"] + r["completion"], add_special_tokens=False)["input_ids"]) + 2
+                  for r in rows)
+    if longest > context:
+        name = model_name or getattr(getattr(model, "config", None), "_name_or_path", "") or "the model"
+        raise UserError(f"{task.name}: its demonstrations run to {longest} tokens in {name}'s tokenizer, past the "
+                        f"model's context of {context}; use a model with a longer context (--model small reads "
+                        "512 positions)")
+
+
 def sft_reference(task: Any, *, model: Any = "tiny", seed: int = 0, steps: int = 2000, batch_size: int = 64,
                   lr: float = 3e-3, rows: int = 8000, max_length: int = 24, cache_dir: Optional[Any] = None,
                   progress: bool = False, finetune: Optional[Any] = None):
@@ -250,6 +268,7 @@ def sft_reference(task: Any, *, model: Any = "tiny", seed: int = 0, steps: int =
     if ref_dir is not None and (ref_dir / "config.json").is_file():
         return load_causal_lm(ref_dir, seed=seed)
     reference, tokenizer = load_causal_lm(model, seed=seed)
+    check_task_fits(task, reference, tokenizer, model_name=model)
     require_finetune(finetune, f"the SFT reference of {task.name}")
     import sys
 

@@ -86,7 +86,7 @@ class TextRollouts(DataKind):
         if resolved is None:
             raise RolloutError(f"{spec.name} trains on its own rollouts of a text task, but {dataset!r} is not one; "
                                "use a built-in task (arithmetic, arithmetic-length, tool-arithmetic, tool-python, "
-                               "steps-arithmetic) or a .jsonl file of prompt/answer rows (prompt rows with --reward "
+                               "steps-arithmetic, word-problems, word-problems-calculator, word-problems-python) or a .jsonl file of prompt/answer rows (prompt rows with --reward "
                                "module:function)")
         return resolved, "tokens"
 
@@ -269,6 +269,10 @@ class TextCompletions(TextRollouts):
     def summary_fields(self, evaluation, data, *, eval_episodes: int) -> dict[str, Any]:
         last = evaluation.history[-1] if evaluation.history else {}
         before = evaluation.before or {}
+        verified = getattr(data, "verifier", None) is not None  # a worked solution's final answer, checked
         return {"exact_match_before": before.get("exact_match"), "exact_match_after": last.get("exact_match"),
+                **({"heldout_reward_before": before.get("heldout_reward"),
+                    "heldout_reward_after": last.get("heldout_reward"), "gold_key": "heldout_reward"}
+                   if verified else {}),
                 "train_rows": int(data.train.batch_size[0]), "heldout_prompts": len(data.held_out_rows),
                 "model_dir": None}

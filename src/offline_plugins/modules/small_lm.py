@@ -56,9 +56,9 @@ __all__ = [
 SMALL_MODELS: dict[str, bool] = {"small": True, "small-pad-eos": False}
 
 #: changes whenever the corpus, the tokenizer's training or the architecture does: the cache folder keys on it
-SMALL_MODEL_VERSION = "qwen2-4x192-bpe512-v2"
+SMALL_MODEL_VERSION = "qwen2-4x192-bpe1k-v3"
 
-#: the Qwen2 architecture: 1.66 M parameters (89 k of them the tied embedding of 462 tokens)
+#: the Qwen2 architecture: 1.76 M parameters (197 k of them the tied embedding of 1,024 tokens)
 SMALL_CONFIG: dict[str, Any] = {
     "hidden_size": 192,
     "intermediate_size": 512,
@@ -73,7 +73,7 @@ SMALL_CONFIG: dict[str, Any] = {
     "attention_dropout": 0.0,
 }
 
-VOCAB_SIZE = 512
+VOCAB_SIZE = 1024
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 #: ChatML, as Qwen2's: each turn ``<|im_start|>ROLE\\nCONTENT<|im_end|>\\n``; the assistant's content and its
@@ -96,8 +96,9 @@ CHAT_TEMPLATE = (
 
 def task_corpus(seed: int = 0) -> list[str]:
     """The texts the tokenizer is trained on, in the built-in tasks' formats: arithmetic prompts and
-    answers, calculator and Python tool episodes, step-by-step solutions one step a line, chat turns
-    and a little Python (fixed by ``seed``). Made here, below the environments that define the tasks
+    answers, calculator and Python tool episodes, step-by-step solutions one step a line, word
+    problems in words (from :mod:`offline_plugins.modules.task_text`, the sentences the
+    word-problem tasks use) with their solutions, chat turns and a little Python (fixed by ``seed``). Made here, below the environments that define the tasks
     (this layer does not import them); ``tests/test_small_model.py`` checks that every built-in task's
     demonstrations tokenise compactly with the result.
 
@@ -129,6 +130,7 @@ def task_corpus(seed: int = 0) -> list[str]:
             lines.append(f"{value}{op}{b}={ops[op](value, b)}")
             value = ops[op](value, b)
         texts.append(chain + "=\n" + "\n".join(lines))
+    texts += _word_problem_texts(rng, 1500)
     words = ("the answer is", "compute", "what is", "the sum of", "the product of", "write the digits backwards",
              "think step by step", "call the calculator", "use the tool", "You are a helpful assistant.",
              "result", "correct", "wrong", "number", "digits", "print", "def", "return", "for", "in", "range")
@@ -138,6 +140,42 @@ def task_corpus(seed: int = 0) -> list[str]:
         texts += [f"{role}\n" + rng.choice(words) for _ in range(50)]
     texts += [f"def f(x):\n    return x * {i}\n\nprint(f({i + 1}))\n" for i in range(100)]
     texts += [f"for i in range({i}):\n\tprint(str(i)[::-1])\n" for i in range(100)]
+    return texts
+
+
+def _word_problem_texts(rng: random.Random, n: int) -> list[str]:
+    """Word problems in the built-in tasks' sentences with their solutions, one step a line then
+    ``#### N``, or as calculator calls or a Python program (the numbers are random: only the
+    words and the layout matter to the merges)."""
+    from offline_plugins.modules.task_text import FRIENDS, ITEMS, OPENINGS, OPERATIONS, PEOPLE, QUESTIONS
+
+    symbols = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+    texts = []
+    for i in range(n):
+        name, subject, obj = rng.choice(PEOPLE)
+        words = {"name": name, "P": subject.capitalize(), "p": subject, "o": obj, "item": rng.choice(ITEMS)}
+        value = rng.randint(5, 99)
+        story, lines, program, calls = [rng.choice(OPENINGS).format(b=value, **words)], [], [f"x={value}"], []
+        for _ in range(rng.randint(2, 8)):
+            op = rng.choice(sorted(OPERATIONS))
+            b = rng.randint(2, 9) if op in ("mul", "div") else rng.randint(2, 60)
+            sentence = rng.choice(OPERATIONS[op]).format(b=b, friend=rng.choice(FRIENDS), **words)
+            story.append(sentence[0].upper() + sentence[1:])
+            result = rng.randint(0, 999)
+            lines.append(f"{value}{symbols[op]}{b}={result}")
+            calls.append(f'<tool name="calculator">{value}{symbols[op]}{b}</tool><result>{result}</result>')
+            program.append(f"x=x{'//' if op == 'div' else symbols[op]}{b}")
+            value = result
+        story.append(rng.choice(QUESTIONS).format(**words))
+        answer = f"#### {value}"
+        form = i % 3
+        if form == 0:
+            texts.append(" ".join(story) + "\n" + "\n".join(lines) + "\n" + answer)
+        elif form == 1:
+            texts.append('<tool name="calculator">...</tool> ' + " ".join(story) + "".join(calls) + answer)
+        else:
+            texts.append('<tool name="python">...</tool> ' + " ".join(story) + '<tool name="python">'
+                         + "\n".join([*program, "print(x)"]) + f"</tool><result>{value}</result>" + answer)
     return texts
 
 
