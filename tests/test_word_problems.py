@@ -157,3 +157,27 @@ def test_a_model_whose_context_the_task_overruns_is_refused_before_training(tmp_
     fails_cleanly(capsys, tmp_path, "grpo", "--dataset", "word-problems", "--model", "tiny", "--steps", "2",
                   match="past the model's context of 128; use a model with a longer context (--model small")
     assert not (tmp_path / "cache" / "preference").exists()  # no reference was trained
+
+
+def test_the_preference_set_pairs_worked_solutions_on_the_small_model(tmp_path, monkeypatch):
+    """word-problems/preference-v0's plumbing on a few rows: whole worked solutions are sampled (the
+    task's 128-token budget, not 8), paired right against wrong by the verifier, and tokenised whole;
+    the held-out score is the verifier's. The reference is small's init (no training here)."""
+    from offline_plugins.data.preference_sources import resolve_preference_id
+    from offline_plugins.data.text_tasks import exact_match_accuracy, task_preference_data
+    from offline_plugins.envs.tasks import make_task
+
+    monkeypatch.setenv("OFFLINE_PLUGINS_CACHE", str(tmp_path / "cache"))
+    assert resolve_preference_id("word-problems") == "offline-plugins/word-problems/preference-v0"
+    task = make_task("word-problems", tiers=("easy",))
+    assert isinstance(task, WordProblemTask)
+    untrained = lambda model, tokenizer, rows, **kw: []  # noqa: E731
+    data = task_preference_data(task, model="small", sft_rows_count=16, sft_steps=1, sft_batch_size=8, n_train=4,
+                                n_test=3, num_samples=2, cache_dir=tmp_path / "pref", finetune=untrained)
+    assert data.train.batch_size == (4, 2) and data.test.batch_size == (3, 2)
+    # an untrained model writes no right solution: every chosen side is the exact worked solution
+    chosen = data.tokenizer.batch_decode(
+        data.train.get(("tokens", "full"))[:, 0].masked_fill(~data.train.get(("masks", "all_assistant_mask"))[:, 0], 0),
+        skip_special_tokens=True)
+    assert sorted(c.strip() for c in chosen) == sorted(p.answer for p in task.problems(4, split="train", seed=0))
+    assert exact_match_accuracy(task, data.reference, data.tokenizer, n=3) == 0.0  # the verifier, not text equality

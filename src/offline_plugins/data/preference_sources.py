@@ -83,10 +83,18 @@ BUILTIN_PREFERENCE_DATASETS: dict[str, tuple[str, dict, dict]] = {
         {"n_train": 512, "n_test": 200, "pairs": "gold", "num_samples": 2, "temperature": 1.0,
          "max_new_tokens": 5, "vary_length": True},
     ),
+    # the reference's own samples (4 a prompt, its whole worked solutions) labelled by the verifier: its
+    # most frequent wrong solution against a right one (or the exact solution where it wrote none)
+    "offline-plugins/word-problems/preference-v0": (
+        "word problems (GSM8K's shape, three tiers): right vs wrong worked solutions sampled from the SFT reference",
+        {"task": "word-problems"},
+        {"n_train": 2048, "n_test": 500},
+    ),
 }
 
 _ALIASES = {"arithmetic": "offline-plugins/arithmetic/preference-v0",
-            "arithmetic-length": "offline-plugins/arithmetic-length/preference-v0"}
+            "arithmetic-length": "offline-plugins/arithmetic-length/preference-v0",
+            "word-problems": "offline-plugins/word-problems/preference-v0"}
 
 #: optional fields of a pair row, kept by the loaders: what the annotator saw first, and each annotator's label
 OPTIONAL_PAIR_FIELDS = ("shown_first", "annotations")

@@ -97,6 +97,7 @@ def preference_rows(
     temperature: float = 1.0,
     seed: int = 0,
     batch_size: int = 64,
+    max_new_tokens: int = 8,
 ) -> list[dict]:
     """``(prompt, chosen, rejected)`` rows: a correct answer against an incorrect one.
 
@@ -110,7 +111,7 @@ def preference_rows(
     for start in range(0, len(problems), batch_size):
         chunk = problems[start : start + batch_size]
         samples = sample_responses(model, tokenizer, [p.prompt for p in chunk], num_samples=num_samples,
-                                   temperature=temperature, seed=seed + start)
+                                   temperature=temperature, seed=seed + start, max_new_tokens=max_new_tokens)
         for p, outs in zip(chunk, samples):
             right = [o.strip() for o in outs if task.reward(p.prompt, o) == 1.0]
             wrong = [o.strip() for o in outs if task.reward(p.prompt, o) == 0.0 and o.strip()]
@@ -210,12 +211,19 @@ def exact_match_accuracy(
     task: Any, model: torch.nn.Module, tokenizer: Any, *, n: int = 200, split: str = "test", seed: int = 1,
     batch_size: int = 100, max_new_tokens: int = 8,
 ) -> float:
-    """Share of ``n`` held-out prompts whose greedy answer is exactly right."""
+    """Share of ``n`` held-out prompts whose greedy answer is exactly right: exact match of the
+    answer, or, for a task whose problems' answers are worked solutions (``worked_solutions``: the
+    word problems), its verifier's reward on the final answer, within the task's own response budget."""
     from offline_plugins.envs.tasks import exact_match
 
     problems = task.problems(n, split=split, seed=seed)
+    worked = bool(getattr(task, "worked_solutions", False))
+    if worked:
+        max_new_tokens = max(int(max_new_tokens), int(task.max_new_tokens))
     outs = generate(model, tokenizer, [p.prompt for p in problems], greedy=True, max_new_tokens=max_new_tokens,
                     batch_size=batch_size)
+    if worked:
+        return sum(task.reward(p.prompt, o[0]) for p, o in zip(problems, outs)) / max(n, 1)
     return sum(exact_match(o[0], p.answer) for p, o in zip(problems, outs)) / max(n, 1)
 
 
@@ -304,7 +312,7 @@ def task_preference_data(
     model: Any = "tiny",
     kind: str = "preference-pairs",
     sft_rows_count: int = 8000,
-    sft_steps: int = 2000,
+    sft_steps: Optional[int] = None,
     sft_batch_size: int = 64,
     sft_lr: float = 3e-3,
     n_train: int = 1024,
@@ -355,6 +363,9 @@ def task_preference_data(
 
         raise UserError(f"pairs must be 'exact-match' (correct vs incorrect answers) or 'gold' (samples ranked by "
                         f"the task's gold reward), got {pairs!r}")
+    if sft_steps is None:  # the task's own recipe: the reference its online runs start from too
+        sft_steps = int(getattr(getattr(task, "reference_task", task), "reference_sft_steps", 2000))
+    max_length = max(max_length, getattr(task, "sft_max_length", 0))  # a worked solution is longer
     reference, tokenizer = sft_reference(task, model=model, seed=seed, steps=sft_steps, batch_size=sft_batch_size,
                                          lr=sft_lr, rows=sft_rows_count, max_length=max_length, cache_dir=cache_dir,
                                          progress=progress, finetune=finetune)
@@ -367,7 +378,8 @@ def task_preference_data(
             max_new_tokens=max_new_tokens, vary_length=vary_length, seed=s)
     else:
         make = lambda n, split, s: preference_rows(  # noqa: E731
-            task, reference, tokenizer, n, split=split, num_samples=num_samples, seed=s)
+            task, reference, tokenizer, n, split=split, num_samples=num_samples, seed=s,
+            max_new_tokens=max(8, int(getattr(task, "max_new_tokens", 8))))
     train_rows = make(n_train, "train", seed)
     test_rows = make(n_test, "test", seed + 1)
     if not train_rows or not test_rows:

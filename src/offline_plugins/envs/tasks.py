@@ -219,11 +219,17 @@ def make_task(task: str = "arithmetic", **settings: Any):
     >>> make_task("length")
     Traceback (most recent call last):
     ...
-    offline_plugins.envs.tasks.TaskError: unknown task 'length'; use one of arithmetic, arithmetic-length
+    offline_plugins.envs.tasks.TaskError: unknown task 'length'; use one of arithmetic, arithmetic-length, word-problems, word-problems-calculator, word-problems-python
     """
     cls = TASKS.get(task)
+    if cls is None and task.startswith("word-problems"):  # they import this module: looked up when asked for
+        from offline_plugins.envs.word_problems import WORD_PROBLEM_TASKS
+
+        cls = WORD_PROBLEM_TASKS.get(task)
     if cls is None:
-        raise TaskError(f"unknown task {task!r}; use one of {', '.join(TASKS)}")
+        from offline_plugins.envs.word_problems import WORD_PROBLEM_TASKS
+
+        raise TaskError(f"unknown task {task!r}; use one of {', '.join([*TASKS, *WORD_PROBLEM_TASKS])}")
     try:
         return cls(**settings)
     except TypeError as exc:

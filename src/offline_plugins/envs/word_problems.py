@@ -125,6 +125,8 @@ class WordProblemTask:
     format_reward: float = 0.0
     #: the verifier reads the final number, not the whole solution: the held-out gold is its reward
     scores_exact_match: ClassVar[bool] = False
+    #: a problem's answer is its worked solution (what SFT trains on); the verifier scores its final line
+    worked_solutions: ClassVar[bool] = True
     #: the SFT reference's token budget: the longest story and its solution in ``small``'s tokens
     sft_max_length: ClassVar[int] = 256
     #: SFT steps of the cached reference
@@ -303,6 +305,8 @@ class CalculatorWordProblemTask(WordProblemTask):
     tool_reward: float = 0.0
     max_turns: Optional[int] = None
     kind: ClassVar[str] = "word-problems-calculator"
+    #: a problem's answer is the final number (the episode's demonstration is the tool calls and the answer line)
+    worked_solutions: ClassVar[bool] = False
     hint: ClassVar[str] = '<tool name="calculator">...</tool> '
     #: one turn's budget: a call of two numbers
     max_new_tokens: ClassVar[int] = 24
