@@ -84,14 +84,19 @@ def test_the_ratio_sets_the_online_share_and_columns_fill_both_parts(store):
     assert int(online.sum()) == 8  # round(32 * 0.25)
     # Cal-QL's bound on online rows: the discounted return to the round's end, by hand from its rewards
     rows = dm.buffer.storage.get(range(50))
-    g, expected = 0.0, []
-    for reward in reversed(rows["next", "reward"].reshape(-1).tolist()):
-        g = reward + 0.5 * g
-        expected.append(g)
-    torch.testing.assert_close(rows["mc_return"].reshape(-1), torch.tensor(expected[::-1]))
+    torch.testing.assert_close(rows["mc_return"].reshape(-1), _discounted_by_hand(rows, 0.5))
     assert torch.isfinite(batch["mc_return"]).all()
     terms = parts.module.parts.loss(batch)
     assert torch.isfinite(terms["loss_cql"]).all()
+
+
+def _discounted_by_hand(rows, gamma: float) -> torch.Tensor:
+    """The discounted return to the end of the rows (one round), from their rewards."""
+    g, expected = 0.0, []
+    for reward in reversed(rows["next", "reward"].reshape(-1).tolist()):
+        g = reward + gamma * g
+        expected.append(g)
+    return torch.tensor(expected[::-1])
 
 
 def test_online_rows_carry_the_monte_carlo_return_the_diagnostics_read(store):
@@ -101,11 +106,7 @@ def test_online_rows_carry_the_monte_carlo_return_the_diagnostics_read(store):
     dm = parts.datamodule
     batch = dm.batch_of(5)
     rows = dm.buffer.storage.get(range(50))
-    g, expected = 0.0, []
-    for reward in reversed(rows["next", "reward"].reshape(-1).tolist()):
-        g = reward + 0.5 * g
-        expected.append(g)
-    torch.testing.assert_close(rows["mc_return"].reshape(-1), torch.tensor(expected[::-1]))
+    torch.testing.assert_close(rows["mc_return"].reshape(-1), _discounted_by_hand(rows, 0.5))
     out = parts.module.parts.loss(batch)
     torch.testing.assert_close(out["mc_return_mean"], batch["mc_return"].mean())
     torch.testing.assert_close(out["q_data_minus_mc"], out["q_data_mean"] - out["mc_return_mean"])
