@@ -181,3 +181,17 @@ def test_the_preference_set_pairs_worked_solutions_on_the_small_model(tmp_path, 
         skip_special_tokens=True)
     assert sorted(c.strip() for c in chosen) == sorted(p.answer for p in task.problems(4, split="train", seed=0))
     assert exact_match_accuracy(task, data.reference, data.tokenizer, n=3) == 0.0  # the verifier, not text equality
+
+
+@pytest.mark.parametrize("cls", [WordProblemTask, CalculatorWordProblemTask])
+def test_the_longest_prompts_bound_every_prompt_the_task_makes(cls):
+    """The rollout budget is sized on longest_prompts: a drawn prompt longer than all of them would stop a
+    run (a DAPO refill drew one past a bound taken from 64 samples)."""
+    from offline_plugins.modules.small_lm import small_tokenizer
+    from offline_plugins.tokens import prompt_token_ids
+
+    tok = small_tokenizer()
+    task = cls()
+    bound = max(len(prompt_token_ids(tok, p)) for p in task.longest_prompts)
+    drawn = max(len(prompt_token_ids(tok, p.prompt)) for p in task.problems(5000, seed=11))
+    assert drawn <= bound

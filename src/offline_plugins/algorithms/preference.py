@@ -57,10 +57,15 @@ def _lr_help(pretrained: float) -> str:
             f"{FROM_SCRATCH_LR:g} for a built-in --model (tiny, small) from its random init (a .jsonl or hf: dataset)")
 
 
+_REFERENCE_STEPS_HELP = ("built-in preference set with a built-in --model (tiny, small): SFT steps of the cached "
+                         "reference its pairs are sampled from (default: the task's own, the reference its online "
+                         "runs start from)")
+
+
 @dataclass
 class LoRAFields:
     """Config fields of every policy-training preference algorithm: LoRA adapters instead of full
-    weights, and activation checkpointing."""
+    weights, activation checkpointing, the long-sequence options, and the built-in sets' reference."""
 
     lora_r: int = config_field(0, "LoRA rank: train low-rank adapters only, the reference being the base model "
                                   "with adapters off (no second copy; needs pip install 'offline-plugins[peft]'); "
@@ -78,6 +83,9 @@ class LoRAFields:
     shared_prefix: bool = config_field(False, "rows of a batch that share a prompt (a DPO pair, a GRPO group) "
                                               "forward it once and continue from its key/value cache: the same "
                                               "log-probs, fewer prompt tokens computed (long prompts)")
+    reference_sft_steps: Optional[int] = config_field(None, _REFERENCE_STEPS_HELP)
+    eval_prompts: int = config_field(500, "built-in preference set: held-out task prompts its evaluation answers "
+                                          "greedily and scores (exact match, or the verifier); 0: none")
 
 
 def _with_lora(cls: type) -> type:
@@ -171,6 +179,7 @@ class SimPOConfig:
 @dataclass
 class RewardModelConfig:
     lr: float = config_field(1e-3, "Adam learning rate of the reward model")
+    reference_sft_steps: Optional[int] = config_field(None, _REFERENCE_STEPS_HELP)
     batch_size: int = config_field(16, "preference pairs per gradient step")
     max_grad_norm: float = config_field(1.0, "clip the reward model's gradient norm to this")
     margin: float = config_field(0.0, "the chosen reward must win by this margin")

@@ -323,6 +323,7 @@ def load_preference_source(
     min_test_rows: int = 100,
     progress: bool = True,
     finetune: Optional[Any] = None,
+    reference_sft_steps: Optional[int] = None,
 ):
     """Load a preference dataset id for an algorithm reading ``kind`` data.
 
@@ -341,6 +342,7 @@ def load_preference_source(
             ``max(min_test_rows, test_fraction * rows)`` (at most half), whole prompts
             chosen by a hash of their text (:func:`held_out_prompts`).
         progress: show a progress bar while the SFT reference trains.
+        reference_sft_steps: the built-in datasets: SFT steps of their reference (None: the task's own).
         finetune: the built-in datasets: how their SFT reference is trained when it is not cached
             (:func:`offline_plugins.lightning.sft.supervised_finetune`, the ``sft`` algorithm).
 
@@ -366,7 +368,7 @@ def load_preference_source(
         _, task_settings, data_settings = BUILTIN_PREFERENCE_DATASETS[resolved]
         task = make_task(**task_settings)
         data = task_preference_data(task, model=str(model), kind=kind, seed=seed, cache_dir=cache, progress=progress,
-                                    finetune=finetune, **data_settings)
+                                    finetune=finetune, **{"sft_steps": reference_sft_steps, **data_settings})
         data.dataset_id = resolved
         return data
 

@@ -255,6 +255,20 @@ def check_task_fits(task: Any, model: Any, tokenizer: Any, *, model_name: Any = 
                         "512 positions)")
 
 
+def reference_dir(task: Any, *, model: Any, seed: int, steps: int, batch_size: int, cache_dir: Any):
+    """Where :func:`sft_reference` caches the reference of ``task`` (a task over another's problems:
+    that task's) made from ``model`` with these settings."""
+    from pathlib import Path
+
+    from offline_plugins.modules.tiny_lm import model_cache_tag
+
+    task = getattr(task, "reference_task", task)
+    tag = f"sft-{task.name}-{model_cache_tag(model)}-s{seed}-n{steps}-b{batch_size}"
+    if hasattr(task, "demonstration_segments"):
+        tag += "-obsmasked"  # its observations are not trained (a reference cached before that was is not reused)
+    return Path(cache_dir) / tag
+
+
 def sft_reference(task: Any, *, model: Any = "tiny", seed: int = 0, steps: int = 2000, batch_size: int = 64,
                   lr: float = 3e-3, rows: int = 8000, max_length: int = 24, cache_dir: Optional[Any] = None,
                   progress: bool = False, finetune: Optional[Any] = None):
@@ -269,10 +283,8 @@ def sft_reference(task: Any, *, model: Any = "tiny", seed: int = 0, steps: int =
     # a task over another task's problems (LengthTask) shares that task's reference
     task = getattr(task, "reference_task", task)
     max_length = max(max_length, getattr(task, "sft_max_length", 0))  # a multi-turn demonstration is longer
-    tag = f"sft-{task.name}-{model_cache_tag(model)}-s{seed}-n{steps}-b{batch_size}"
-    if hasattr(task, "demonstration_segments"):
-        tag += "-obsmasked"  # its observations are not trained (a reference cached before that was is not reused)
-    ref_dir = Path(cache_dir) / tag if cache_dir is not None else None
+    ref_dir = reference_dir(task, model=model, seed=seed, steps=steps, batch_size=batch_size,
+                            cache_dir=cache_dir) if cache_dir is not None else None
     if ref_dir is not None and (ref_dir / "config.json").is_file():
         return load_causal_lm(ref_dir, seed=seed)
     reference, tokenizer = load_causal_lm(model, seed=seed)

@@ -218,9 +218,25 @@ class WordProblemTask:
 
     @property
     def longest_prompts(self) -> list[str]:
-        """Long prompts of the hardest tier drawn (what the collector checks against the model's context)."""
-        stories = [self._story(random.Random(i), TIERS[self.tiers[-1]]) for i in range(64)]
-        return [max(stories, key=lambda s: len(s.prompt)).prompt]
+        """Prompts at least as long as any this task makes, one per person, thing and giver: the most
+        steps of its tiers, each the longest sentence with the widest number (what the collector
+        sizes the rollout budget on; tokens are counted on each, so no wording is missed)."""
+        tier_steps = max(TIERS[t].max_steps for t in self.tiers)
+        widest = {op: max(len(str(getattr(TIERS[t], f)[1])) for t in self.tiers)
+                  for op, f in (("add", "change"), ("sub", "change"), ("mul", "factor"), ("div", "divisor"))}
+        start = "9" * max(len(str(TIERS[t].start[1])) for t in self.tiers)
+        ops = sorted({op for t in self.tiers for op in TIERS[t].operations})
+        out = []
+        for name, subject, obj in PEOPLE:
+            for item in ITEMS:
+                for friend in FRIENDS:
+                    words = {"name": name, "P": subject.capitalize(), "p": subject, "o": obj, "item": item}
+                    step = max((f.format(b="9" * widest[op], friend=friend, **words) for op in ops
+                                for f in OPERATIONS[op]), key=len)
+                    out.append(" ".join([max((f.format(b=start, **words) for f in OPENINGS), key=len),
+                                         *[step[0].upper() + step[1:]] * tier_steps,
+                                         max((q.format(**words) for q in QUESTIONS), key=len)]))
+        return [self.hint + p for p in out]
 
     # -- scoring ---------------------------------------------------------------------------------
     def parse(self, prompt: str) -> _Story:
@@ -339,10 +355,6 @@ class CalculatorWordProblemTask(WordProblemTask):
     def problems(self, n: int, *, split: str = "train", seed: int = 0) -> list[Problem]:
         """The problems with the call format before the story; the answer is the final number."""
         return [Problem(self.hint + s.prompt, str(s.values()[-1])) for s in self.stories(n, split=split, seed=seed)]
-
-    @property
-    def longest_prompts(self) -> list[str]:
-        return [self.hint + p for p in super().longest_prompts]
 
     def calls(self, story: _Story) -> list[str]:
         values = story.values()

@@ -22,6 +22,7 @@ from offline_plugins.plugins.datakind import (
     DataKind,
     DataOptions,
     LoadedData,
+    config_value,
     figures,
     pct,
     result_line,
@@ -66,7 +67,9 @@ class PreferenceText(DataKind):
         from offline_plugins.lightning.sft import supervised_finetune
 
         data = load_preference_source(dataset_id, kind=self.name, algorithm=spec.name, model=options.model or "tiny",
-                                      progress=progress, finetune=supervised_finetune)
+                                      progress=progress, finetune=supervised_finetune,
+                                      reference_sft_steps=config_value(config, "reference_sft_steps", None))
+        data.eval_prompts = int(config_value(config, "eval_prompts", 500))  # PreferenceEvaluation's exact-match prompts
         return LoadedData(data, {})
 
     def run_settings(self, data, options: DataOptions) -> dict[str, Any]:
@@ -89,7 +92,7 @@ class PreferenceText(DataKind):
     def evaluation(self, data, *, every: int, episodes: int, seed: int):
         from offline_plugins.lightning.callbacks import PreferenceEvaluation
 
-        return PreferenceEvaluation(data, every=every)
+        return PreferenceEvaluation(data, every=every, exact_match_n=getattr(data, "eval_prompts", 500))
 
     def curve_panels(self) -> list:
         return [CurvePanel("held-out accuracy", ("eval/preference_accuracy", "eval/likelihood_accuracy",

@@ -1,0 +1,353 @@
+"""The tables of docs/results.md, each made from the current code by one command.
+
+    python scripts/tables.py list
+    python scripts/tables.py run TABLE [--seeds 0 1 2] [--root runs/tables]   # trains what the table needs
+    python scripts/tables.py write TABLE [--root runs/tables] [--doc docs/results.md]
+    python scripts/tables.py run TABLE --smoke --root DIR && python scripts/tables.py write TABLE --smoke ...
+
+A table is a list of runs (``offline-plugins train`` command lines) and a function that turns
+what they left into markdown. ``run`` trains them one at a time (``--threads 1``) into
+``ROOT/TABLE/<run>/s<seed>`` and keeps a finished run (its ``summary.json``) unless
+``--overwrite``; then it scores every trained policy (``OUT/model``), and the reference they
+started from, on the same held-out prompts with the task's verifier, one score a prompt
+(``OUT/heldout_scores.json``), so every row is measured by the same code on the same prompts and
+two rows can be compared prompt by prompt. It records in ``ROOT/TABLE/provenance.json`` the
+commit (and whether the tree had uncommitted changes), the machine, the command and the budget. ``write`` replaces the
+table's block in ``--doc`` (between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->``) with
+the table under a line saying all of that; it refuses runs made at another commit than the
+current one unless ``--stale`` (say why in the doc). ``--smoke`` runs every run at a tiny
+budget in this process and writes the table to ``ROOT`` only: it checks that the table's
+pipeline runs, not its figures (``tests/test_tables.py`` runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclasses.dataclass
+class Run:
+    """One row's training: ``argv(seed, budget, root)`` after ``offline-plugins train``; ``seeded``:
+    False for a run made once (a reward model the others read)."""
+
+    name: str
+    argv: Callable[[int, dict, Path], list[str]]
+    seeded: bool = True
+    #: the task its policy is scored on (None: it trains no policy, as a reward model)
+    dataset: Optional[str] = "word-problems"
+
+
+@dataclasses.dataclass
+class Table:
+    name: str
+    title: str
+    runs: list[Run]
+    budget: dict
+    smoke: dict
+    render: Callable[["Table", Path, list[int], dict], str]
+
+
+# -- statistics -------------------------------------------------------------------------------------
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def mean_ci(values: list[float]) -> tuple[float, Optional[float]]:
+    """The mean and the half-width of its 95 % interval over seeds (Student's t; None for one value)."""
+    m = statistics.fmean(values)
+    if len(values) < 2:
+        return m, None
+    return m, _T975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def binomial_half_width(p: float, n: int) -> float:
+    """The 95 % half-width of a share ``p`` measured on ``n`` prompts (normal approximation)."""
+    return 1.96 * math.sqrt(max(p * (1 - p), 0.0) / n) if n else float("nan")
+
+
+# -- scoring: every policy on the same held-out prompts --------------------------------------------------
+def heldout_scores(dataset: str, model: str, n: int) -> list[float]:
+    """The task's verifier on ``model``'s greedy answers (episodes, for a multi-turn task) to the first
+    ``n`` test-split prompts, one score a prompt."""
+    from offline_plugins.data.rollouts import _task_of, load_rollout_data
+
+    data = load_rollout_data(dataset, model=model, eval_prompts=n)
+    rows = data.source.held_out[:n]
+    responses, _ = data.greedy_answers(data.reference, data.tokenizer, rows, None,
+                                       max_new_tokens=data.collector.max_new_tokens, batch_size=100,
+                                       multiturn=data.source.multiturn, width=data.collector.width)
+    task = _task_of(dataset, "")[1]
+    return [float(x) for x in task.rewards([r["prompt"] for r in rows], responses)]
+
+
+def reference_folder(dataset: str, budget: dict) -> Path:
+    """The cached SFT reference the task's runs on ``small`` start from (made if missing)."""
+    from offline_plugins.config import cache_root
+    from offline_plugins.data.rollouts import _task_of
+    from offline_plugins.data.text_tasks import reference_dir, sft_reference
+    from offline_plugins.lightning.sft import supervised_finetune
+
+    task = _task_of(dataset, "")[1]
+    settings = dict(model="small", seed=0, steps=int(budget["reference_sft_steps"]), cache_dir=cache_root() / "preference")
+    sft_reference(task, finetune=supervised_finetune, **settings)
+    return reference_dir(task, batch_size=64, **settings)
+
+
+def _scored(path: Path, dataset: str, model: str, n: int) -> list[float]:
+    if path.is_file():
+        found = json.loads(path.read_text())
+        if found.get("n") == n and found.get("model") == model:
+            return found["scores"]
+    scores = heldout_scores(dataset, model, n)
+    path.write_text(json.dumps({"dataset": dataset, "model": model, "n": n, "scores": scores}) + "\n")
+    return scores
+
+
+def paired_difference(a: list[float], b: list[float]) -> tuple[float, float]:
+    """The mean of ``a - b`` over the same prompts and the half-width of its 95 % interval."""
+    d = [x - y for x, y in zip(a, b)]
+    return statistics.fmean(d), 1.96 * statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else float("nan")
+
+
+# -- the word-problem comparison (issue 40) ------------------------------------------------------------
+def _online(algo: str, dataset: str = "word-problems") -> Run:
+    def argv(seed: int, b: dict, root: Path) -> list[str]:
+        return [algo, "--dataset", dataset, "--model", "small", "--steps", str(b["online_steps"]),
+                "--eval-every", str(max(b["online_steps"] // 4, 1)), "--seed", str(seed),
+                "--set", f"eval_prompts={b['run_eval_prompts']}",
+                "--set", f"reference_sft_steps={b['reference_sft_steps']}", *b.get("online_set", [])]
+    return Run(algo if dataset == "word-problems" else f"{algo}-{dataset.split('-')[-1]}", argv, dataset=dataset)
+
+
+def _offline(algo: str) -> Run:
+    def argv(seed: int, b: dict, root: Path) -> list[str]:
+        return [algo, "--dataset", "offline-plugins/word-problems/preference-v0", "--model", "small",
+                "--steps", str(b["offline_steps"]), "--eval-every", str(b["offline_steps"]), "--seed", str(seed),
+                "--set", f"reference_sft_steps={b['reference_sft_steps']}", "--set", f"eval_prompts={b['run_eval_prompts']}"]
+    return Run(algo, argv)
+
+
+def _reward_model(seed: int, b: dict, root: Path) -> list[str]:
+    return ["reward-model", "--dataset", "offline-plugins/word-problems/preference-v0", "--model", "small",
+            "--steps", str(b["offline_steps"]), "--eval-every", str(b["offline_steps"]), "--seed", "0",
+            "--set", f"reference_sft_steps={b['reference_sft_steps']}"]
+
+
+def _ppo_rlhf(seed: int, b: dict, root: Path) -> list[str]:
+    return ["ppo-rlhf", "--dataset", "word-problems", "--model", "small", "--reward",
+            str(root / "reward-model" / "s0"), "--steps", str(b["online_steps"]), "--eval-every",
+            str(max(b["online_steps"] // 4, 1)), "--seed", str(seed), "--set", f"eval_prompts={b['run_eval_prompts']}",
+            "--set", f"reference_sft_steps={b['reference_sft_steps']}", *b.get("online_set", [])]
+
+
+ONLINE = ("grpo", "dapo", "dr-grpo", "rloo", "gspo", "reinforce-pp", "expert-iteration", "online-dpo")
+
+
+def _render_word_problems(table: Table, root: Path, seeds: list[int], budget: dict) -> str:
+    n = budget["eval_prompts"]
+    ref_path = root / "reference" / "heldout_scores.json"
+    reference = json.loads(ref_path.read_text())["scores"] if ref_path.is_file() else None
+    head = [f"| method | held-out accuracy ({n} prompts), mean ± 95 % interval over seeds | gain over the "
+            "reference, pooled seeds (95 % interval, prompt by prompt) | per seed | wall time per run |",
+            "|---|---|---|---|---|"]
+    if reference is not None:
+        r = statistics.fmean(reference)
+        head.append(f"| SFT reference | {100 * r:.1f} (± {100 * binomial_half_width(r, n):.1f} from {n} prompts) "
+                    "| | | |")
+    rows, calc_ref = [], None
+    for run in table.runs:
+        if run.dataset is None:
+            continue
+        scored = [(seed, json.loads(p.read_text())["scores"], _summary(root, run, seed))
+                  for seed in (seeds if run.seeded else [0])
+                  for p in [root / run.name / f"s{seed}" / "heldout_scores.json"] if p.is_file()]
+        if not scored:
+            rows.append(f"| {run.name} | not run | | | |")
+            continue
+        means = [statistics.fmean(sc) for _, sc, _ in scored]
+        m, ci = mean_ci(means)
+        base = reference if run.dataset == "word-problems" else None
+        if run.dataset != "word-problems":
+            calc_path = root / f"reference-{run.dataset}" / "heldout_scores.json"
+            base = json.loads(calc_path.read_text())["scores"] if calc_path.is_file() else None
+            calc_ref = base
+        gain = ""
+        if base is not None:
+            d, w = paired_difference([x for _, sc, _ in scored for x in sc], base * len(scored))
+            gain = f"{100 * d:+.1f} (± {100 * w:.1f}){' *' if abs(d) > w else ''}"
+        wall = statistics.fmean((s or {}).get("wall_s") or 0.0 for _, _, s in scored)
+        rows.append(f"| {run.name}{' (calculator)' if run.dataset != 'word-problems' else ''} | {100 * m:.1f}"
+                    + (f" ± {100 * ci:.1f}" if ci is not None else "") + f" | {gain} | "
+                    + ", ".join(f"{100 * x:.1f}" for x in means) + f" | {wall:.0f} s |")
+    notes = ["Every row is its policy's greedy answers to the same held-out prompts scored by the task's verifier "
+             "(`heldout_scores` in scripts/tables.py); * marks a gain whose 95 % interval excludes 0."]
+    if calc_ref is not None:
+        notes.append(f"The calculator row's gain is over its own SFT reference ({100 * statistics.fmean(calc_ref):.1f} %).")
+    rm = _summary(root, next(r for r in table.runs if r.name == "reward-model"), 0)
+    if rm and rm.get("preference_accuracy") is not None:
+        notes.append(f"PPO-RLHF's reward model: held-out preference accuracy {100 * rm['preference_accuracy']:.1f} %.")
+    return "\n".join(head + rows) + "\n\n" + " ".join(notes)
+
+
+def _summary(root: Path, run: Run, seed: int) -> Optional[dict]:
+    path = root / run.name / f"s{seed}" / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+TABLES: dict[str, Table] = {
+    "word-problems": Table(
+        name="word-problems",
+        title="Word problems (GSM8K's shape) with small: every method from one SFT reference",
+        runs=[*(_online(a) for a in ONLINE), _offline("dpo"), _offline("kto"),
+              Run("reward-model", _reward_model, seeded=False, dataset=None), Run("ppo-rlhf", _ppo_rlhf),
+              _online("grpo", "word-problems-calculator")],
+        budget={"online_steps": 200, "offline_steps": 400, "eval_prompts": 2000, "run_eval_prompts": 100,
+                "reference_sft_steps": 1500},
+        smoke={"online_steps": 2, "offline_steps": 2, "eval_prompts": 4, "run_eval_prompts": 4, "reference_sft_steps": 2,
+               "online_set": ["--set", "group_size=2", "--set", "prompts_per_round=4", "--set", "batch_size=4"]},
+        render=_render_word_problems,
+    ),
+}
+
+
+# -- run / write -------------------------------------------------------------------------------------
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def provenance(command: list[str], budget: dict, seeds: list[int]) -> dict:
+    import torch
+
+    return {"commit": _git("rev-parse", "--short", "HEAD"), "dirty": bool(_git("status", "--porcelain", "--",
+                                                                               "src", "scripts")),
+            "machine": f"{platform.machine()} {platform.processor() or platform.platform()}, "
+                       f"{os.cpu_count()} cores, torch {torch.__version__}",
+            "command": " ".join(["python", "scripts/tables.py", *command]), "budget": budget, "seeds": seeds,
+            "date": time.strftime("%Y-%m-%d")}
+
+
+@contextlib.contextmanager
+def _smoke_sized_pairs():
+    """``--smoke`` only: the built-in preference sets sample a few prompts' pairs, not thousands
+    (the pipeline is what a smoke run checks)."""
+    from offline_plugins.data.preference_sources import BUILTIN_PREFERENCE_DATASETS
+
+    saved = {k: dict(v[2]) for k, v in BUILTIN_PREFERENCE_DATASETS.items()}
+    for _, _, data in BUILTIN_PREFERENCE_DATASETS.values():
+        data.update(n_train=16, n_test=4)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            BUILTIN_PREFERENCE_DATASETS[k][2].clear()
+            BUILTIN_PREFERENCE_DATASETS[k][2].update(v)
+
+
+def run(args) -> None:
+    table = TABLES[args.table]
+    root = Path(args.root) / table.name
+    budget = {**table.budget, **(table.smoke if args.smoke else {})}
+    root.mkdir(parents=True, exist_ok=True)
+    prov = provenance(sys.argv[1:], budget, args.seeds)
+    (root / "provenance.json").write_text(json.dumps(prov, indent=1) + "\n")
+    for run_ in table.runs:
+        for seed in (args.seeds if run_.seeded else [0]):
+            out = root / run_.name / f"s{seed}"
+            if (out / "summary.json").is_file() and not args.overwrite:
+                print(f"{out}: done, kept", flush=True)
+                continue
+            argv = ["train", *run_.argv(seed, budget, root), "--threads", "1", "--no-progress", "--out", str(out),
+                    "--overwrite"]
+            print("offline-plugins " + " ".join(argv), flush=True)
+            if args.smoke:  # in this process: the pipeline is what is checked
+                from offline_plugins.cli import main as cli
+
+                with _smoke_sized_pairs():
+                    code = cli(argv)
+            else:
+                code = subprocess.call([sys.executable, "-m", "offline_plugins.cli", *argv], timeout=args.timeout)
+            if code:
+                sys.exit(f"{out}: exit {code}")
+    n = int(budget["eval_prompts"])
+    for dataset in sorted({r.dataset for r in table.runs if r.dataset}):  # the references the runs started from
+        folder = root / ("reference" if dataset == "word-problems" else f"reference-{dataset}")
+        folder.mkdir(exist_ok=True)
+        _scored(folder / "heldout_scores.json", dataset, str(reference_folder(dataset, budget)), n)
+    for run_ in table.runs:
+        for seed in (args.seeds if run_.seeded else [0]):
+            out = root / run_.name / f"s{seed}"
+            if run_.dataset and (out / "model").is_dir():
+                print(f"scoring {out}/model on {n} held-out prompts", flush=True)
+                _scored(out / "heldout_scores.json", run_.dataset, str(out / "model"), n)
+
+
+def write(args) -> None:
+    table = TABLES[args.table]
+    root = Path(args.root) / table.name
+    prov_path = root / "provenance.json"
+    if not prov_path.is_file():
+        sys.exit(f"{root} holds no runs of {table.name}: run `python scripts/tables.py run {table.name}` first")
+    prov = json.loads(prov_path.read_text())
+    head = _git("rev-parse", "--short", "HEAD")
+    if prov["commit"] != head and not args.stale and not args.smoke:
+        sys.exit(f"the runs under {root} were made at {prov['commit']}, the code is at {head}: run them again "
+                 "(run --overwrite), or pass --stale and say in the doc why they still hold")
+    body = table.render(table, root, prov["seeds"], prov["budget"])
+    stamp = (f"Made by `{prov['command']}` at commit {prov['commit']}{' (with uncommitted changes)' if prov['dirty'] else ''}"
+             f" on {prov['machine']}, {prov['date']}; seeds {', '.join(map(str, prov['seeds']))}; budget "
+             + ", ".join(f"{k} {v}" for k, v in prov["budget"].items() if k != "online_set")
+             + f". Written by `python scripts/tables.py write {table.name}`; do not edit by hand.")
+    block = f"<!-- table:{table.name} -->\n### {table.title}\n\n{stamp}\n\n{body}\n<!-- /table:{table.name} -->"
+    doc = Path(args.doc) if not args.smoke else root / "results.md"
+    text = doc.read_text() if doc.is_file() else ""
+    start, end = f"<!-- table:{table.name} -->", f"<!-- /table:{table.name} -->"
+    if start in text and end in text:
+        text = text[:text.index(start)] + block + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip("\n") + ("\n\n" if text else "") + block + "\n"
+    doc.write_text(text)
+    print(f"wrote {table.name} into {doc}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list")
+    for name in ("run", "write"):
+        p = sub.add_parser(name)
+        p.add_argument("table", choices=sorted(TABLES))
+        p.add_argument("--root", default="runs/tables")
+        p.add_argument("--smoke", action="store_true", help="a tiny budget: the pipeline runs (tests/test_tables.py)")
+        if name == "run":
+            p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+            p.add_argument("--overwrite", action="store_true")
+            p.add_argument("--timeout", type=int, default=4 * 3600)
+        else:
+            p.add_argument("--doc", default=str(REPO / "docs" / "results.md"))
+            p.add_argument("--stale", action="store_true")
+    args = parser.parse_args()
+    if args.cmd == "list":
+        for table in TABLES.values():
+            print(f"{table.name:16} {table.title} ({len(table.runs)} runs a seed)")
+        return
+    run(args) if args.cmd == "run" else write(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""``scripts/tables.py``: every table of docs/results.md made by one command. The ``--smoke`` run of each
+table trains every run it needs at a tiny budget and writes the table (its pipeline runs; its
+figures mean nothing), and ``write`` refuses runs made at another commit."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "tables.py"
+
+
+def _tables(*args: str, env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+
+
+def _names() -> list[str]:
+    listed = subprocess.run([sys.executable, str(SCRIPT), "list"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[0] for line in listed.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("table", _names())
+def test_each_table_runs_and_writes_at_a_smoke_budget(table, tmp_path):
+    env = {"OFFLINE_PLUGINS_CACHE": str(tmp_path / "cache")}
+    done = _tables("run", table, "--smoke", "--root", str(tmp_path), "--seeds", "0", env=env)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    done = _tables("write", table, "--smoke", "--root", str(tmp_path), env=env)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    text = (tmp_path / table / "results.md").read_text()
+    assert text.startswith(f"<!-- table:{table} -->") and text.rstrip().endswith(f"<!-- /table:{table} -->")
+    stamp = next(line for line in text.splitlines() if line.startswith("Made by"))
+    assert f"python scripts/tables.py run {table} --smoke" in stamp and re.search(r"at commit [0-9a-f]{7}", stamp)
+    assert "cores" in stamp and "seeds 0" in stamp
+    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| method")]
+    assert rows and not any("not run" in row for row in rows), text
+    prov = json.loads((tmp_path / table / "provenance.json").read_text())
+    assert prov["seeds"] == [0] and prov["budget"]["online_steps"] == 2
+
+
+def test_write_refuses_runs_made_at_another_commit(tmp_path):
+    folder = tmp_path / "word-problems"
+    folder.mkdir()
+    (folder / "provenance.json").write_text(json.dumps({"commit": "0000000", "dirty": False, "machine": "m",
+                                                        "command": "c", "budget": {}, "seeds": [0], "date": "d"}))
+    done = _tables("write", "word-problems", "--root", str(tmp_path), "--doc", str(tmp_path / "r.md"), env={})
+    assert done.returncode != 0 and "were made at 0000000" in done.stderr and "run --overwrite" in done.stderr
+    assert not (tmp_path / "r.md").exists()
+
+
+def test_write_replaces_only_its_own_block(tmp_path, monkeypatch):
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import tables
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    doc = tmp_path / "results.md"
+    doc.write_text("# Results\n\nbefore\n\n<!-- table:word-problems -->\nold\n<!-- /table:word-problems -->\n\nafter\n")
+    folder = tmp_path / "word-problems"
+    folder.mkdir()
+    monkeypatch.setattr(tables, "_git", lambda *a: "abc1234")
+    (folder / "provenance.json").write_text(json.dumps({"commit": "abc1234", "dirty": False, "machine": "m",
+                                                        "command": "python scripts/tables.py run word-problems",
+                                                        "budget": {"eval_prompts": 10}, "seeds": [0], "date": "d"}))
+    args = type("A", (), {"table": "word-problems", "root": str(tmp_path), "doc": str(doc), "stale": False,
+                          "smoke": False})
+    tables.write(args)
+    text = doc.read_text()
+    assert text.startswith("# Results\n\nbefore\n\n<!-- table:word-problems -->") and text.endswith("\n\nafter\n")
+    assert "old" not in text and "| grpo | not run |" in text and "at commit abc1234" in text
