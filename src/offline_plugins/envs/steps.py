@@ -23,13 +23,12 @@ here but is read from files; see :mod:`offline_plugins.data.steps`).
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from dataclasses import dataclass
 from typing import ClassVar, Optional, Sequence
 
-from offline_plugins.envs.tasks import Problem, TaskError, exact_match
+from offline_plugins.envs.tasks import Problem, TaskError, exact_match, hash_split
 
 __all__ = ["STEP_SEPARATOR", "StepChainTask"]
 
@@ -85,8 +84,7 @@ class StepChainTask:
         return int(m.group(1)), [(op, int(b)) for op, b in re.findall(r"([+\-*])(\d+)", m.group(2))]
 
     def _split_of(self, prompt: str) -> str:
-        h = int.from_bytes(hashlib.blake2b(prompt.encode(), digest_size=4).digest(), "little")
-        return "test" if (h % 10_000) < self.test_fraction * 10_000 else "train"
+        return hash_split(prompt, self.test_fraction)
 
     def prompts(self, n: int, *, split: str = "train", seed: int = 0) -> list[str]:
         """``n`` prompts of ``split``, reproducible from ``seed`` (repeats allowed)."""

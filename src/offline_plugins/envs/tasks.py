@@ -28,8 +28,8 @@ from typing import Any, ClassVar, Literal, Sequence
 
 from offline_plugins.errors import UserError
 
-__all__ = ["CHARSET", "Problem", "ArithmeticTask", "LengthTask", "TASKS", "TaskError", "exact_match", "length_reward",
-           "make_task"]
+__all__ = ["CHARSET", "Problem", "ArithmeticTask", "LengthTask", "TASKS", "TaskError", "exact_match", "hash_split",
+           "length_reward", "make_task"]
 
 #: characters a task's prompts and answers use
 CHARSET = "0123456789+-*= "
@@ -47,6 +47,17 @@ def exact_match(response: str, answer: object) -> float:
     (1.0, 0.0)
     """
     return 1.0 if response.strip() == str(answer).strip() else 0.0
+
+
+def hash_split(key: str, test_fraction: float) -> Split:
+    """The split a problem belongs to, fixed by a hash of its ``key`` (its prompt, or its operands):
+    ``"test"`` for a share ``test_fraction`` of keys, ``"train"`` for the rest, on any machine.
+
+    >>> hash_split("73+46", 0.1), hash_split("73+46", 1.0)
+    ('train', 'test')
+    """
+    h = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "little")
+    return "test" if (h % 10_000) < test_fraction * 10_000 else "train"
 
 
 class TaskError(UserError, ValueError):
@@ -97,8 +108,7 @@ class ArithmeticTask:
         return a + b if op == "+" else a - b if op == "-" else a * b
 
     def _split_of(self, a: int, op: str, b: int) -> Split:
-        h = int.from_bytes(hashlib.blake2b(f"{a}{op}{b}".encode(), digest_size=4).digest(), "little")
-        return "test" if (h % 10_000) < self.test_fraction * 10_000 else "train"
+        return hash_split(f"{a}{op}{b}", self.test_fraction)
 
     def problems(self, n: int, *, split: Split = "train", seed: int = 0) -> list[Problem]:
         """``n`` problems of ``split``, reproducible from ``seed`` (repeats allowed when the split is small)."""

@@ -38,14 +38,13 @@ hand the arithmetic to a tool, so what is left to learn is reading the story:
 
 from __future__ import annotations
 
-import hashlib
 import math
 import random
 import re
 from dataclasses import dataclass
 from typing import ClassVar, Optional, Sequence
 
-from offline_plugins.envs.tasks import Problem, TaskError
+from offline_plugins.envs.tasks import Problem, TaskError, hash_split
 from offline_plugins.modules.task_text import FRIENDS, ITEMS, OPENINGS, OPERATIONS, PEOPLE, QUESTIONS
 
 __all__ = ["TIERS", "WORD_PROBLEM_TASKS", "WordProblemTask", "CalculatorWordProblemTask", "PythonWordProblemTask",
@@ -195,8 +194,7 @@ class WordProblemTask:
         return "add", 1
 
     def _split_of(self, prompt: str) -> str:
-        h = int.from_bytes(hashlib.blake2b(prompt.encode(), digest_size=4).digest(), "little")
-        return "test" if (h % 10_000) < self.test_fraction * 10_000 else "train"
+        return hash_split(prompt, self.test_fraction)
 
     def stories(self, n: int, *, split: str = "train", seed: int = 0) -> list[_Story]:
         rng = random.Random(f"{self.name}-{split}-{seed}")
