@@ -215,7 +215,7 @@ TABLES: dict[str, Table] = {
               Run("reward-model", _reward_model, seeded=False, dataset=None), Run("ppo-rlhf", _ppo_rlhf),
               _online("grpo", "word-problems-calculator")],
         budget={"online_steps": 200, "offline_steps": 400, "eval_prompts": 2000, "run_eval_prompts": 100,
-                "reference_sft_steps": 1500},
+                "reference_sft_steps": 900},
         smoke={"online_steps": 2, "offline_steps": 2, "eval_prompts": 4, "run_eval_prompts": 4, "reference_sft_steps": 2,
                "online_set": ["--set", "group_size=2", "--set", "prompts_per_round=4", "--set", "batch_size=4"]},
         render=_render_word_problems,
