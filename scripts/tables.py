@@ -234,7 +234,7 @@ def _git(*args: str) -> str:
 def provenance(command: list[str], budget: dict, seeds: list[int]) -> dict:
     import torch
 
-    return {"commit": _git("rev-parse", "--short", "HEAD"), "dirty": bool(_git("status", "--porcelain", "--",
+    return {"commit": _git("rev-parse", "--short", "HEAD") or "unknown (not a git checkout)", "dirty": bool(_git("status", "--porcelain", "--",
                                                                                "src", "scripts")),
             "machine": f"{platform.machine()} {platform.processor() or platform.platform()}, "
                        f"{os.cpu_count()} cores, torch {torch.__version__}",
@@ -304,7 +304,7 @@ def write(args) -> None:
     if not prov_path.is_file():
         sys.exit(f"{root} holds no runs of {table.name}: run `python scripts/tables.py run {table.name}` first")
     prov = json.loads(prov_path.read_text())
-    head = _git("rev-parse", "--short", "HEAD")
+    head = _git("rev-parse", "--short", "HEAD") or "unknown (not a git checkout)"
     if prov["commit"] != head and not args.stale and not args.smoke:
         sys.exit(f"the runs under {root} were made at {prov['commit']}, the code is at {head}: run them again "
                  "(run --overwrite), or pass --stale and say in the doc why they still hold")
