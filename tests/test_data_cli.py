@@ -53,10 +53,13 @@ def test_make_then_info_then_list(store, capsys):
     assert main(["data", "list", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert [r["id"] for r in listed["preference_datasets"]] == ["offline-plugins/arithmetic/preference-v0",
-                                                                "offline-plugins/arithmetic-length/preference-v0"]
+                                                                "offline-plugins/arithmetic-length/preference-v0",
+                                                                "offline-plugins/word-problems/preference-v0"]
     # the online algorithms' text tasks too, each with what it is
     tasks = {r["id"]: r["summary"] for r in listed["text_tasks"]}
     assert "calculator" in tasks["offline-plugins/tool-arithmetic/v0"] and "offline-plugins/arithmetic/v0" in tasks
+    assert "GSM8K" in tasks["offline-plugins/word-problems/v0"] and "calculator" in tasks[
+        "offline-plugins/word-problems-calculator/v0"]
     rows = {r["id"]: r for r in listed["datasets"]}
     assert rows["offline-plugins/pendulum/expert-v0"]["local"] and rows["offline-plugins/pendulum/expert-v0"]["steps"] == 400
     assert not rows["offline-plugins/pendulum/medium-expert-v0"]["local"]
