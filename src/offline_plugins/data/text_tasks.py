@@ -276,8 +276,6 @@ def sft_reference(task: Any, *, model: Any = "tiny", seed: int = 0, steps: int =
     answers (``finetune``: :func:`offline_plugins.lightning.sft.supervised_finetune`), saved under
     ``cache_dir`` (``save_pretrained``) and loaded from there next time: the one reference the
     online and the preference results start from."""
-    from pathlib import Path
-
     from offline_plugins.modules.tiny_lm import load_causal_lm, model_cache_tag
 
     # a task over another task's problems (LengthTask) shares that task's reference
