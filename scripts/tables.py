@@ -103,7 +103,7 @@ def reference_folder(dataset: str, budget: dict) -> Path:
     task = _task_of(dataset, "")[1]
     settings = dict(model="small", seed=0, steps=int(budget["reference_sft_steps"]), cache_dir=cache_root() / "preference")
     sft_reference(task, finetune=supervised_finetune, **settings)
-    return reference_dir(task, batch_size=64, **settings)
+    return reference_dir(task, **settings)
 
 
 def _scored(path: Path, dataset: str, model: str, n: int) -> list[float]:
@@ -259,39 +259,52 @@ def _smoke_sized_pairs():
             BUILTIN_PREFERENCE_DATASETS[k][2].update(v)
 
 
+def _train(args, run_: Run, seed: int, budget: dict, root: Path) -> None:
+    """Train one run into ``ROOT/TABLE/<run>/s<seed>``: kept when finished, continued from its last
+    checkpoint when a run before this one was stopped (exact resume), else made from scratch."""
+    out = root / run_.name / f"s{seed}"
+    if (out / "summary.json").is_file() and not args.overwrite:
+        print(f"{out}: done, kept", flush=True)
+        return
+    if (out / "checkpoints" / "last.ckpt").is_file() and not args.overwrite and not args.smoke:
+        argv = ["train", *run_.argv(seed, budget, root), "--resume", "--out", str(out), "--threads", "1",
+                "--no-progress"]
+    else:
+        argv = ["train", *run_.argv(seed, budget, root), "--threads", "1", "--no-progress", "--out", str(out),
+                "--overwrite"]
+    print("offline-plugins " + " ".join(argv), flush=True)
+    if args.smoke:  # in this process: the pipeline is what is checked
+        from offline_plugins.cli import main as cli
+
+        with _smoke_sized_pairs():
+            code = cli(argv)
+    else:
+        code = subprocess.call([sys.executable, "-m", "offline_plugins.cli", *argv], timeout=args.timeout)
+    if code:
+        sys.exit(f"{out}: exit {code}")
+
+
 def run(args) -> None:
+    """Score the references, then train and score each run, seed by seed (every method's first seed
+    before any method's second), so a table stopped part-way has rows for every method."""
     table = TABLES[args.table]
     root = Path(args.root) / table.name
     budget = {**table.budget, **(table.smoke if args.smoke else {})}
     root.mkdir(parents=True, exist_ok=True)
     prov = provenance(sys.argv[1:], budget, args.seeds)
     (root / "provenance.json").write_text(json.dumps(prov, indent=1) + "\n")
-    for run_ in table.runs:
-        for seed in (args.seeds if run_.seeded else [0]):
-            out = root / run_.name / f"s{seed}"
-            if (out / "summary.json").is_file() and not args.overwrite:
-                print(f"{out}: done, kept", flush=True)
-                continue
-            argv = ["train", *run_.argv(seed, budget, root), "--threads", "1", "--no-progress", "--out", str(out),
-                    "--overwrite"]
-            print("offline-plugins " + " ".join(argv), flush=True)
-            if args.smoke:  # in this process: the pipeline is what is checked
-                from offline_plugins.cli import main as cli
-
-                with _smoke_sized_pairs():
-                    code = cli(argv)
-            else:
-                code = subprocess.call([sys.executable, "-m", "offline_plugins.cli", *argv], timeout=args.timeout)
-            if code:
-                sys.exit(f"{out}: exit {code}")
     n = int(budget["eval_prompts"])
-    for dataset in sorted({r.dataset for r in table.runs if r.dataset}):  # the references the runs started from
+    for dataset in sorted({r.dataset for r in table.runs if r.dataset}):  # the references the runs start from
         folder = root / ("reference" if dataset == "word-problems" else f"reference-{dataset}")
         folder.mkdir(exist_ok=True)
         _scored(folder / "heldout_scores.json", dataset, str(reference_folder(dataset, budget)), n)
-    for run_ in table.runs:
-        for seed in (args.seeds if run_.seeded else [0]):
-            out = root / run_.name / f"s{seed}"
+    for seed in args.seeds:
+        for run_ in table.runs:
+            if not run_.seeded and seed != args.seeds[0]:
+                continue
+            seed_ = seed if run_.seeded else 0
+            _train(args, run_, seed_, budget, root)
+            out = root / run_.name / f"s{seed_}"
             if run_.dataset and (out / "model").is_dir():
                 print(f"scoring {out}/model on {n} held-out prompts", flush=True)
                 _scored(out / "heldout_scores.json", run_.dataset, str(out / "model"), n)

@@ -179,3 +179,39 @@ def test_task_preference_data_end_to_end_with_cached_reference(tmp_path):
     again = task_preference_data(task, kind="unpaired-feedback", **kw)  # reuses the saved SFT reference
     assert model_fingerprint(again.reference) == model_fingerprint(data.reference)
     assert again.train.batch_size == (12,) and again.train["label"].sum() == 6
+
+
+def test_the_sft_reference_is_the_same_whatever_the_threads_and_says_how_it_was_made(tmp_path, capsys):
+    """The reference every text result starts from: made with one thread whatever the caller set
+    (two threads sum in another order and gave another reference), keyed on its whole recipe, and
+    reused with a line saying when, at which commit and with which versions it was made."""
+    import json
+
+    import torch
+
+    from offline_plugins.data.text_tasks import reference_dir, sft_reference
+
+    task = ArithmeticTask(digits=1)
+    kw = dict(model="tiny", steps=6, batch_size=8, rows=64, finetune=supervised_finetune)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two, _ = sft_reference(task, cache_dir=tmp_path / "a", **kw)
+        assert torch.get_num_threads() == 2  # the caller's setting is given back
+        torch.set_num_threads(1)
+        one, _ = sft_reference(task, cache_dir=tmp_path / "b", **kw)
+    finally:
+        torch.set_num_threads(threads)
+    assert model_fingerprint(one) == model_fingerprint(two)
+    folder = reference_dir(task, cache_dir=tmp_path / "a", model="tiny", steps=6, batch_size=8, rows=64)
+    made = json.loads((folder / "reference.json").read_text())
+    assert made["recipe"]["steps"] == 6 and made["recipe"]["threads"] == 1 and made["recipe"]["lr"] == 3e-3
+    assert made["recipe"]["versions"]["torch"] == torch.__version__ and made["commit"] and made["wall_s"] > 0
+    # another recipe is another folder: a learning rate, a seed, a count of rows
+    assert reference_dir(task, cache_dir=tmp_path / "a", model="tiny", steps=6, batch_size=8, rows=64, lr=1e-3) != folder
+    assert reference_dir(task, cache_dir=tmp_path / "a", model="tiny", steps=6, batch_size=8, rows=32) != folder
+    capsys.readouterr()
+    again, _ = sft_reference(task, cache_dir=tmp_path / "a", **kw)
+    err = capsys.readouterr().err
+    assert model_fingerprint(again) == model_fingerprint(one)
+    assert f"{folder}, made {made['date']} at {made['commit']}" in err and "making" not in err
