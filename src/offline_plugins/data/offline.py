@@ -391,6 +391,10 @@ def load_offline_data(
             )
         # exist_ok: another process may make it while this one waits for the dataset's lock
         make_dataset(minari_id, registry, progress=progress, exist_ok=True)
+    if minari_id.startswith("ogbench/"):  # scored in OGBench's environments: the same ogbench must run them
+        from offline_plugins.data.ogbench import check_version
+
+        check_version(minari_id)
     dataset = open_minari_dataset(minari_id)
     episodes = read_minari_episodes(dataset, minari_id)
     return _to_offline_data(

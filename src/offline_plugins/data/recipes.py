@@ -110,3 +110,24 @@ def offline_plugins_register_datasets(registry):
                 options=options,
             )
         )
+    # OGBench's manipulation datasets by their own recipe, and their single-task views (offline_plugins.data.ogbench)
+    from offline_plugins.data.ogbench import OGBENCH_ENVS, OGBENCH_TYPES, TASKS, ogbench_id, singletask_env_id
+
+    for env, settings in OGBENCH_ENVS.items():
+        for kind in OGBENCH_TYPES:
+            for task in (None, *TASKS):
+                which = (f"task {task}" if task is not None else f"the default task ({settings.default_task})")
+                registry.add(
+                    DatasetSpec(
+                        id=ogbench_id(env, kind, task),
+                        summary=f"OGBench {env}-{kind} made by its recipe (the {'plan' if kind == 'play' else 'Markov'} "
+                                f"oracles), rewards of {which}; success rate in "
+                                f"{singletask_env_id(env, task or settings.default_task)}.",
+                        env_id=singletask_env_id(env, task or settings.default_task),
+                        make="offline_plugins.data.ogbench:make_ogbench_dataset",
+                        tier=kind if task is None else f"{kind}-task{task}",
+                        action_space="continuous",
+                        requires=("mujoco",),
+                    )
+                )
+

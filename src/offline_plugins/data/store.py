@@ -111,6 +111,11 @@ def resolve_dataset_id(dataset_id: str, registry=None, *, allow_download: bool =
         recipe = reg.datasets.get(candidate)
         if is_local(candidate) or recipe is not None:
             return candidate, recipe
+    from offline_plugins.data.ogbench import explain_unknown
+
+    ogbench = explain_unknown(dataset_id)
+    if ogbench is not None:
+        raise DatasetError(ogbench)
     known = sorted(set(local_dataset_ids()) | set(reg.datasets))
     close = difflib.get_close_matches(dataset_id, known, n=3, cutoff=0.6)
     close += [k for k in known if k.endswith("/" + dataset_id) and k not in close]
@@ -342,6 +347,24 @@ def _inside_build(dataset_id: str) -> bool:
     """Whether the current Minari root is the private root of a build of ``dataset_id``."""
     root = store_path()
     return root.name == "store" and root.parent.parent.name == _BUILDING and _build_owner(root.parent) == dataset_id
+
+
+@contextlib.contextmanager
+def outer_store() -> Iterator[Path]:
+    """Inside a build, make the store it will move its dataset into the current one (yielded), so a
+    recipe made from another dataset (a relabelled view) can read or make that one; outside a
+    build, the store as it is."""
+    root = store_path()
+    inside = root.name == "store" and root.parent.parent.name == _BUILDING
+    if not inside:
+        yield root
+        return
+    outer = root.parent.parent.parent
+    os.environ["MINARI_DATASETS_PATH"] = str(outer)
+    try:
+        yield outer
+    finally:
+        os.environ["MINARI_DATASETS_PATH"] = str(root)
 
 
 @contextlib.contextmanager

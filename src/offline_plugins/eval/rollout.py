@@ -126,6 +126,9 @@ def evaluate_policy(
     holds ``env_index`` (which episode each row is; rows drop out as episodes end)
     and, after the first step, ``reward`` (each row's previous reward, ``[n, 1]``).
 
+    An env that reports ``info["success"]`` (OGBench's) has the share of episodes whose last
+    step reports it in ``extra["success_rate"]`` (the score its benchmark reports).
+
     An env whose episode holds several in-context episodes (:mod:`offline_plugins.envs.icl`)
     reports their returns in its last step's ``info["in_context_returns"]``; their mean
     over the evaluation episodes is ``extra["in_context_return_mean"]``.
@@ -149,6 +152,8 @@ def evaluate_policy(
     last_reward = np.zeros(episodes, dtype=np.float32)
     live = list(range(episodes))
     curves: list = []
+    success = np.zeros(episodes, dtype=bool)
+    reports_success = False
     policy_s, calls = 0.0, 0
     # stateful policies (Decision Transformer's rolling context) start a new episode here
     if hasattr(policy, "reset"):
@@ -188,7 +193,10 @@ def evaluate_policy(
                     lengths[i] += 1
                     if not (terminated or truncated or (max_steps is not None and lengths[i] >= max_steps)):
                         still.append(i)
-                    elif "in_context_returns" in info:
+                        continue
+                    if "success" in info:
+                        reports_success, success[i] = True, bool(info["success"])
+                    if "in_context_returns" in info:
                         curves.append(info["in_context_returns"])
                 live = still
     finally:
@@ -200,5 +208,7 @@ def evaluate_policy(
     if score is not None:
         normalized = np.asarray(score(returns), dtype=np.float64)
     extra = {"in_context_return_mean": np.mean(curves, 0).tolist()} if curves else {}
+    if reports_success:
+        extra["success_rate"] = float(success.mean())
     return EvalResult(returns=returns, lengths=lengths, normalized=normalized, extra=extra, policy_s=policy_s,
                       policy_calls=calls)

@@ -61,6 +61,14 @@ def dropped_text(dropped: dict) -> str:
     return ", ".join(parts) or "nothing"
 
 
+
+def _score_of(data):
+    """The data's D4RL-style normalisation of returns, or None where it records no reference
+    returns (a user's Minari dataset, OGBench's, whose score is the success rate)."""
+    if getattr(data, "ref_min_score", None) is None or getattr(data, "ref_max_score", None) is None:
+        return None
+    return data.normalized_score
+
 class EnvironmentSteps(DataKind):
     """Steps of a Gymnasium environment, from a Minari dataset (a built-in recipe is made on the fly).
 
@@ -125,12 +133,13 @@ class EnvironmentSteps(DataKind):
 
         return PolicyEvaluation(data.make_env, every=every, episodes=episodes, seed=seed,
                                 normalize=getattr(data, "normalize", None),
-                                score=getattr(data, "normalized_score", None))
+                                score=_score_of(data))
 
     def curve_panels(self) -> list:
         # the D4RL-style score where the dataset has reference returns, else the raw return
-        return [CurvePanel("normalised score (else return)", ("eval/normalized_score", "eval/return_mean"),
-                           first_only=True), LOSS_PANEL]
+        return [CurvePanel("success rate (else normalised score, else return)",
+                           ("eval/success_rate", "eval/normalized_score", "eval/return_mean"), first_only=True),
+                LOSS_PANEL]
 
     def summary_fields(self, evaluation, data, *, eval_episodes: int) -> dict[str, Any]:
         last = evaluation.history[-1] if evaluation.history else {}
@@ -140,6 +149,7 @@ class EnvironmentSteps(DataKind):
             "return_std": last.get("return_std"),
             "normalized_score": last.get("normalized_score"),
             "normalized_score_std": last.get("normalized_score_std"),
+            **({"success_rate": last["success_rate"]} if last.get("success_rate") is not None else {}),
             "eval_episodes": eval_episodes,
             "ms_per_action": last.get("ms_per_action"),
             "dropped": dict(getattr(data, "dropped", None) or {}),
@@ -159,7 +169,7 @@ class EnvironmentSteps(DataKind):
             seed=seed,
             normalize=getattr(data, "normalize", None),  # identity when the run did not normalise
             device=torch.device(device),
-            score=getattr(data, "normalized_score", None),
+            score=_score_of(data),
         )
         return result.to_dict()
 
@@ -171,6 +181,8 @@ class EnvironmentSteps(DataKind):
         score = (f"normalised score {_fmt(result.get('normalized_score'))} (return {_fmt(result.get('return_mean'))} "
                  f"+- {_fmt(result.get('return_std'))} over {result.get('eval_episodes', result.get('episodes'))} "
                  f"episodes{_acting(result)})")
+        if result.get("success_rate") is not None:  # a benchmark scored by success (OGBench)
+            score = f"success rate {100 * result['success_rate']:.1f}%, " + score
         if "wall_s" in result:  # a training summary
             lines.append(f"{result['algorithm']} on {result['dataset']}, {result['steps']} steps, seed "
                          f"{result['seed']}: {score} in {result['wall_s']:.0f} s; wrote {result['out_dir']}")

@@ -305,6 +305,8 @@ class PolicyEvaluation(ScheduledEvaluation):
         metrics = {"eval/return_mean": result.return_mean, "eval/return_std": result.return_std}
         if result.normalized_score is not None:
             metrics["eval/normalized_score"] = result.normalized_score
+        # what the env adds of its own (a benchmark's success rate), logged beside the return
+        metrics.update({f"eval/{k}": v for k, v in result.extra.items() if isinstance(v, (int, float))})
         return {k: v for k, v in result.to_dict().items() if k != "returns"}, metrics
 
 
