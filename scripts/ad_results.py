@@ -16,7 +16,7 @@ update, into ``curve.json``. The source learner and uniform random actions are r
 on the same held-out tasks (``ROOT/FAMILY/baselines.json``). The expert run is Laskin et
 al.'s "expert distillation" baseline: the same transformer trained on expert episodes
 only, which stands in for a Decision Transformer on those episodes (ours takes continuous
-actions only, and on expert-only data its return token carries nothing). ``table`` prints the tables of docs/results.md; ``plot`` draws the curves.
+actions only, and on expert-only data its return token carries nothing). ``table`` prints the tables of docs/results-history.md; ``plot`` draws the curves.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ step) and ``sft`` on the teacher's samples (32 rows per step), each ``--steps`` 
 same learning rate (1e-3) from ``ROOT/student``. ``table`` scores every exported model the same way
 (greedy exact match on the task's 200 held-out test prompts, and the full-vocabulary reverse KL
 to the teacher per response token on the student's greedy responses to them) and prints the
-docs/results.md table.
+docs/results-history.md table.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Does FQE rank a run's checkpoints as the environment does? (docs/results.md, issue 28)
+"""Does FQE rank a run's checkpoints as the environment does? (docs/results-history.md, issue 28)
 
 Trains each algorithm with ``--keep-checkpoints`` (a checkpoint every ``--every`` steps, each
 scored in the environment by the run's own evaluation at that step), then estimates every

@@ -4,7 +4,7 @@
     python scripts/judge_results.py table --root runs/results-judge
 
 Every run is ``offline-plugins train online-dpo --dataset arithmetic --model tiny`` from the cached
-SFT reference of docs/results.md, with two samples per prompt (``group_size=2``: the judge compares
+SFT reference of docs/results-history.md, with two samples per prompt (``group_size=2``: the judge compares
 two responses, as Guo et al. 2024's online AI feedback does) and lr 1e-4, trained through the CLI one
 run at a time (``--threads 1``) into ``ROOT/SETTING/sSEED``; an existing ``summary.json`` is kept
 (rerun with ``--overwrite``). The settings differ only in who picks each prompt's pair:

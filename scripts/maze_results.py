@@ -10,7 +10,7 @@ model, 16 plans guided by its gradient at the reference's scale 0.1.
 
 ``run`` trains each algorithm through the CLI (one thread, one run at a time) on
 ``pointmaze/umaze-v0`` into ``ROOT/ALGO/sSEED`` and skips runs already there; ``table``
-prints the rows of docs/results.md (normalised score: 100 * (R - random) / (controller -
+prints the rows of docs/results-history.md (normalised score: 100 * (R - random) / (controller -
 random), the recipe's references). ``diffuser-start`` is Diffuser with ``goal_inpainting=false``
 (the plan conditioned on the current state only), the ablation that shows what the goal adds.
 """

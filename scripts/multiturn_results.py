@@ -10,7 +10,7 @@ with the verifier's reward at the end or per-turn rewards beside it, several see
 the reversed product with the Python tool) through the CLI (one thread, one run at a time)
 from the SFT reference of ``--reference-steps`` steps on demonstrations that call the calculator
 (made and cached by the first run, ``reference_sft_steps``), into ``ROOT/ARM/sSEED``; ``table``
-prints the rows of docs/results.md from each run's ``summary.json`` and ``metrics.csv`` (the first
+prints the rows of docs/results-history.md from each run's ``summary.json`` and ``metrics.csv`` (the first
 and last rounds' rollout reward and turn reward, tool calls and malformed calls per episode).
 """
 

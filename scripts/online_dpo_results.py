@@ -4,7 +4,7 @@
         --root runs/results-online-dpo --seeds 0 1 2
     python scripts/online_dpo_results.py table --root runs/results-online-dpo
 
-Every run starts from the cached SFT reference of docs/results.md ("Online RL on the built-in
+Every run starts from the cached SFT reference of docs/results-history.md ("Online RL on the built-in
 task": ``--dataset arithmetic --model tiny``) and trains through the CLI, one run at a time
 (``--threads 1``), into ``ROOT/SETTING/sSEED``; an existing ``summary.json`` is kept (rerun with
 ``--overwrite``).
@@ -17,7 +17,7 @@ task": ``--dataset arithmetic --model tiny``) and trains through the CLI, one ru
   and rate trained on: ``ceil(pairs / 16)`` steps of 16 pairs. Its policy is scored afterwards
   by the online runs' evaluation (``RolloutData.held_out_scores``: 200 held-out prompts, greedy,
   positions from each row's first token) into ``fixed_eval.json``, since the preference kind's
-  own exact match batches prompts without that fix (docs/results.md).
+  own exact match batches prompts without that fix (docs/results-history.md).
 * ``iterative-dpo``: 8 rounds of 128 prompts x G = 8, 4 epochs per round (256 steps), evaluated
   after every round; with the run's reference throughout and with ``update_reference=true``,
   at lr 1e-5 (DPO's registered rate) and 1e-4.

@@ -6,7 +6,7 @@
 
 ``run`` trains each algorithm with its registered defaults through the CLI, one run at a
 time (``--threads 1``), into ``ROOT/ALGO/sSEED``; an existing ``summary.json`` is kept (rerun
-with ``--overwrite``). ``table`` prints the docs/results.md table: held-out greedy exact
+with ``--overwrite``). ``table`` prints the docs/results-history.md table: held-out greedy exact
 match after training (mean ± std over seeds, and per seed), the gain over the reference,
 the last round's sampled reward and KL to the reference, the share of groups without
 signal, and the wall time.

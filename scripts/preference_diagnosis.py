@@ -4,7 +4,7 @@ Our DPOLoss and CausalLMLogProbs, tokenize_pairs with the character tokenizer, A
 16 pairs a step, 300 steps, beta 0.1, clip 1.0 unless said, the CLI's held-out split of
 800 rows (700 train / 100 held out); prints held-out and training-pair accuracy.
 These are the numbers behind the tiny model's shape and the from-scratch lr
-(docs/results.md). One thread:
+(docs/results-history.md). One thread:
 
     python scripts/preference_diagnosis.py
 """

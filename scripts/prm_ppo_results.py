@@ -7,7 +7,7 @@
 ``train prm`` recipe (``--prm-steps`` on ``steps/arithmetic-v0``), then each arm through the CLI (one
 thread, one run at a time) from the SFT reference of ``--reference-steps`` steps, into ``ROOT/ARM/sSEED``:
 ``ppo-rlhf`` (the verifier's reward on the last token), ``ppo-prm`` (the PRM's step rewards beside it) and
-``ppo-prm-only`` (``ppo-prm`` with ``outcome_reward=false``). ``table`` prints the rows of docs/results.md
+``ppo-prm-only`` (``ppo-prm`` with ``outcome_reward=false``). ``table`` prints the rows of docs/results-history.md
 (the helpers and columns of scripts/prm_results.py).
 """
 

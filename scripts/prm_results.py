@@ -7,7 +7,7 @@
 from the SFT reference, with the language-modelling term, ``--prm-steps``) into ``ROOT/prm`` unless ``--prm``
 names a trained one, then
 each arm through the CLI (one thread, one run at a time) from the SFT reference of ``--reference-steps``
-steps, into ``ROOT/ALGO/sSEED``; ``table`` prints the rows of docs/results.md: the held-out verifier
+steps, into ``ROOT/ALGO/sSEED``; ``table`` prints the rows of docs/results-history.md: the held-out verifier
 reward (greedy; the gold the reward-hacking monitor watches) before and after, the rollout reward of
 the first and last rounds, and the monitor's warnings.
 """

@@ -1,4 +1,4 @@
-"""Run a grid of ``offline-plugins train`` runs and tabulate their summaries for docs/results.md.
+"""Run a grid of ``offline-plugins train`` runs and tabulate their summaries for docs/results-history.md.
 
 Each (algorithm, dataset, seed) trains in its own process with ``--threads 1`` under
 ``ROOT/<algorithm>/<dataset>/s<seed>``; a finished run (its ``summary.json`` exists) is

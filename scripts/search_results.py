@@ -4,7 +4,7 @@
     python scripts/search_results.py table --root runs/results-search
 
 ``run`` calls ``offline-plugins search`` once a seed (one thread; a seed draws its own held-out prompts
-and samples) into ``ROOT/sSEED.json``; ``table`` prints the rows of docs/results.md (exact match mean ±
+and samples) into ``ROOT/sSEED.json``; ``table`` prints the rows of docs/results-history.md (exact match mean ±
 std over the seeds and generated tokens per prompt, per method and compute setting) and draws
 ``ROOT/search.png`` (exact match against tokens, the seeds' means).
 """

@@ -12,7 +12,7 @@ through the CLI, one run at a time (``--threads 1``), into ``ROOT/ALGO/sSEED`` (
 exported policy (``OUT/model``) greedily on the 200 held-out prompts conditioned on each return
 level and on the plain prompt (bos first, no reward token), into ``conditioning.json``: the
 check that the token steers the policy (asking for return 0 should lower exact match).
-``table`` prints the tables of docs/results.md.
+``table`` prints the tables of docs/results-history.md.
 """
 
 from __future__ import annotations

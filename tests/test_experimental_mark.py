@@ -11,7 +11,7 @@ import pytest
 from offline_plugins.cli import main
 from offline_plugins.plugins import shared_registry
 
-REASON = "learns nothing on the built-in task yet (docs/results.md)"
+REASON = "learns nothing on the built-in task yet (docs/results-history.md)"
 
 
 @pytest.fixture()

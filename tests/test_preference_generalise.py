@@ -43,7 +43,7 @@ def plain_dpo(train_rows, test_rows, seed: int, *, steps: int = STEPS, batch: in
               lr: float = 1e-3) -> float:
     """A plain DPO loop: GPT-2 2x128 from a config, character vocabulary, AdamW 1e-3; held-out accuracy.
 
-    ``scripts/preference_results.py`` imports this loop for its reference rows of docs/results.md.
+    ``scripts/preference_results.py`` imports this loop for its reference rows of docs/results-history.md.
     """
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -106,7 +106,7 @@ def test_dpo_with_the_tiny_model_generalises_as_a_plain_dpo_loop(tmp_path, monke
 
     reference = plain_dpo([r for r in rows if r["prompt"] not in held], [r for r in rows if r["prompt"] in held], 0)
     cli = summary["preference_accuracy"]
-    # Spread these margins come from (docs/results.md, 300 steps, seeds 0-2): the plain loop
+    # Spread these margins come from (docs/results-history.md, 300 steps, seeds 0-2): the plain loop
     # 0.59-0.79 and the CLI 0.85-0.88 with torchrl 0.10 / transformers 4.5x; seed 0 gives the
     # plain loop 0.70 and the CLI 0.78 with the releases of constraints.txt. On 100 held-out
     # pairs one binomial sd at chance is 0.05.

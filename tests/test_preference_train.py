@@ -2,7 +2,7 @@
 
 The runs here use small data (a JSONL file the test writes, or the built-in task with
 a few SFT steps) so each finishes in seconds; the full built-in dataset is what
-docs/results.md reports.
+docs/results-history.md reports.
 """
 
 from __future__ import annotations

@@ -335,7 +335,7 @@ def test_the_reward_token_steers_the_policy_when_low_returns_are_systematic(data
     that earned 0 answer the sum + 1; after relabelling and a few hundred NLL steps, the policy
     answers the sum under the return-1 token and the sum + 1 under the return-0 token (the tiny
     model from its random init, four prompts). On the built-in task the failures are the policy's
-    own unsystematic errors and the token steers nothing (docs/results.md, text-dt)."""
+    own unsystematic errors and the token steers nothing (docs/results-history.md, text-dt)."""
     from offline_plugins.data.rollouts import greedy_responses
     from offline_plugins.tokens import prompt_token_ids, response_token_ids
 

@@ -20,7 +20,7 @@ the rate it used back into the config, so ``summary.json`` and checkpoints recor
   NLL term) gained 10-14 points at 3e-5 in 600 steps.
 * The from-scratch rate, 1e-3, comes from issue #17 (DPO on a user's string task from
   the random init, 300 steps of 16 pairs): held-out preference accuracy 0.54 at 1e-5
-  and 0.80 at 1e-3 (docs/results.md).
+  and 0.80 at 1e-3 (docs/results-history.md).
 """
 
 from __future__ import annotations

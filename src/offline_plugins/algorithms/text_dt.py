@@ -25,7 +25,7 @@ held-out exact match "before" is the reference's; the new tokens take a little s
 the other levels' tokens start at the mean embedding row, a context distinct from the start
 (with every token a copy of bos the policy never told them apart: pilot, seed 0, 1200 steps,
 held-out exact match 8.0 % conditioned on return 0 and 8.5 % on return 1; with the mean row it
-does not either, docs/results.md). A tokenizer
+does not either, docs/results-history.md). A tokenizer
 that has a chat template keeps it, and the token leads the user turn's text. The exported
 tokenizer (``OUT/model``) holds the tokens and the template, so ``AutoTokenizer`` reloads them
 and ``apply_chat_template`` conditions a prompt the way training did.
@@ -264,7 +264,7 @@ def offline_plugins_register_algorithms(registry):
             action_spaces=("tokens",),
             experimental="on the built-in task the reward token steers nothing (asked for return 0 the policy answers "
                          "as asked for 1) and the default low_return_weight=1 degrades the reference; the token is "
-                         "learnt when low returns differ systematically (docs/results.md, 'Return-conditioned "
+                         "learnt when low returns differ systematically (docs/results-history.md, 'Return-conditioned "
                          "generation')",
         )
     )

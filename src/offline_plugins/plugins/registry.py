@@ -124,7 +124,7 @@ class AlgorithmSpec:
         action_spaces: the action spaces it supports (``continuous``, ``discrete``,
             ``tokens``); empty means any.
         experimental: why the method is not yet shown to do what its paper says on a task
-            this package can run (one sentence, pointing at docs/results.md); empty when it
+            this package can run (one sentence, pointing at docs/results-history.md); empty when it
             is. ``list`` marks it, ``info`` prints the reason, ``train`` warns.
         provider: distribution that registered it (filled in by the host).
         version: that distribution's version (filled in by the host).

@@ -181,7 +181,7 @@ offline_plugins_register_algorithms = builtin_hook(
         DiffuserConfig, PAPER, loss="diffuser:DiffuserWithValueLoss", build="diffuser:build",
         experimental="unguided it imitates the data (51.6 +- 2.9 on Pendulum medium, above BC), but return "
                      "guidance makes plans worse, it gains nothing by planning on medium-replay, and its goal-inpainted "
-                     "plans do not solve the point maze at 3000 steps (docs/results.md, 'Sequence models' and "
+                     "plans do not solve the point maze at 3000 steps (docs/results-history.md, 'Sequence models' and "
                      "the maze section)",
     ),
 )

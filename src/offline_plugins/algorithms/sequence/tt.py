@@ -162,6 +162,6 @@ offline_plugins_register_algorithms = builtin_hook(
         TTConfig, PAPER, loss="trajectory_transformer:TrajectoryTransformerLoss", build="tt:build",
         experimental="its action model learns the data's actions, but on Pendulum medium it scores 34.2 +- 5.0 "
                      "against BC's 41.1 and a plain reference's 46.9, and gains nothing by planning on "
-                     "medium-replay (docs/results.md, 'Sequence models')",
+                     "medium-replay (docs/results-history.md, 'Sequence models')",
     ),
 )

@@ -59,7 +59,7 @@ class DiffuserPlanner(PlannerMixin, TensorDictModuleBase):
             clips to ``[-1, 1]`` after scaling the data's range there (None: no clipping).
         n_samples: plans per environment (default 1, as ``diffuser``'s registered config; reference: 64).
         guide_scale: step size of the value guidance (default 0: unguided, as the registered config,
-            under which Diffuser learned on Pendulum here, docs/results.md; reference: 0.1).
+            under which Diffuser learned on Pendulum here, docs/results-history.md; reference: 0.1).
         n_guide_steps: guidance steps per reverse step (reference: 2).
         t_stopgrad: no guidance at diffusion steps below this (reference: 2).
         predict_epsilon: how the denoiser was trained (default: it predicts the clean plan).

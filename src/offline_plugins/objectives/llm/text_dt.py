@@ -23,7 +23,7 @@ trained by token-mean NLL on its response tokens,
 is trained, as the Decision Transformer trains on every trajectory: a failure teaches what
 the low-return token means. With ``0`` only the rows that reach the target are, which is
 expert iteration (:class:`~offline_plugins.objectives.llm.online.ExpertIterationLoss`) with a
-token in front; values between interpolate (what docs/results.md, "Return-conditioned generation (text-DT)" measures).
+token in front; values between interpolate (what docs/results-history.md, "Return-conditioned generation (text-DT)" measures).
 
 :meth:`TextDTLoss.process_rollouts` does the relabelling once per round of rollouts in the
 TED text layout of :mod:`offline_plugins.objectives.llm.online`, keeping the buffer's shapes:
