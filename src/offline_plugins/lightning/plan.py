@@ -200,6 +200,10 @@ def plan_run(
         dataset_id, action_space = getattr(dataset, "dataset_id", "custom"), getattr(dataset, "action_space", None)
     _check_action_space(spec, dataset_id, action_space)
     merged = _as_overrides(config, overrides)
+    if "preset" in merged and "preset" not in {f.name for f in dataclasses.fields(spec.config)}:
+        from offline_plugins.presets import preset
+
+        merged = {**preset(str(merged.pop("preset")), spec.name), **merged}  # the user's keys win
     _refuse_run_options(spec, merged)
     cfg = apply_overrides(spec.default_config(), merged)
     layout = kind.batch_layout(cfg)
