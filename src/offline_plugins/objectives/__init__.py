@@ -29,6 +29,7 @@ _EXPORTS = {
     "SACNLoss": "edac",
     "EDACLoss": "edac",
     "CalQLLoss": "cal_ql",
+    "FQLLoss": "fql",
     "DecisionTransformerLoss": "sequence.decision_transformer",
     "OnlineDecisionTransformerLoss": "sequence.decision_transformer",
     "TrajectoryTransformerLoss": "sequence.trajectory_transformer",

@@ -18,6 +18,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "offline_plugins.algorithms.rebrac": "offline_plugins.algorithms.rebrac",
     "offline_plugins.algorithms.edac": "offline_plugins.algorithms.edac",
     "offline_plugins.algorithms.cal_ql": "offline_plugins.algorithms.cal_ql",
+    "offline_plugins.algorithms.fql": "offline_plugins.algorithms.fql",
     "offline_plugins.algorithms.sequence.dt": "offline_plugins.algorithms.sequence.dt",
     "offline_plugins.algorithms.sequence.odt": "offline_plugins.algorithms.sequence.odt",
     "offline_plugins.algorithms.sequence.tt": "offline_plugins.algorithms.sequence.tt",
