@@ -238,7 +238,7 @@ class FQLLoss(DiagnosticsContract, LossModule):
         return self._vmap_qvalue(td, params).get(self.tensor_keys.value).squeeze(-1)
 
     def _clip(self, action: torch.Tensor) -> torch.Tensor:
-        return torch.clamp(action, self.action_low, self.action_high)
+        return torch.clamp(action, self.action_low.to(action), self.action_high.to(action))
 
     def flow_loss(self, tensordict: TensorDictBase) -> torch.Tensor:
         """Flow matching of the velocity field on the data's actions (straight paths from the noise)."""
