@@ -10,7 +10,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "offline_plugins"
 
 # the layers, lowest first: each may import only the layers before it (docs/architecture.md)
-LAYERS = ["_lazy", "errors", "config", "plugins", "modules", "tokens", "objectives", "torchrl_llm", "envs", "data",
+LAYERS = ["_lazy", "errors", "config", "presets", "plugins", "modules", "tokens", "objectives", "torchrl_llm", "envs", "data",
           "eval", "algorithms", "lightning", "kinds", "audit", "cli"]
 WHY = {
     "modules": "networks sit below the losses; shared errors are in offline_plugins.errors",
