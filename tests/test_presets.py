@@ -42,9 +42,9 @@ def test_a_preset_sets_its_values_and_the_users_keys_win(tmp_path, minari_store,
 def test_an_unknown_preset_and_an_algorithm_a_preset_does_not_cover_meet_one_line(tmp_path, capsys):
     with pytest.raises(UserError, match="unknown preset 'nope'; the presets are ogbench-cube-single"):
         preset("nope", "iql")
-    with pytest.raises(UserError, match="preset 'ogbench-scene' holds settings for bc, not for 'iql'"):
+    with pytest.raises(UserError, match="preset .ogbench-scene. holds settings for bc, fql, not for 'iql'"):
         preset("ogbench-scene", "iql")
     assert main(["train", "iql", "--dataset", DATASET, "--steps", "1", "--set", "preset=ogbench-scene",
                  "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
-    assert "holds settings for bc, not for 'iql'" in err and "Traceback" not in err
+    assert "holds settings for bc, fql, not for 'iql'" in err and "Traceback" not in err
