@@ -53,6 +53,8 @@ def cmd_list(args) -> int:
             "data_kinds": [k.to_dict() for _, k in sorted(registry.data_kinds.items())],
             "judges": [j.to_dict() for _, j in sorted(registry.judges.items())],
             "sandboxes": [{**x.to_dict(), "here": _sandbox_here(x)} for _, x in sorted(registry.sandboxes.items())],
+            "text_tasks": [t.to_dict() for _, t in sorted(registry.text_tasks.items())],
+            "tools": [t.to_dict() for _, t in sorted(registry.tools.items())],
             "broken": [b.to_dict() for b in registry.broken],
         }
         _print_json(payload if args.all else out)
@@ -83,6 +85,12 @@ def cmd_list(args) -> int:
         print("\njudges (AI feedback: --judge NAME for online-dpo, iterative-dpo, data label, data audit):")
         for j in judges:
             print(f"  {j.name:<{width}}  {j.provider} {j.version}  {j.summary}")
+    if registry.tools:
+        tools = sorted(registry.tools.values(), key=lambda x: x.name)
+        width = max(len(x.name) for x in tools)
+        print("\ntools (what a multi-turn task's policy may call; text tasks: 'offline-plugins data list'):")
+        for x in tools:
+            print(f"  {x.name:<{width}}  {x.provider} {x.version}  {x.summary}")
     if registry.sandboxes:
         boxes = sorted(registry.sandboxes.values(), key=lambda x: x.name)
         width = max(len(x.name) for x in boxes)

@@ -86,10 +86,10 @@ def cmd_data_list(args) -> int:
         )
     from offline_plugins.data.preference_sources import BUILTIN_PREFERENCE_DATASETS
 
-    from offline_plugins.data.text_ids import BUILTIN_ROLLOUT_TASKS
+    from offline_plugins.data.text_ids import text_tasks as registered_text_tasks
 
     preference = [{"id": k, "summary": v[0]} for k, v in BUILTIN_PREFERENCE_DATASETS.items()]
-    text_tasks = [{"id": k, "summary": v[0]} for k, v in BUILTIN_ROLLOUT_TASKS.items()]
+    text_tasks = [{"id": k, "summary": v.summary} for k, v in registered_text_tasks().items()]
     if args.json:
         print(json.dumps({"store": str(store_path()), "datasets": rows, "preference_datasets": preference,
                           "text_tasks": text_tasks}, indent=2))

@@ -97,9 +97,12 @@ def task_prompt_source(task: Any, *, n_held_out: int = 200) -> PromptSource:
     def reward(prompts, responses, **_):
         return task.rewards(prompts, responses)
 
-    digits = getattr(task, "digits", 2)
-    longest = getattr(task, "longest_prompts", None) or [f"{'9' * digits}{op}{'9' * digits}="
-                                                         for op in getattr(task, "ops", "+")]
+    longest = getattr(task, "longest_prompts", None)
+    if not longest and hasattr(task, "digits") and hasattr(task, "ops"):  # the arithmetic tasks' widest operands
+        longest = [f"{'9' * task.digits}{op}{'9' * task.digits}=" for op in task.ops]
+    if not longest:  # a task that states no bound (a plugin's): the longest of many of its prompts
+        many = [p.prompt for p in task.problems(2000, split="train", seed=0)] + [r["prompt"] for r in held]
+        longest = sorted(many, key=len)[-8:]
     return PromptSource(task.name, held, reward, f"{task.name} verifier", sample_fn=sample, longest_prompts=longest,
                         multiturn=getattr(task, "multiturn", None))
 

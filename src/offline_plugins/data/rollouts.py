@@ -29,7 +29,7 @@ from offline_plugins.data.prompts import (
     score_responses,
     task_prompt_source,
 )
-from offline_plugins.data.text_ids import BUILTIN_ROLLOUT_TASKS, resolve_rollout_id
+from offline_plugins.data.text_ids import resolve_rollout_id, text_task_names, text_tasks
 from offline_plugins.data.text_tasks import sft_reference
 from offline_plugins.modules.generation import generate_left_padded, model_context
 
@@ -44,7 +44,6 @@ __all__ = [
     "TextTaskData",
     "RolloutData",
     "CompletionData",
-    "BUILTIN_ROLLOUT_TASKS",
     "resolve_rollout_id",
     "sft_reference",
     "load_rollout_data",
@@ -57,33 +56,27 @@ __all__ = [
 
 
 def _task_of(dataset_id: str, files: str) -> tuple[str, Any]:
-    """``(canonical id, the built-in task or None for a file)``; a :class:`RolloutError` naming what
-    ids are accepted (the built-in tasks and ``files``) otherwise."""
+    """``(canonical id, the registered task or None for a file)``; a :class:`RolloutError` naming what
+    ids are accepted (the registered text tasks and ``files``) otherwise."""
     resolved = resolve_rollout_id(dataset_id)
     if resolved is None:
-        raise RolloutError(f"{dataset_id!r} is not a text task; use {', '.join(BUILTIN_ROLLOUT_TASKS)} (short: "
-                           f"arithmetic, arithmetic-length, tool-arithmetic, tool-python, steps-arithmetic, word-problems, "
-                           f"word-problems-calculator, word-problems-python) or {files}")
-    if resolved not in BUILTIN_ROLLOUT_TASKS:
+        raise RolloutError(f"{dataset_id!r} is not a text task; use {', '.join(text_tasks())} (short: "
+                           f"{text_task_names()}) or {files}")
+    tasks = text_tasks()
+    if resolved not in tasks:
         return resolved, None
-    from offline_plugins.envs.tasks import make_task
+    return resolved, tasks[resolved].make()
 
-    settings = dict(BUILTIN_ROLLOUT_TASKS[resolved][1])
-    if settings.get("task") in ("tool-arithmetic", "tool-python"):  # multi-turn, with tools (envs.multiturn)
-        from offline_plugins.envs.multiturn import ToolArithmeticTask, ToolPythonTask
 
-        kind = settings.pop("task")
-        return resolved, (ToolArithmeticTask if kind == "tool-arithmetic" else ToolPythonTask)(**settings)
-    if str(settings.get("task", "")).startswith("word-problems"):  # offline_plugins.envs.word_problems
-        from offline_plugins.envs.word_problems import WORD_PROBLEM_TASKS
+def __getattr__(name: str):
+    if name == "BUILTIN_ROLLOUT_TASKS":  # the table the registry replaced (TextTaskSpec records)
+        import warnings
 
-        return resolved, WORD_PROBLEM_TASKS[settings.pop("task")](**settings)
-    if settings.get("task") == "steps-arithmetic":  # one step a line (offline_plugins.envs.steps)
-        from offline_plugins.envs.steps import StepChainTask
-
-        settings.pop("task")
-        return resolved, StepChainTask(**settings)
-    return resolved, make_task(**settings)
+        warnings.warn("offline_plugins.data.rollouts.BUILTIN_ROLLOUT_TASKS is deprecated: the text tasks are "
+                      "registered records, offline_plugins.data.text_ids.text_tasks()", DeprecationWarning,
+                      stacklevel=2)
+        return {k: (v.summary, dict(v.settings)) for k, v in text_tasks().items()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _with_turn_settings(resolved: str, task: Any, **settings: Any) -> Any:

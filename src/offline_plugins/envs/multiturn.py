@@ -28,7 +28,7 @@ reach unless it calls the calculator; its SFT demonstrations call it
 >>> ToolArithmeticTask(tools=("calculator", "abacus"))
 Traceback (most recent call last):
 ...
-offline_plugins.envs.tools.ToolError: unknown tool 'abacus' in tools=('calculator', 'abacus'); the built-in tools are calculator, python
+offline_plugins.envs.tools.ToolError: unknown tool 'abacus' in tools=('calculator', 'abacus'); the registered tools are calculator, python ('offline-plugins list', tools)
 >>> MultiTurn(ToolBox([Calculator()]), max_turns=0)
 Traceback (most recent call last):
 ...
@@ -44,32 +44,28 @@ from dataclasses import dataclass
 from typing import Callable, ClassVar, Optional, Sequence
 
 from offline_plugins.envs.tasks import Problem, exact_match
-from offline_plugins.envs.tools import Calculator, PythonTool, Tool, ToolBox, ToolError, ToolResult
+from offline_plugins.envs.tools import Calculator, ToolBox, ToolError, ToolResult  # noqa: F401 (Calculator: the doctests)
 
-__all__ = ["MultiTurn", "ToolArithmeticTask", "ToolPythonTask", "FAILURE_KINDS", "BUILTIN_TOOLS", "make_tools"]
+__all__ = ["MultiTurn", "ToolArithmeticTask", "ToolPythonTask", "FAILURE_KINDS", "make_tools"]
 
 #: the kinds of a failed tool call (:class:`~offline_plugins.envs.tools.ToolResult`), each counted per round
 FAILURE_KINDS = ("malformed", "unknown_tool", "error", "timeout", "sandbox", "crash")
 
-#: the built-in tools by name, made from ``(timeout, sandbox)``: the seconds one call may take and the sandbox
-#: name (the Python tool's)
-BUILTIN_TOOLS: dict[str, Callable[[float, Optional[str]], Tool]] = {
-    "calculator": lambda timeout, sandbox: Calculator(),
-    "python": lambda timeout, sandbox: PythonTool(timeout=timeout, sandbox=sandbox),
-}
-
-
 def make_tools(names: Sequence[str], *, timeout: float = 5.0, sandbox: Optional[str] = None) -> ToolBox:
-    """A :class:`~offline_plugins.envs.tools.ToolBox` of the built-in tools ``names``; the Python tool's
-    code runs in the registered sandbox ``sandbox`` (None: ``bwrap``)."""
+    """A :class:`~offline_plugins.envs.tools.ToolBox` of the registered tools ``names``
+    (:class:`~offline_plugins.plugins.registry.ToolSpec`: the built-in ``calculator`` and ``python``, a
+    plugin's); a tool that runs code runs it in the registered sandbox ``sandbox`` (None: ``bwrap``)."""
+    from offline_plugins.plugins import shared_registry
+
     names = tuple(names)
     if not names:
         raise ToolError("tools is empty; name at least one tool, e.g. tools=calculator")
-    unknown = [n for n in names if n not in BUILTIN_TOOLS]
+    tools = shared_registry().tools
+    unknown = [n for n in names if n not in tools]
     if unknown:
-        raise ToolError(f"unknown tool {unknown[0]!r} in tools={names!r}; the built-in tools are "
-                        f"{', '.join(BUILTIN_TOOLS)}")
-    return ToolBox([BUILTIN_TOOLS[n](timeout, sandbox) for n in names])
+        raise ToolError(f"unknown tool {unknown[0]!r} in tools={names!r}; the registered tools are "
+                        f"{', '.join(tools)} ('offline-plugins list', tools)")
+    return ToolBox([tools[n].make(timeout=timeout, sandbox=sandbox) for n in names])
 
 
 @dataclass(frozen=True)
@@ -117,7 +113,7 @@ class ToolArithmeticTask:
         digits: the operands' digits.
         max_turns: the episode's turn limit.
         test_fraction: share of problems held out.
-        tools: the built-in tools the episodes may call (:data:`BUILTIN_TOOLS`).
+        tools: the built-in tools the episodes may call (registered :class:`~offline_plugins.plugins.registry.ToolSpec` names).
         tool_timeout: seconds one call of the Python tool may take.
         tool_sandbox: the registered sandbox the Python tool's code runs in (None: ``bwrap``).
         tool_reward: the per-turn reward of a turn whose call answered the product (0: the verifier's

@@ -80,13 +80,19 @@ class TextRollouts(DataKind):
         return resolve_rollout_id(dataset) is not None
 
     def resolve(self, dataset: str, *, spec, registry) -> tuple[str, Optional[str]]:
-        from offline_plugins.data.rollouts import RolloutError, resolve_rollout_id
+        import difflib
 
-        resolved = resolve_rollout_id(dataset)
+        from offline_plugins.data.rollouts import RolloutError
+        from offline_plugins.data.text_ids import resolve_rollout_id, text_task_names, text_tasks
+
+        resolved = resolve_rollout_id(dataset, registry)
         if resolved is None:
+            names = [a for t in text_tasks(registry).values() for a in (t.id, *t.aliases)]
+            close = difflib.get_close_matches(dataset.strip(), names, n=2, cutoff=0.6)
+            hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
             raise RolloutError(f"{spec.name} trains on its own rollouts of a text task, but {dataset!r} is not one; "
-                               "use a built-in task (arithmetic, arithmetic-length, tool-arithmetic, tool-python, "
-                               "steps-arithmetic, word-problems, word-problems-calculator, word-problems-python) or a .jsonl file of prompt/answer rows (prompt rows with --reward "
+                               f"{hint}use a registered task ({text_task_names(registry)}; 'offline-plugins data "
+                               "list') or a .jsonl file of prompt/answer rows (prompt rows with --reward "
                                "module:function)")
         return resolved, "tokens"
 

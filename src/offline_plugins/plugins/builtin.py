@@ -35,4 +35,5 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "offline_plugins.algorithms.prm_rl": "offline_plugins.algorithms.prm_rl",
     "judges": "offline_plugins.plugins.judges",
     "sandboxes": "offline_plugins.plugins.sandboxes",
+    "text-tasks": "offline_plugins.plugins.text_tasks",
 }

@@ -66,3 +66,23 @@ def offline_plugins_register_sandboxes(registry):
     Args:
         registry: a registrar; call ``registry.add(spec)`` once per sandbox.
     """
+
+
+@hookspec
+def offline_plugins_register_text_tasks(registry):
+    """Add :class:`~offline_plugins.plugins.registry.TextTaskSpec` records: text tasks ``--dataset`` takes
+    for the algorithms trained on their own rollouts (``grpo`` ...), listed by ``data list``.
+
+    Args:
+        registry: a registrar; call ``registry.add(spec)`` once per task.
+    """
+
+
+@hookspec
+def offline_plugins_register_tools(registry):
+    """Add :class:`~offline_plugins.plugins.registry.ToolSpec` records: tools a multi-turn task's policy
+    may call (a task's ``tools`` setting names them).
+
+    Args:
+        registry: a registrar; call ``registry.add(spec)`` once per tool.
+    """

@@ -202,7 +202,8 @@ def load_registry(
     registry.disabled = set(host.blocked)
     hook_names = ("offline_plugins_register_data_kinds", "offline_plugins_register_algorithms",
                   "offline_plugins_register_datasets", "offline_plugins_register_judges",
-                  "offline_plugins_register_sandboxes")
+                  "offline_plugins_register_sandboxes", "offline_plugins_register_text_tasks",
+                  "offline_plugins_register_tools")
     for name in list(host.order):
         plugin = host.pm.get_plugin(name)
         if plugin is None:

@@ -28,7 +28,7 @@ import dataclasses
 import difflib
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 from offline_plugins.errors import UserError
 from offline_plugins.plugins.datakind import DataKind
@@ -40,6 +40,8 @@ __all__ = [
     "DatasetSpec",
     "JudgeSpec",
     "SandboxSpec",
+    "TextTaskSpec",
+    "ToolSpec",
     "Registry",
     "ScopedRegistrar",
     "BrokenPlugin",
@@ -376,6 +378,93 @@ class JudgeSpec:
 
 
 @dataclass(frozen=True)
+class TextTaskSpec:
+    """A text task a plugin provides: an id ``--dataset`` takes for the algorithms trained on their
+    own rollouts (``grpo`` ...), with its short aliases.
+
+    Attributes:
+        id: the canonical id, ``namespace/name/vN`` (``offline-plugins/arithmetic/v0``).
+        summary: one line: the prompts and the reward.
+        task: the task's factory (a class or a function, or its import path), called with
+            ``settings`` as keyword arguments; what it returns is a task of
+            :mod:`offline_plugins.envs.tasks`' shape (``problems``, ``rewards``, ``name``).
+        settings: keyword arguments of ``task``, as ``(key, value)`` pairs.
+        aliases: other names of the id (``arithmetic``, ``arithmetic/v0``).
+        provider, version, plugin: filled in by the host.
+
+    >>> TextTaskSpec("me/reverse/v0", "reverse a word", "my_plugin:ReverseTask", aliases=("reverse",)).name
+    'me/reverse/v0'
+    """
+
+    id: str
+    summary: str
+    task: Union[str, Callable]
+    settings: tuple[tuple[str, Any], ...] = ()
+    aliases: tuple[str, ...] = ()
+    provider: str = ""
+    version: str = ""
+    plugin: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.id or " " in self.id or self.id.count("/") < 1 or self.id.endswith(".jsonl"):
+            raise ValueError(f"TextTaskSpec: id must look like 'namespace/name/v0', got {self.id!r}")
+
+    @property
+    def name(self) -> str:
+        return self.id
+
+    def make(self) -> Any:
+        """The task, built by its factory with its settings."""
+        return resolve(self.task)(**dict(self.settings))
+
+    def to_dict(self) -> dict[str, Any]:
+        task = self.task if isinstance(self.task, str) else f"{self.task.__module__}:{self.task.__qualname__}"
+        return {"id": self.id, "summary": self.summary, "task": task, "settings": dict(self.settings),
+                "aliases": list(self.aliases), **provenance(self)}
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool a plugin provides for multi-turn episodes: the name a policy calls it by
+    (``<tool name="NAME">...</tool>``) and a task's ``tools`` setting takes.
+
+    Attributes:
+        name: a lower-case word.
+        summary: one line: what a call does.
+        tool: a :class:`~offline_plugins.envs.tools.Tool` subclass or factory (or its import path),
+            called with those of ``timeout`` (seconds a call may take) and ``sandbox`` (the registered
+            sandbox's name, for a tool that runs model-written code) that it takes.
+        provider, version, plugin: filled in by the host.
+    """
+
+    name: str
+    summary: str
+    tool: Union[str, Callable, type]
+    provider: str = ""
+    version: str = ""
+    plugin: str = ""
+
+    def __post_init__(self) -> None:
+        _check_word("ToolSpec", "tool", self.name)
+
+    def make(self, *, timeout: float = 5.0, sandbox: Optional[str] = None) -> Any:
+        """The tool, built with the settings its factory takes."""
+        import inspect
+
+        factory = resolve(self.tool)
+        try:
+            params = inspect.signature(factory).parameters
+        except (TypeError, ValueError):
+            params = {}
+        kwargs = {k: v for k, v in (("timeout", timeout), ("sandbox", sandbox)) if k in params}
+        return factory(**kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        tool = self.tool if isinstance(self.tool, str) else f"{self.tool.__module__}:{self.tool.__qualname__}"
+        return {"name": self.name, "summary": self.summary, "tool": tool, **provenance(self)}
+
+
+@dataclass(frozen=True)
 class SandboxSpec:
     """A sandbox a plugin provides for tools that run model-written code: ``--set tool_sandbox=NAME``.
 
@@ -429,6 +518,8 @@ class Registry:
     data_kinds: dict[str, Any] = field(default_factory=dict)  # name -> DataKind
     judges: dict[str, JudgeSpec] = field(default_factory=dict)
     sandboxes: dict[str, SandboxSpec] = field(default_factory=dict)
+    text_tasks: dict[str, TextTaskSpec] = field(default_factory=dict)
+    tools: dict[str, ToolSpec] = field(default_factory=dict)
     broken: list[BrokenPlugin] = field(default_factory=list)
     plugins: dict[str, tuple[str, str]] = field(default_factory=dict)  # plugin -> (provider, version)
     disabled: set[str] = field(default_factory=set)  # plugin names switched off by the user
@@ -446,6 +537,16 @@ class Registry:
             table, kind = self.judges, "judge"
         elif isinstance(spec, SandboxSpec):
             table, kind = self.sandboxes, "sandbox"
+        elif isinstance(spec, TextTaskSpec):
+            table, kind = self.text_tasks, "text task"
+            taken = {a: t for t in self.text_tasks.values() for a in (t.id, *t.aliases)}
+            clash = next((a for a in (spec.id, *spec.aliases) if a in taken and taken[a].id != spec.id), None)
+            if clash is not None:
+                raise DuplicateNameError(
+                    f"text task name {clash!r} is registered twice: by {_who(taken[clash])} and by {_who(spec)}; "
+                    f"uninstall one, or switch one plugin off with OFFLINE_PLUGINS_DISABLE={spec.plugin}")
+        elif isinstance(spec, ToolSpec):
+            table, kind = self.tools, "tool"
         elif isinstance(spec, DataKind):
             table, kind = self.data_kinds, "data kind"
             if not spec.name or spec.name != spec.name.strip().lower() or " " in spec.name:
@@ -453,7 +554,8 @@ class Registry:
                                  f"got {spec.name!r}")
         else:
             raise TypeError(
-                "registry.add expects an AlgorithmSpec, a DatasetSpec, a JudgeSpec, a SandboxSpec or a DataKind, got "
+                "registry.add expects an AlgorithmSpec, a DatasetSpec, a JudgeSpec, a SandboxSpec, a TextTaskSpec, a "
+                "ToolSpec or a DataKind, got "
                 f"{type(spec).__name__}"
             )
         old = table.get(spec.name)
@@ -478,6 +580,23 @@ class Registry:
     def sandbox(self, name: str) -> SandboxSpec:
         """The :class:`SandboxSpec` called ``name``; an unknown name raises with close matches."""
         return self._lookup(self.sandboxes, name, "sandbox")
+
+    def text_task(self, name: str) -> TextTaskSpec:
+        """The :class:`TextTaskSpec` whose id or alias is ``name``; an unknown name raises with close matches."""
+        found = self.resolve_text_task(name)
+        return self.text_tasks[found] if found is not None else self._lookup(self.text_tasks, name, "text task")
+
+    def resolve_text_task(self, name: str) -> Optional[str]:
+        """The id of the text task called ``name`` (its id or an alias), or None."""
+        name = name.strip()
+        for spec in self.text_tasks.values():
+            if name == spec.id or name in spec.aliases:
+                return spec.id
+        return None
+
+    def tool(self, name: str) -> ToolSpec:
+        """The :class:`ToolSpec` called ``name``; an unknown name raises with close matches."""
+        return self._lookup(self.tools, name, "tool")
 
     def data_kind(self, name: str):
         """The :class:`~offline_plugins.kinds.DataKind` called ``name``; an unknown name raises."""
@@ -563,6 +682,10 @@ class ScopedRegistrar:
                 table = self.registry.judges
             elif isinstance(spec, SandboxSpec):
                 table = self.registry.sandboxes
+            elif isinstance(spec, TextTaskSpec):
+                table = self.registry.text_tasks
+            elif isinstance(spec, ToolSpec):
+                table = self.registry.tools
             else:
                 table = self.registry.data_kinds
             if table.get(spec.name) is spec:

@@ -105,3 +105,31 @@ def offline_plugins_register_sandboxes(registry):
             sandbox="offline_plugins_awr.sandbox:LoggedBwrapSandbox",
         )
     )
+
+
+@hookimpl
+def offline_plugins_register_text_tasks(registry):
+    from offline_plugins.plugins import TextTaskSpec
+
+    registry.add(TextTaskSpec("awr/reverse/v0", "write a word of 3-5 letters backwards, exact match",
+                              "offline_plugins_awr.tasks:ReverseTask", aliases=("reverse",)))
+    # the built-in multi-turn task with this plugin's tool beside the calculator
+    registry.add(TextTaskSpec("awr/tool-arithmetic-reverse/v0", "tool-arithmetic with the reverse tool as well",
+                              "offline_plugins.envs.multiturn:ToolArithmeticTask",
+                              (("tools", ("calculator", "reverse")), ("digits", 2), ("max_turns", 2))))
+
+
+@hookimpl
+def offline_plugins_register_tools(registry):
+    from offline_plugins.plugins import ToolSpec
+
+    registry.add(ToolSpec("reverse", "writes its argument backwards", "offline_plugins_awr.tasks:ReverseTool"))
+
+
+@hookimpl
+def offline_plugins_register_datasets(registry):
+    from offline_plugins.plugins import DatasetSpec
+
+    registry.add(DatasetSpec(id="awr/pendulum-still-v0", summary="Pendulum-v1 under zero torque (4 episodes)",
+                             env_id="Pendulum-v1", make="offline_plugins_awr.tasks:make_still_pendulum",
+                             tier="still", action_space="continuous"))
