@@ -54,3 +54,13 @@ def test_a_plugins_dataset_recipe_is_made_and_trained_on(tmp_path, capsys, minar
                  "--out", str(out), "--no-progress", "--threads", "1"]) == 0, capsys.readouterr().err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["dataset"] == "awr/pendulum-still-v0" and summary["return_mean"] is not None
+
+
+def test_info_describes_a_text_task_and_a_tool_from_their_records(capsys):
+    assert main(["info", "reverse"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("awr/reverse/v0 (text task)") and "offline_plugins_awr.tasks:ReverseTask" in out
+    assert main(["info", "reverse", "--json"]) == 0  # the tool shares the name: the text task is found first
+    assert json.loads(capsys.readouterr().out)["aliases"] == ["reverse"]
+    assert main(["info", "calculator"]) == 0
+    assert capsys.readouterr().out.startswith("calculator (tool)")

@@ -145,6 +145,29 @@ def cmd_info(args) -> int:
         print(f"  use:      --judge {judge['name']} (online-dpo, iterative-dpo), offline-plugins data label DATASET "
               f"--judge {judge['name']} --out FILE.jsonl")
         return 0
+    task = registry.resolve_text_task(args.name) if args.name not in registry.algorithms else None
+    if task is not None:
+        info = registry.text_task(task).to_dict()
+        if args.json:
+            _print_json(info)
+            return 0
+        print(f"{info['id']} (text task): {info['summary']}")
+        print(f"  task:     {info['task']}" + (f" with {info['settings']}" if info["settings"] else ""))
+        print(f"  aliases:  {', '.join(info['aliases']) or '-'}")
+        print(f"  provider: {info['provider']} {info['version']} (plugin {info['plugin']!r})")
+        print(f"  use:      offline-plugins train grpo --dataset {info['aliases'][0] if info['aliases'] else info['id']} "
+              "(any algorithm trained on its own rollouts)")
+        return 0
+    if args.name not in registry.algorithms and args.name.strip().lower() in registry.tools:
+        info = registry.tool(args.name).to_dict()
+        if args.json:
+            _print_json(info)
+            return 0
+        print(f"{info['name']} (tool): {info['summary']}")
+        print(f"  tool:     {info['tool']}")
+        print(f"  provider: {info['provider']} {info['version']} (plugin {info['plugin']!r})")
+        print(f"  use:      a multi-turn task's tools setting: --set tools={info['name']}")
+        return 0
     spec = registry.algorithm(args.name)
     info = spec.to_dict()
     if args.json:
