@@ -22,7 +22,7 @@ def store(monkeypatch, minari_store):
 
 def test_recipes_are_registered_with_all_tiers():
     registry = load_registry()
-    tiers = {s.tier for s in registry.datasets.values() if s.env_id == "Pendulum-v1"}
+    tiers = {s.tier for s in registry.datasets.values() if s.env_id == "Pendulum-v1" and s.provider == "offline-plugins"}
     assert tiers == {"random", "medium", "medium-replay", "expert", "medium-expert"}
     spec = registry.dataset("offline-plugins/pendulum/medium-replay-v0")
     assert spec.provider == "offline-plugins" and spec.plugin == "datasets" and spec.action_space == "continuous"

@@ -168,7 +168,7 @@ def cmd_data_make(args) -> int:
 
 def cmd_data_info(args) -> int:
     """Episodes, steps, returns, reference scores and spaces of one local dataset."""
-    from offline_plugins.data.store import dataset_info
+    from offline_plugins.data.offline import dataset_info
     from offline_plugins.kinds.environment import dropped_text
 
     info = dataset_info(args.id, _registry(args), drop_nonfinite=args.drop_nonfinite, drop_empty=args.drop_empty)

@@ -305,8 +305,7 @@ def relabel(name: str, task: int, episodes: list) -> list:
 
 def _episodes_of(dataset_id: str) -> list:
     """The stored episodes of a local OGBench dataset, with their state arrays."""
-    from offline_plugins.data.offline import read_minari_episodes
-    from offline_plugins.data.store import open_minari_dataset
+    from offline_plugins.data.store import open_minari_dataset, read_minari_episodes
 
     episodes = read_minari_episodes(open_minari_dataset(dataset_id), dataset_id)
     out = []

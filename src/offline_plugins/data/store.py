@@ -31,8 +31,8 @@ from urllib.parse import quote, unquote
 from offline_plugins.data.errors import DatasetError
 
 __all__ = [
+    "read_minari_episodes",
     "store_path",
-    "dataset_info",
     "local_dataset_ids",
     "is_local",
     "resolve_dataset_id",
@@ -583,40 +583,21 @@ def open_minari_dataset(dataset_id: str):
     return dataset
 
 
-def dataset_info(dataset_id: str, registry=None, *, drop_nonfinite: bool = False, drop_empty: bool = False) -> dict:
-    """Episodes, steps, returns, reference scores, spaces and size of a local dataset (what ``data info`` prints)."""
-    from offline_plugins.data.offline import load_offline_data
-    from offline_plugins.data.store import dataset_size_bytes, open_minari_dataset
-
-    data = load_offline_data(
-        dataset_id,
-        make_if_missing=False,
-        drop_nonfinite=drop_nonfinite,
-        drop_empty_episodes=drop_empty,
-        progress=False,
-        registry=registry,
-    )
-    minari_dataset = open_minari_dataset(data.dataset_id)
-    returns = data.episode_returns
-    info = {
-        "id": data.dataset_id,
-        "env_id": data.env_id,
-        "episodes": data.num_episodes,
-        "steps": len(data),
-        "return_min": float(returns.min()),
-        "return_mean": float(returns.mean()),
-        "return_max": float(returns.max()),
-        "ref_min_score": data.ref_min_score,
-        "ref_max_score": data.ref_max_score,
-        "normalized_score_mean": (
-            float(data.normalized_score(returns).mean()) if data.ref_min_score is not None and data.ref_max_score is not None else None
-        ),
-        "observation_space": str(minari_dataset.observation_space),
-        "action_space": str(minari_dataset.action_space),
-        "action_kind": data.action_space,
-        "data_format": minari_dataset.storage.metadata.get("data_format", "hdf5"),
-        "size_bytes": dataset_size_bytes(data.dataset_id),
-        "algorithm": minari_dataset.storage.metadata.get("algorithm_name"),
-        "dropped": dict(data.dropped),
-    }
-    return info
+def read_minari_episodes(dataset, dataset_id: str) -> list[dict]:
+    """Minari's episodes as dicts, every read failure turned into a DatasetError."""
+    fix = f"rebuild it ('offline-plugins data make {dataset_id} --force', or 'minari download {dataset_id} --force')"
+    indices = list(dataset.episode_indices)
+    if not indices:
+        raise DatasetError(f"dataset {dataset_id!r} is empty (0 episodes); {fix}")
+    try:
+        episodes = list(dataset.storage.get_episodes(indices))
+    except KeyError as exc:
+        raise DatasetError(f"dataset {dataset_id!r}: a data file lacks the key {exc}; {fix}") from None
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        raise DatasetError(f"dataset {dataset_id!r}: its data files cannot be read ({reason}); {fix}") from None
+    for ep in episodes:
+        for key in ("observations", "actions", "rewards", "terminations", "truncations"):
+            if ep.get(key) is None:
+                raise DatasetError(f"dataset {dataset_id!r}: episode {ep.get('id')} has no {key!r}; {fix}")
+    return episodes
