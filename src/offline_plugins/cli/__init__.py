@@ -29,6 +29,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "offline_plugins.cli.data",
     "offline_plugins.cli.train",
     "offline_plugins.cli.search",
+    "offline_plugins.cli.serve",
 )
 
 from offline_plugins.cli.registry import registry_for as _registry  # noqa: E402

@@ -115,8 +115,11 @@ def _exact_match(prompts, responses, answer=None, **_):
 
 def load_reward_function(spec: str) -> Callable[..., Sequence[float]]:
     """The callable ``module:function`` names (``--reward``); a ``UserError`` naming what is wrong."""
+    from offline_plugins.data.remote import RemoteReward, is_url
     from offline_plugins.data.reward_source import is_reward_model_dir, reward_model_function
 
+    if is_url(spec):  # an offline-plugins serve reward server (offline_plugins.data.remote)
+        return RemoteReward(str(spec))
     if Path(str(spec)).is_dir():  # a reward-model run's OUT dir or its exported OUT/reward_model
         if not is_reward_model_dir(spec):
             from offline_plugins.data.reward_source import _folder
@@ -210,6 +213,8 @@ class RewardGuard:
                 self._process = _ProcessWorker(fn, name)
             value, error, timed_out = self._process.call(args, kwargs, seconds, self.should_stop)
             self.timed_out += int(timed_out)
+            if isinstance(error, BaseException):
+                raise error
             return value, error
         self._running = [t for t in self._running if t.is_alive()]
         if len(self._running) >= self.max_running:
@@ -232,6 +237,8 @@ class RewardGuard:
                 self.timed_out += 1
                 return None, f"ran past its time limit of {seconds:g} s"
             worker.join(min(left, 0.05))
+        if isinstance(box.get("error"), BaseException):  # one that stops the run (a reward server's)
+            raise box["error"]
         return box.get("value"), box.get("error")
 
 
@@ -337,6 +344,8 @@ def _run_call(fn: Callable, args: tuple, kwargs: dict) -> tuple[Any, Optional[st
     except SystemExit as exc:  # a reward function's sys.exit() is a failed call, not the run's end
         return None, f"called sys.exit({exc.code!r})"
     except Exception as exc:  # noqa: BLE001 - the user's function failed: the guard says which and how
+        if getattr(exc, "stops_run", False):  # a reward server that cannot be used: no retry (data.remote)
+            return None, exc
         return None, f"raised {type(exc).__name__}: {str(exc)[:200]}"
 
 

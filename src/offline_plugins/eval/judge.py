@@ -271,6 +271,24 @@ def label_pairs(judge: Judge, rows: Sequence[Mapping[str, Any]], *, ties: str = 
     return out, summary
 
 
+class RemoteJudge(Judge):
+    """A judge answered by an ``offline-plugins serve judge`` server (``POST /v1/judge``), with the
+    bearer token, retries and checks of :class:`~offline_plugins.data.remote.RemoteClient`."""
+
+    def __init__(self, url: str, *, margin: float = 0.0, **client: Any) -> None:
+        from offline_plugins.data.remote import RemoteClient
+
+        self.client = RemoteClient(url, **client)
+        super().__init__(margin=margin, name=self.client.url)
+
+    def prefer_first(self, asks: Sequence[tuple[str, str, str]]) -> list[float]:
+        from offline_plugins.data.remote import checked_scores
+
+        answer = self.client.post("/v1/judge", {"prompts": [a[0] for a in asks], "firsts": [a[1] for a in asks],
+                                                "seconds": [a[2] for a in asks]})
+        return checked_scores(answer, "p_first", len(asks), self.client.url)
+
+
 def judge_from(spec: Union[str, Judge, Callable], *, registry: Any = None, **kwargs: Any) -> Judge:
     """A :class:`Judge` from a judge, a function ``f(prompt, first, second)``, the name of a registered
     judge (``offline-plugins list``: ``rubric``, and the judges plugins add), ``"MODULE:FUNCTION"``
@@ -286,6 +304,8 @@ def judge_from(spec: Union[str, Judge, Callable], *, registry: Any = None, **kwa
     if callable(spec):
         return FunctionJudge(spec, margin=kwargs.get("margin", 0.0))
     text = str(spec)
+    if text.startswith(("http://", "https://")):  # an offline-plugins serve judge server
+        return RemoteJudge(text, margin=kwargs.get("margin", 0.0))
     if not any(c in text for c in ":/\\") and not Path(text).exists():
         import difflib
 
