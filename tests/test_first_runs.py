@@ -38,9 +38,11 @@ def test_each_task_makes_its_reference_with_its_documented_steps_and_says_so(tas
     lines = [line for line in capsys.readouterr().err.splitlines() if "SFT reference" in line]
     assert len(lines) == 1
     assert f"{steps} steps of sft" in lines[0] and "reference_sft_steps" in lines[0] and str(tmp_path) in lines[0]
-    # the second run reads the cache: nothing trained, nothing said
+    # the second run reads the cache: nothing trained, one line saying which reference and how it was made
     load_rollout_data(task, model=model, cache_dir=tmp_path, finetune=finetune, eval_prompts=4)
-    assert len(finetune.calls) == 1 and "SFT reference" not in capsys.readouterr().err
+    reused = [line for line in capsys.readouterr().err.splitlines() if "SFT reference" in line]
+    assert len(finetune.calls) == 1 and len(reused) == 1 and "making" not in reused[0]
+    assert f"{steps} steps, batch 64" in reused[0] and "1 thread on the cpu" in reused[0]
 
 
 def test_a_set_reference_sft_steps_wins_over_the_tasks_own(tmp_path, capsys):

@@ -236,3 +236,25 @@ def test_the_shell_trains_on_cuda_and_its_checkpoint_evaluates(tmp_path):
     assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
     loss_q = _column(tmp_path / "cuda" / "metrics.csv", "train/loss_qvalue")
     assert len(loss_q) == 6 and all(x == x for x in loss_q)
+
+
+def test_a_group_with_decoupled_weight_decay_decays_as_adamw_and_the_transformers_use_it():
+    """AdamW's decay shrinks a weight by lr * wd * w whatever its gradient; Adam's L2 term is a
+    gradient, normalised away (a weight with no gradient moves by lr). TT, DT and AD follow their
+    references' AdamW; TT also their minGPT's beta2 of 0.95."""
+    from offline_plugins.algorithms.base import OptimizerGroup
+    from offline_plugins.lightning.module import make_grouped_adam
+
+    def one_step(decoupled: bool) -> float:
+        w = torch.nn.Parameter(torch.ones(1))
+        opt = make_grouped_adam([OptimizerGroup("g", [w], 0.01, ("loss",), weight_decay=0.1,
+                                                decoupled_weight_decay=decoupled)])
+        (0.0 * w).sum().backward()
+        opt.step()
+        return float(w)
+
+    assert one_step(True) == pytest.approx(1 - 0.01 * 0.1, abs=1e-7)
+    assert one_step(False) == pytest.approx(1 - 0.01, abs=1e-5)
+    from offline_plugins.algorithms.sequence.tt import TTConfig
+
+    assert TTConfig().adam_beta2 == 0.95

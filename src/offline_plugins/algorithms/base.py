@@ -28,8 +28,11 @@ class OptimizerGroup:
         lr: learning rate.
         loss_keys: the ``loss_*`` entries of the loss output whose sum it minimises.
         every: step it every ``every`` gradient steps (TD3+BC's delayed actor); see :meth:`due`.
-        weight_decay: Adam weight decay.
+        weight_decay: weight decay; decoupled from the gradient (AdamW's, Loshchilov & Hutter
+            2019) when ``decoupled_weight_decay``, else Adam's L2 term added to the gradient.
         max_grad_norm: clip gradients of ``params`` to this norm first (None: no clipping).
+        betas: Adam's moment decay rates (GPT-style models: ``(0.9, 0.95)``).
+        decoupled_weight_decay: AdamW's decay (what the transformer references use) instead of L2.
     """
 
     name: str
@@ -39,6 +42,8 @@ class OptimizerGroup:
     every: int = 1
     weight_decay: float = 0.0
     max_grad_norm: Optional[float] = None
+    betas: tuple[float, float] = (0.9, 0.999)
+    decoupled_weight_decay: bool = False
 
     def due(self, step: int) -> bool:
         """Whether the group steps at the 0-based gradient step ``step``: on every
@@ -65,7 +70,8 @@ class OptimizerGroup:
         instead of one grouped Adam.
         """
         params = self.trainable()
-        return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay, **adam_kernel(params))
+        return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay, betas=tuple(self.betas),
+                                decoupled_weight_decay=self.decoupled_weight_decay, **adam_kernel(params))
 
 
 def adam_kernel(params: Sequence[torch.nn.Parameter]) -> dict[str, bool]:

@@ -340,15 +340,15 @@ def _commit() -> str:
     import offline_plugins
 
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(offline_plugins.__file__).parent,
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(offline_plugins.__file__).parent,
                              capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=Path(offline_plugins.__file__).parent,
+        dirty = subprocess.run(["git", "status", "-s", "--", "."], cwd=Path(offline_plugins.__file__).parent,
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return f"version {offline_plugins.__version__}"
     if out.returncode:
         return f"version {offline_plugins.__version__}"
-    return out.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
+    return out.stdout.strip()[:7] + (" (with uncommitted changes)" if dirty else "")
 
 
 def sft_reference(task: Any, *, model: Any = "tiny", seed: int = 0, steps: int = 2000, batch_size: int = 64,

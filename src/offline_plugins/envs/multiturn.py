@@ -28,7 +28,7 @@ reach unless it calls the calculator; its SFT demonstrations call it
 >>> ToolArithmeticTask(tools=("calculator", "abacus"))
 Traceback (most recent call last):
 ...
-offline_plugins.envs.tools.ToolError: unknown tool 'abacus' in tools=('calculator', 'abacus'); the registered tools are calculator, python ('offline-plugins list', tools)
+offline_plugins.envs.tools.ToolError: unknown tool 'abacus' in tools=('calculator', 'abacus'); the registered tools are calculator, python...('offline-plugins list', tools)
 >>> MultiTurn(ToolBox([Calculator()]), max_turns=0)
 Traceback (most recent call last):
 ...

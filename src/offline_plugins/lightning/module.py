@@ -77,7 +77,8 @@ def make_grouped_adam(groups: Sequence[OptimizerGroup]) -> torch.optim.Adam:
     gradient, so Adam leaves its parameters and moments alone.
     """
     param_groups = [
-        {"params": g.trainable(), "lr": g.lr, "weight_decay": g.weight_decay, "name": g.name} for g in groups
+        {"params": g.trainable(), "lr": g.lr, "weight_decay": g.weight_decay, "name": g.name,
+         "betas": tuple(g.betas), "decoupled_weight_decay": g.decoupled_weight_decay} for g in groups
     ]
     return torch.optim.Adam(param_groups, **adam_kernel([p for pg in param_groups for p in pg["params"]]))
 

@@ -109,7 +109,8 @@ def build(config: ADConfig, data: Any):
                                          reward_scale=getattr(stats, "reward_scale", 1.0),
                                          reward_shift=getattr(stats, "reward_shift", 0.0))
     actor = _glue.group("actor", loss.actor_network_params, config.lr, "loss",
-                        weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm)
+                        weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
+                        decoupled_weight_decay=True)  # AdamW, as the reference
     return AlgorithmParts(loss=loss, policy=policy, optimizers=[actor],
                           lr_schedulers=[functools.partial(make_warmup_scheduler, warmup_steps=config.warmup_steps)])
 

@@ -164,7 +164,8 @@ def assemble(config: DTConfig, data: Any, settings: dict, net, loss, context_len
         reward_shift=getattr(stats, "reward_shift", 0.0),
     )
     actor = _glue.group("actor", loss.actor_network_params, config.lr, *loss_keys,
-                        weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm)
+                        weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
+                        decoupled_weight_decay=True)  # AdamW, as the reference
     return AlgorithmParts(
         loss=loss,
         policy=policy,

@@ -43,7 +43,9 @@ class TTConfig:
     num_heads: int = config_field(4, "attention heads per block")
     dropout: float = config_field(0.1, "dropout on embeddings, attention and residuals")
     lr: float = config_field(6e-4, "learning rate after warm-up")
-    weight_decay: float = config_field(0.1, "weight decay of the weight matrices (not biases, norms, embeddings)")
+    weight_decay: float = config_field(0.1, "AdamW's decoupled weight decay of the weight matrices (not biases, norms, "
+                                       "embeddings)")
+    adam_beta2: float = config_field(0.95, "Adam's second-moment decay (the reference's minGPT: 0.95)")
     warmup_steps: int = config_field(100, "linear learning-rate warm-up steps (reference: 1000)")
     max_grad_norm: float = config_field(1.0, "clip the gradient to this norm")
     action_weight: float = config_field(5.0, "cross-entropy weight of action tokens")
@@ -148,8 +150,11 @@ def build(config: TTConfig, data: Any):
         loss=loss,
         policy=planner,
         optimizers=[
-            _glue.group("model", decay, config.lr, "loss_model", weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm),
-            _glue.group("model_no_decay", no_decay, config.lr, "loss_model", max_grad_norm=config.max_grad_norm),
+            # AdamW as the reference's minGPT: decay decoupled from the gradient, on weight matrices only
+            _glue.group("model", decay, config.lr, "loss_model", weight_decay=config.weight_decay,
+                        max_grad_norm=config.max_grad_norm, betas=(0.9, config.adam_beta2), decoupled_weight_decay=True),
+            _glue.group("model_no_decay", no_decay, config.lr, "loss_model", max_grad_norm=config.max_grad_norm,
+                        betas=(0.9, config.adam_beta2)),
         ],
         lr_schedulers=[functools.partial(make_warmup_scheduler, warmup_steps=config.warmup_steps)],
         extra={"planner": planner},
