@@ -46,6 +46,8 @@ class TTConfig:
     weight_decay: float = config_field(0.1, "AdamW's decoupled weight decay of the weight matrices (not biases, norms, "
                                        "embeddings)")
     adam_beta2: float = config_field(0.95, "Adam's second-moment decay (the reference's minGPT: 0.95)")
+    decoupled_weight_decay: bool = config_field(True, "AdamW's decoupled decay (the reference); false: Adam's L2 term "
+                                                "added to the gradient (the package before session 17)")
     warmup_steps: int = config_field(100, "linear learning-rate warm-up steps (reference: 1000)")
     max_grad_norm: float = config_field(1.0, "clip the gradient to this norm")
     action_weight: float = config_field(5.0, "cross-entropy weight of action tokens")
@@ -152,7 +154,8 @@ def build(config: TTConfig, data: Any):
         optimizers=[
             # AdamW as the reference's minGPT: decay decoupled from the gradient, on weight matrices only
             _glue.group("model", decay, config.lr, "loss_model", weight_decay=config.weight_decay,
-                        max_grad_norm=config.max_grad_norm, betas=(0.9, config.adam_beta2), decoupled_weight_decay=True),
+                        max_grad_norm=config.max_grad_norm, betas=(0.9, config.adam_beta2),
+                        decoupled_weight_decay=bool(config.decoupled_weight_decay)),
             _glue.group("model_no_decay", no_decay, config.lr, "loss_model", max_grad_norm=config.max_grad_norm,
                         betas=(0.9, config.adam_beta2)),
         ],
