@@ -121,54 +121,44 @@ def _sandbox_here(spec) -> str:
     return "works here"
 
 
+def _describe(args, info: dict, kind: str, rows: list) -> int:
+    """``info`` as JSON, or as ``NAME (kind): summary`` and ``  key: value`` rows (the provider's before the last)."""
+    if args.json:
+        _print_json(info)
+        return 0
+    print(f"{info.get('name', info.get('id'))} ({kind}): {info['summary']}")
+    rows = rows[:-1] + [("provider", f"{info['provider']} {info['version']} (plugin {info['plugin']!r})")] + rows[-1:]
+    for key, value in rows:
+        print(f"  {key + ':':<9} {value}")
+    return 0
+
+
 def cmd_info(args) -> int:
     registry = _registry(args)
-    if args.name not in registry.algorithms and args.name.strip().lower() in registry.sandboxes:
+    name = args.name.strip().lower()
+    if args.name not in registry.algorithms and name in registry.sandboxes:
         box = registry.sandbox(args.name)
         info = {**box.to_dict(), "here": _sandbox_here(box)}
-        if args.json:
-            _print_json(info)
-            return 0
-        print(f"{info['name']} (tool sandbox): {info['summary']}")
-        print(f"  sandbox:  {info['sandbox']}")
-        print(f"  provider: {info['provider']} {info['version']} (plugin {info['plugin']!r})")
-        print(f"  here:     {info['here']}")
-        print(f"  use:      --set tool_sandbox={info['name']} (tasks whose tools run code: tool-python, tools=python)")
-        return 0
-    if args.name not in registry.algorithms and args.name.strip().lower() in registry.judges:
-        judge = registry.judge(args.name).to_dict()
-        if args.json:
-            _print_json(judge)
-            return 0
-        print(f"{judge['name']} (judge): {judge['summary']}")
-        print(f"  judge:    {judge['judge']}")
-        print(f"  provider: {judge['provider']} {judge['version']} (plugin {judge['plugin']!r})")
-        print(f"  use:      --judge {judge['name']} (online-dpo, iterative-dpo), offline-plugins data label DATASET "
-              f"--judge {judge['name']} --out FILE.jsonl")
-        return 0
+        return _describe(args, info, "tool sandbox", [
+            ("sandbox", info["sandbox"]), ("here", info["here"]),
+            ("use", f"--set tool_sandbox={info['name']} (tasks whose tools run code: tool-python, tools=python)")])
+    if args.name not in registry.algorithms and name in registry.judges:
+        info = registry.judge(args.name).to_dict()
+        return _describe(args, info, "judge", [
+            ("judge", info["judge"]), ("use", f"--judge {info['name']} (online-dpo, iterative-dpo), offline-plugins "
+                                              f"data label DATASET --judge {info['name']} --out FILE.jsonl")])
     task = registry.resolve_text_task(args.name) if args.name not in registry.algorithms else None
     if task is not None:
         info = registry.text_task(task).to_dict()
-        if args.json:
-            _print_json(info)
-            return 0
-        print(f"{info['id']} (text task): {info['summary']}")
-        print(f"  task:     {info['task']}" + (f" with {info['settings']}" if info["settings"] else ""))
-        print(f"  aliases:  {', '.join(info['aliases']) or '-'}")
-        print(f"  provider: {info['provider']} {info['version']} (plugin {info['plugin']!r})")
-        print(f"  use:      offline-plugins train grpo --dataset {info['aliases'][0] if info['aliases'] else info['id']} "
-              "(any algorithm trained on its own rollouts)")
-        return 0
-    if args.name not in registry.algorithms and args.name.strip().lower() in registry.tools:
+        short = info["aliases"][0] if info["aliases"] else info["id"]
+        return _describe(args, info, "text task", [
+            ("task", info["task"] + (f" with {info['settings']}" if info["settings"] else "")),
+            ("aliases", ", ".join(info["aliases"]) or "-"),
+            ("use", f"offline-plugins train grpo --dataset {short} (any algorithm trained on its own rollouts)")])
+    if args.name not in registry.algorithms and name in registry.tools:
         info = registry.tool(args.name).to_dict()
-        if args.json:
-            _print_json(info)
-            return 0
-        print(f"{info['name']} (tool): {info['summary']}")
-        print(f"  tool:     {info['tool']}")
-        print(f"  provider: {info['provider']} {info['version']} (plugin {info['plugin']!r})")
-        print(f"  use:      a multi-turn task's tools setting: --set tools={info['name']}")
-        return 0
+        return _describe(args, info, "tool", [
+            ("tool", info["tool"]), ("use", f"a multi-turn task's tools setting: --set tools={info['name']}")])
     spec = registry.algorithm(args.name)
     info = spec.to_dict()
     if args.json:
