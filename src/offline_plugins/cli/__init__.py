@@ -80,30 +80,25 @@ def cmd_list(args) -> int:
             mark = "[experimental] " if s.experimental else ""
             print(f"{s.name:<{width}}  {s.family:<{fam_w}}  {s.data:<{data_w}}  {s.provider} {s.version}  "
                   f"{mark}{s.summary}")
-    if registry.judges:
-        judges = sorted(registry.judges.values(), key=lambda j: j.name)
-        width = max(len(j.name) for j in judges)
-        print("\njudges (AI feedback: --judge NAME for online-dpo, iterative-dpo, data label, data audit):")
-        for j in judges:
-            print(f"  {j.name:<{width}}  {j.provider} {j.version}  {j.summary}")
-    if registry.tools:
-        tools = sorted(registry.tools.values(), key=lambda x: x.name)
-        width = max(len(x.name) for x in tools)
-        print("\ntools (what a multi-turn task's policy may call; text tasks: 'offline-plugins data list'):")
-        for x in tools:
-            print(f"  {x.name:<{width}}  {x.provider} {x.version}  {x.summary}")
-    if registry.sandboxes:
-        boxes = sorted(registry.sandboxes.values(), key=lambda x: x.name)
-        width = max(len(x.name) for x in boxes)
-        print("\nsandboxes (where the python tool of tool-python runs model-written code: --set tool_sandbox=NAME, "
-              "default bwrap):")
-        for x in boxes:
-            print(f"  {x.name:<{width}}  {x.provider} {x.version}  [{_sandbox_here(x)}] {x.summary}")
+    _section(registry.judges, "judges (AI feedback: --judge NAME for online-dpo, iterative-dpo, data label, data audit)")
+    _section(registry.tools, "tools (what a multi-turn task's policy may call; text tasks: 'offline-plugins data list')")
+    _section(registry.sandboxes, "sandboxes (where the python tool of tool-python runs model-written code: --set "
+             "tool_sandbox=NAME, default bwrap)", mark=lambda x: f"[{_sandbox_here(x)}] ")
     if registry.broken:
         print("\nplugins that failed to load (the others work):")
         for b in registry.broken:
             print(f"  {b.plugin} ({b.provider} {b.version}) [{b.stage}]: {b.error}")
     return 0
+
+
+def _section(records: dict, title: str, mark=lambda record: "") -> None:
+    """A titled block of ``offline-plugins list``: one line per record (name, provider, summary)."""
+    if not records:
+        return
+    width = max(len(name) for name in records)
+    print(f"\n{title}:")
+    for name, x in sorted(records.items()):
+        print(f"  {name:<{width}}  {x.provider} {x.version}  {mark(x)}{x.summary}")
 
 
 def _sandbox_here(spec) -> str:
