@@ -282,10 +282,12 @@ def successes(name: str, goal: dict, qpos, button_states=None):
     return np.concatenate(parts, axis=-1)
 
 
-def relabel(name: str, task: int, episodes: list) -> list:
+def relabel(name: str, task: int, episodes: list, *, keep_states: bool = True) -> list:
     """Minari episode buffers of ``episodes`` with task ``task``'s rewards: at state ``s_t``, the
     count of objects in their goal state minus the count of objects; ``terminations[t]`` where
-    ``s_t`` solves the task (no bootstrapping from it, as OGBench's ``masks``)."""
+    ``s_t`` solves the task (no bootstrapping from it, as OGBench's ``masks``). ``keep_states``: the
+    states go along as Minari ``infos`` (the collected dataset keeps them; a task's view, made from
+    it, needs none)."""
     import numpy as np
     from minari.data_collector import EpisodeBuffer
 
@@ -293,10 +295,10 @@ def relabel(name: str, task: int, episodes: list) -> list:
     out = []
     for ep in episodes:
         T = len(ep["actions"])
-        ok = successes(name, goal, ep["qpos"][:T], ep.get("button_states", [None] * (T + 1))[:T]
-                       if "button_states" in ep else None)
+        buttons = ep["button_states"][:T] if "button_states" in ep else None
+        ok = successes(name, goal, ep["qpos"][:T], buttons)
         rewards = ok.sum(-1).astype(np.float64) - ok.shape[-1]
-        infos = {k: np.asarray(ep[k]) for k in ("qpos", "qvel", "button_states") if k in ep}
+        infos = {k: np.asarray(ep[k]) for k in ("qpos", "qvel", "button_states") if k in ep} if keep_states else None
         out.append(EpisodeBuffer(id=int(ep["id"]), seed=ep.get("seed"), observations=ep["observations"],
                                  actions=ep["actions"], rewards=rewards, terminations=ok.all(-1),
                                  truncations=np.arange(T) == T - 1, infos=infos))
@@ -410,7 +412,7 @@ def make_ogbench_dataset(
             buffers = relabel(name, OGBENCH_ENVS[name].default_task, collected)
             record.update(episodes=n, steps=length)
         else:
-            buffers = relabel(name, task, stored)
+            buffers = relabel(name, task, stored, keep_states=False)
             record = {"from": base}
         record["build_s"] = round(time.monotonic() - started, 1)
         return _write(spec, dataset_id, buffers, name, kind, task, seed, version, record, data_format)

@@ -97,13 +97,7 @@ def make_app(kind: str, scorer: Callable[..., Sequence[float]], *, token: str, m
             return refuse(500, f"the model answered {len(values)} scores for {n} items, or a non-finite one")
         return web.json_response({answer_key: values})
 
-    async def too_large(request, handler):  # aiohttp raises this before the handler for a declared length
-        try:
-            return await handler(request)
-        except web.HTTPRequestEntityTooLarge:
-            return refuse(413, f"the request is over {max_bytes} bytes; send smaller batches")
-
-    app = web.Application(client_max_size=max_bytes, middlewares=[web.middleware(too_large), authenticate])
+    app = web.Application(client_max_size=max_bytes, middlewares=[authenticate])
     app.router.add_post(path, score)
     app.router.add_get("/v1/health", health)
     return app
