@@ -57,6 +57,8 @@ ROLLOUT_DEFAULTS: dict[str, Any] = {
     "reward_timeout": 60.0, "reward_on_failure": 0.0, "reward_workers": "thread",
     # multi-turn tasks (tool-arithmetic): None is the task's own setting
     "max_turns": None, "tools": None, "tool_timeout": 5.0, "tool_reward": 0.0, "tool_sandbox": None,
+    # several rewards (--reward NAME=SPEC twice or more): their weights, None for all 1
+    "reward_weights": None,
 }
 
 

@@ -74,6 +74,10 @@ class SamplingFields(LoRAFields):
                                                "sandbox its code runs in (unset: bwrap, which must be installed; "
                                                "unsafe-subprocess: no isolation, warned; a plugin's: 'offline-plugins "
                                                "list')")
+    reward_weights: Optional[str] = config_field(
+        _D["reward_weights"], "several rewards (--reward NAME=SPEC twice or more): the weight of each in the order "
+        "of the --reward flags, comma-separated (e.g. 1,0.5); the rollouts' reward is their weighted sum (gdpo "
+        "weighs each one's group-standardised advantage instead); unset: all 1")
     tool_reward: float = config_field(_D["tool_reward"], "multi-turn tasks: the reward of a turn whose tool call "
                                       "answered the problem, on that turn's last token (0: the verifier's reward at "
                                       "the end only)")
@@ -138,6 +142,16 @@ class _PolicyGradientFields(GeneratorFields, _RolloutFields):
         None, "cap of the truncated importance weight pi_trainer / pi_sampler per token when the sampler's "
               "log-probs differ from the trainer's (e.g. 2.0, as TRL and verl); unset: off, or 2.0 with "
               "generator=vllm")
+    token_baseline: str = config_field(
+        "group", "the advantage's baseline: group (the algorithm's own, per response) or optimal (the optimal "
+                 "token baseline, arXiv:2602.07078: per position of each group, weighted by each response's "
+                 "score norm; one more policy forward a round)")
+    unbiased_kl: bool = config_field(
+        False, "the KL term as DeepSeek-V3.2's estimate (k3 times pi / pi_sample, arXiv:2512.02556): its "
+               "gradient stays the KL's when the policy has moved from the sampler")
+    off_policy_mask: Optional[float] = config_field(
+        None, "DeepSeek-V3.2's off-policy sequence masking: leave out responses with a negative advantage whose "
+              "mean log(pi_sample / pi) exceeds this (arXiv:2512.02556; unset: off)", bounds=">=0")
 
 
 @dataclass
@@ -216,6 +230,31 @@ class DPPOConfig(_PolicyGradientFields):
 
 
 @dataclass
+class GDPOConfig(_ClippedRatioFields):
+    beta: float = config_field(0.0, "weight of the k3 KL to the reference")
+
+
+@dataclass
+class MaxRLConfig(_ClippedRatioFields):
+    beta: float = config_field(0.0, "weight of the k3 KL to the reference")
+
+
+@dataclass
+class LUSPOConfig(GSPOConfig):
+    pass
+
+
+@dataclass
+class VESPOConfig(_PolicyGradientFields):
+    k_pos: float = config_field(2.0, "shape k of the weight phi(w) = w^k exp(lambda (1 - w)) where the advantage "
+                                     "is not negative (the VESPO paper's training scripts)", bounds=">=0")
+    lam_pos: float = config_field(3.0, "rate lambda of phi where the advantage is not negative", bounds=">0")
+    k_neg: float = config_field(3.0, "shape k of phi where the advantage is negative", bounds=">=0")
+    lam_neg: float = config_field(2.0, "rate lambda of phi where the advantage is negative", bounds=">0")
+    beta: float = config_field(0.0, "weight of the k3 KL to the reference")
+
+
+@dataclass
 class REINFORCEPPConfig(_ClippedRatioFields):
     beta: float = config_field(0.01, "weight of the k1 KL to the reference in the reward (token by token for "
                                      "reinforce-pp, per response for reinforce-pp-baseline)")
@@ -274,15 +313,18 @@ def _parts(config: Any, data: Any, name: str, loss_cls: str, kwargs: dict):
     from offline_plugins.algorithms.preference import policy_and_reference, resolve_lr
     from offline_plugins.algorithms.preference import policy_log_probs
     import offline_plugins.objectives.llm.online as online
+    import offline_plugins.objectives.llm.online_variants as online_variants
 
     require_rollouts(data, name)
     generator = rollout_generator(config, data, name)
     policy, reference = policy_and_reference(config, data, name)
     actor = policy_log_probs(config, policy, name)
     if isinstance(config, _PolicyGradientFields):
-        kwargs["rollout_correction"] = config.rollout_correction
+        kwargs.update(rollout_correction=config.rollout_correction, token_baseline=str(config.token_baseline),
+                      unbiased_kl=bool(config.unbiased_kl), off_policy_mask=config.off_policy_mask)
     try:
-        loss = (loss_cls if isinstance(loss_cls, type) else getattr(online, loss_cls))(actor, **kwargs)
+        module = online_variants if loss_cls in online_variants.__all__ else online
+        loss = (loss_cls if isinstance(loss_cls, type) else getattr(module, loss_cls))(actor, **kwargs)
     except ValueError as exc:
         from offline_plugins.errors import UserError
 
@@ -352,6 +394,34 @@ def build_reinforce_pp_baseline(config: REINFORCEPPConfig, data: Any):
                   {"clip_epsilon": config.clip_epsilon, "beta": config.beta})
 
 
+def build_gdpo(config: GDPOConfig, data: Any):
+    from offline_plugins.errors import UserError
+
+    source = getattr(data, "source", None)
+    names = list(getattr(source, "reward_names", None) or [])
+    if len(names) < 2:
+        raise UserError("gdpo combines several rewards, each standardised on its own, and this run has one: give "
+                        "two or more as --reward NAME=SPEC, e.g. --reward correct=task "
+                        "--reward format=offline_plugins.envs.word_problems:format_reward")
+    return _parts(config, data, "gdpo", "TextGDPOLoss", {"clip_epsilon": config.clip_epsilon, "beta": config.beta,
+                                                          "reward_weights": list(source.reward_weights)})
+
+
+def build_maxrl(config: MaxRLConfig, data: Any):
+    return _parts(config, data, "maxrl", "TextMaxRLLoss", {"clip_epsilon": config.clip_epsilon, "beta": config.beta})
+
+
+def build_luspo(config: LUSPOConfig, data: Any):
+    return _parts(config, data, "luspo", "TextLUSPOLoss",
+                  {"clip_epsilon": (config.clip_low, config.clip_high), "beta": config.beta})
+
+
+def build_vespo(config: VESPOConfig, data: Any):
+    return _parts(config, data, "vespo", "TextVESPOLoss",
+                  {"k_pos": config.k_pos, "lam_pos": config.lam_pos, "k_neg": config.k_neg, "lam_neg": config.lam_neg,
+                   "beta": config.beta})
+
+
 def build_expert_iteration(config: ExpertIterationConfig, data: Any):
     return _parts(config, data, "expert-iteration", "ExpertIterationLoss", {"threshold": config.threshold})
 
@@ -383,6 +453,17 @@ _SPECS = (
     ("dppo", "DPPO (Binary-TV): the trust region on each token's probability change, not its ratio",
      "TextDPPOLoss", "build_dppo", DPPOConfig,
      "Rethinking the Trust Region in LLM Reinforcement Learning, 2026, arXiv:2602.04879"),
+    ("gdpo", "GDPO: several rewards, each standardised within its group, then summed and standardised",
+     "online_variants:TextGDPOLoss", "build_gdpo", GDPOConfig, "Liu et al. 2026, GDPO: Group reward-Decoupled Normalization Policy "
+     "Optimization for Multi-reward RL Optimization, arXiv:2601.05242"),
+    ("maxrl", "MaxRL: the advantage (r - mean) / mean, the gradient of the log success probability",
+     "online_variants:TextMaxRLLoss", "build_maxrl", MaxRLConfig,
+     "Maximum Likelihood Reinforcement Learning, arXiv:2602.02710"),
+    ("luspo", "LUSPO: GSPO with each response's sequence term weighted by its length", "online_variants:TextLUSPOLoss",
+     "build_luspo", LUSPOConfig, "Liu et al. 2026, Length-Unbiased Sequence Policy Optimization, arXiv:2602.05261"),
+    ("vespo", "VESPO: REINFORCE weighted by a smooth reshaping of each response's whole importance ratio",
+     "online_variants:TextVESPOLoss", "build_vespo", VESPOConfig, "Shen et al. 2026, VESPO: Variational Sequence-Level Soft Policy "
+     "Optimization for Stable Off-Policy LLM Training, arXiv:2602.10693"),
     ("reinforce-pp", "REINFORCE++: token-level KL in the reward, advantages normalised over the round, no critic",
      "REINFORCEPPLoss", "build_reinforce_pp", REINFORCEPPConfig,
      "Hu et al. 2025, REINFORCE++, arXiv:2501.03262"),
@@ -396,6 +477,7 @@ _SPECS = (
 
 
 offline_plugins_register_algorithms = builtin_hook(*(
-    builtin_text_algorithm(name, summary, config, paper, loss=f"online:{loss}", build=f"online:{build}",
+    builtin_text_algorithm(name, summary, config, paper, loss=loss if ":" in loss else f"online:{loss}",
+                           build=f"online:{build}",
                            data="text-completions" if name == "sft" else "text-rollouts")
     for name, summary, loss, build, config, paper in _SPECS))

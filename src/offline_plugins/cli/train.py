@@ -69,9 +69,11 @@ def add_parsers(subparsers) -> None:
         "chat template and a 1.7 M Qwen2; the second pads with eos), a save_pretrained directory or a hub id",
     )
     p.add_argument(
-        "--reward", default=None, metavar="MODULE:FUNCTION",
+        "--reward", default=None, action="append", metavar="MODULE:FUNCTION",
         help="algorithms trained on their own rollouts: a reward function (prompts, responses, **row) -> floats, "
-        "instead of the dataset's verifier",
+        "instead of the dataset's verifier (also a reward-model folder or a reward server's http://HOST:PORT). "
+        "Several rewards: --reward NAME=SPEC once each (SPEC 'task': the dataset's verifier), weighed by --set "
+        "reward_weights=1,0.5 (gdpo standardises each on its own)",
     )
     p.add_argument(
         "--generator", default=None, metavar="hf|vllm",
@@ -207,6 +209,8 @@ def cmd_train(args) -> int:
         verbose=args.verbose,
     )
     # an input inside what --overwrite removes (or the run replaces) is refused before it is loaded
+    if args.reward is not None and len(args.reward) == 1:  # one reward: its spec, as before (several: the list)
+        args.reward = args.reward[0]
     check_run_inputs(settings, {"--config": args.config, "--model": args.model, "--reward": args.reward,
                                 "--dataset": args.dataset})
     # a bare --resume continues with the run's own config and data options (the checkpoint is read once)

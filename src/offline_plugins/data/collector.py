@@ -47,6 +47,7 @@ from offline_plugins.data.prompts import (
     RolloutError,
     _prompt_ids,
     rollout_seed,
+    score_parts,
     score_responses,
 )
 from offline_plugins.envs.text import TextEnv
@@ -96,6 +97,9 @@ class RolloutEnv(TextEnv):
 
     def score(self, rows: list[dict], responses: list[str]) -> list[float]:
         return score_responses(self.source, rows, responses, guard=self.guard)
+
+    def score_parts(self, rows: list[dict], responses: list[str]) -> tuple[list[float], Optional[list[list[float]]]]:
+        return score_parts(self.source, rows, responses, guard=self.guard)
 
 
 class RolloutCollector:
@@ -226,7 +230,7 @@ class RolloutCollector:
             row = multiturn_rows(self, model, env, td, rollout_seed(self.seed, rank, round, attempt))
         else:
             td = env.step(self._act(model, env, td, rollout_seed(self.seed, rank, round, attempt)))
-            row = td.select(*_ROW_KEYS)
+            row = td.select(*_ROW_KEYS, ("next", "reward_components"), strict=False)
         if self.reference is not None:
             # the frozen reference belongs to the data, not to the trained module, so the trainer does not
             # move it: it follows the policy's device here, once (a LoRA reference is the policy itself)

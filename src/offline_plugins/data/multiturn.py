@@ -198,7 +198,8 @@ def multiturn_rows(collector: Any, model: torch.nn.Module, env: Any, td: TensorD
                       seed=seed, temperature=collector.temperature, top_p=collector.top_p,
                       generator=collector.generator)
     device = ep.tokens.device
-    verifier = torch.tensor(env.score(env.rows, ep.answers), dtype=torch.float32, device=device)
+    values, parts = env.score_parts(env.rows, ep.answers)
+    verifier = torch.tensor(values, dtype=torch.float32, device=device)
     # the verifier's reward on the last policy token, beside the turns' own
     last = ep.assistant_mask.long().cumsum(-1).argmax(-1, keepdim=True)
     per_token = ep.turn_rewards.scatter_add(1, last, verifier.unsqueeze(-1))
@@ -211,6 +212,8 @@ def multiturn_rows(collector: Any, model: torch.nn.Module, env: Any, td: TensorD
                                "terminated": done.clone()},
                       "response_length": ep.assistant_mask.sum(-1).float(), "group": td.get("group"),
                       "stats": ep.counts}, batch_size=[len(env.rows)], device=device)
+    if parts is not None:  # several rewards of the final answer, side by side (gdpo reads them)
+        row.set(("next", "reward_components"), torch.tensor(parts, dtype=torch.float32, device=device).T.contiguous())
     row.set(("text", "prompt"), td.get(("text", "prompt")))
     row.set(("text", "response"), NonTensorStack.from_list(ep.transcripts))
     return row

@@ -26,7 +26,8 @@ from typing import Any, Callable, Optional, Sequence
 from offline_plugins.errors import UserError
 
 __all__ = ["RolloutError", "RolloutInterrupted", "RewardGuard", "rollout_seed", "PromptSource", "task_prompt_source", "jsonl_prompt_source",
-           "load_reward_function", "score_responses", "greedy_responses", "read_jsonl_rows"]
+           "load_reward_function", "reward_specs", "combined_reward", "score_responses", "score_parts",
+           "greedy_responses", "read_jsonl_rows"]
 
 
 class RolloutError(UserError, ValueError):
@@ -64,6 +65,10 @@ class PromptSource:
         max_prompt_chars: the longest prompt the source can give (tasks: their longest form).
         multiturn: None (one response per episode), or the
             :class:`~offline_plugins.envs.multiturn.MultiTurn` of episodes with tools.
+        components: ``[(name, fn), ...]`` when the run was given several rewards (``--reward NAME=SPEC``
+            twice or more): each response is scored by each (:func:`score_parts`), and ``reward_fn`` is
+            their sum weighted by ``reward_weights`` (:func:`combined_reward`). Empty: one reward.
+        reward_weights: one weight per component.
     """
 
     name: str
@@ -74,6 +79,13 @@ class PromptSource:
     sample_fn: Optional[Callable[[int, int], list[dict]]] = None
     longest_prompts: list[str] = field(default_factory=list)
     multiturn: Optional[Any] = None
+    components: list = field(default_factory=list)
+    reward_weights: list = field(default_factory=list)
+
+    @property
+    def reward_names(self) -> list[str]:
+        """The names of the rewards when there are several (``components``), else ``[]``."""
+        return [name for name, _ in self.components]
 
     def sample(self, n: int, seed: int) -> list[dict]:
         """``n`` training rows drawn with ``seed`` (with replacement)."""
@@ -111,6 +123,80 @@ def _exact_match(prompts, responses, answer=None, **_):
     from offline_plugins.envs.tasks import exact_match
 
     return [exact_match(r, a) for r, a in zip(responses, answer)]
+
+
+#: the ``--reward NAME=SPEC`` spec that names the task's own verifier (a JSONL file's: exact match)
+TASK_REWARD = "task"
+
+
+def reward_specs(reward: Any) -> Optional[list[tuple[str, str]]]:
+    """``[(name, spec), ...]`` of several ``--reward NAME=SPEC`` flags, None for one reward (a string,
+    or a list of one: its spec as given, a ``NAME=`` prefix dropped); a :class:`RolloutError` naming
+    the flag that is not ``NAME=SPEC`` or a name given twice.
+
+    >>> reward_specs(["correct=task", "format=mymod:fmt"])
+    [('correct', 'task'), ('format', 'mymod:fmt')]
+    >>> reward_specs("mymod:score") is None
+    True
+    """
+    if reward is None or isinstance(reward, str):
+        return None
+    flags = [str(r) for r in reward]
+    if len(flags) < 2:
+        return None
+    out: list[tuple[str, str]] = []
+    for flag in flags:
+        name, sep, spec = flag.partition("=")
+        if not sep or not name.replace("_", "").replace("-", "").isalnum() or not spec:
+            raise RolloutError(f"--reward {flag!r}: several rewards are given as NAME=SPEC, each with a name "
+                               "(e.g. --reward correct=task --reward format=mymod:fmt; SPEC is a module:function, a "
+                               "reward-model folder, a server URL, or 'task' for the task's own verifier)")
+        if name in [n for n, _ in out]:
+            raise RolloutError(f"--reward: the name {name!r} is given twice; give each reward its own name")
+        out.append((name, spec))
+    return out
+
+
+def single_reward(reward: Any) -> Optional[str]:
+    """The one reward spec of ``reward`` (a string, or a list of one, a ``NAME=`` prefix dropped)."""
+    if reward is None or isinstance(reward, str):
+        return reward
+    flags = [str(r) for r in reward]
+    if not flags:
+        return None
+    name, sep, spec = flags[0].partition("=")
+    return spec if sep and ":" not in name and "/" not in name and spec else flags[0]
+
+
+def combined_reward(components: Sequence[tuple[str, Callable]], weights: Sequence[float]) -> Callable:
+    """One reward function from several: ``sum_k w_k * f_k(prompts, responses, **columns)``."""
+    def reward(prompts, responses, **columns):
+        total = [0.0] * len(prompts)
+        for (name, fn), w in zip(components, weights):
+            values = list(fn(prompts, responses, **columns))
+            if len(values) != len(prompts):
+                raise RolloutError(f"reward {name} returned {len(values)} rewards for {len(prompts)} responses")
+            total = [t + float(w) * float(v) for t, v in zip(total, values)]
+        return total
+
+    reward.__qualname__ = " + ".join(f"{w:g}*{name}" for (name, _), w in zip(components, weights))
+    return reward
+
+
+def score_parts(source: PromptSource, rows: Sequence[dict], responses: Sequence[str], *,
+                guard: Optional[RewardGuard] = None) -> tuple[list[float], Optional[list[list[float]]]]:
+    """``(reward, components)``: each response's reward, and with several rewards (``source.components``)
+    each one's scores, ``[K][B]``, their weighted sum the reward (else ``(score_responses(...), None)``).
+    Each component is scored as :func:`score_responses` scores one reward: its checks, its guard, its
+    name in every error."""
+    from dataclasses import replace
+
+    if not source.components:
+        return score_responses(source, rows, responses, guard=guard), None
+    parts = [score_responses(replace(source, reward_fn=fn, reward_name=name, components=[]), rows, responses,
+                             guard=guard) for name, fn in source.components]
+    total = [sum(float(w) * p[i] for w, p in zip(source.reward_weights, parts)) for i in range(len(responses))]
+    return total, parts
 
 
 def load_reward_function(spec: str) -> Callable[..., Sequence[float]]:

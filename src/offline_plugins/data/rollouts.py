@@ -10,6 +10,7 @@ SFT (:func:`load_completion_data`).
 from __future__ import annotations
 
 import logging
+import math
 
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -227,8 +228,9 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
                       reward_on_failure: float = 0.0, reward_workers: str = "thread",
                       max_turns: Optional[int] = None, tools: Optional[str] = None,
                       tool_timeout: float = 5.0, tool_reward: float = 0.0,
-                      tool_sandbox: Optional[str] = None, cache_dir: Optional[Path] = None,
-                      progress: bool = False, finetune: Optional[Any] = None) -> RolloutData:
+                      tool_sandbox: Optional[str] = None, reward_weights: Any = None,
+                      cache_dir: Optional[Path] = None, progress: bool = False,
+                      finetune: Optional[Any] = None) -> RolloutData:
     """Load a rollout task (:func:`resolve_rollout_id`) and its reference.
 
     The built-in task with ``model="tiny"`` starts from the cached SFT reference of the
@@ -243,13 +245,21 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
     ``tool_timeout`` seconds in the sandbox ``tool_sandbox`` (None: ``bwrap``; a task whose tools cannot
     work here is refused before anything else is loaded), and a turn whose call answered the problem
     earns ``tool_reward``.
+
+    ``reward`` may list several rewards, ``["NAME=SPEC", ...]`` (``--reward`` given twice or more; SPEC
+    ``task`` is the task's own verifier): each response is scored by each, the rows carry them side by
+    side at ``("next", "reward_components")`` (what ``gdpo`` reads) and their sum weighted by
+    ``reward_weights`` (``"1,0.5"``; None: all 1) is the reward every other loss reads.
     """
     from offline_plugins.data.preference_sources import cache_root
     from offline_plugins.modules.tiny_lm import is_builtin_model, load_causal_lm
 
-    from offline_plugins.data.prompts import RewardGuard
+    from offline_plugins.data.prompts import TASK_REWARD, RewardGuard, reward_specs, single_reward
 
     RewardGuard(workers=reward_workers)  # a bad reward_workers is refused before anything loads
+    specs = reward_specs(reward)  # several rewards: [(name, spec)], checked before anything loads
+    weights = _reward_weights(reward_weights, specs)
+    reward = None if specs is not None else single_reward(reward)
     resolved, task = _task_of(dataset_id, "a .jsonl file of prompt/answer rows")
     task = _with_turn_settings(resolved, task, max_turns=max_turns, tools=tools, tool_timeout=tool_timeout,
                                tool_reward=tool_reward, tool_sandbox=tool_sandbox)
@@ -262,7 +272,11 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
         if not task.scores_exact_match:  # its held-out rows carry answers, but its verifier is not exact match
             gold_key = "heldout_reward"
         source = task_prompt_source(task, n_held_out=eval_prompts)
-        if reward is not None:  # the task's verifier stays the gold score of the held-out responses
+        if specs is not None:
+            _set_components(source, specs, weights)
+            if any(spec != TASK_REWARD for _, spec in specs):  # the verifier stays the held-out gold score
+                gold, gold_key = task.rewards, "heldout_gold"
+        elif reward is not None:  # the task's verifier stays the gold score of the held-out responses
             gold, gold_key = task.rewards, "heldout_gold"
             fn = load_reward_function(reward)
             source.reward_fn, source.reward_name = fn, reward
@@ -276,14 +290,18 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
             reference, tokenizer = load_causal_lm(model, seed=seed)
         from_scratch = False
     else:
-        source = jsonl_prompt_source(resolved, reward=reward)
+        own = specs is not None and any(spec == TASK_REWARD for _, spec in specs)  # its exact match is one of them
+        source = jsonl_prompt_source(resolved, reward=reward if specs is None else (None if own else specs[0][1]))
+        if specs is not None:
+            _set_components(source, specs, weights)
         source.held_out = source.held_out[:eval_prompts] if eval_prompts else source.held_out
         reference, tokenizer = load_causal_lm(model, seed=seed)
         from_scratch = is_builtin_model(model)
-    if reward is not None and Path(str(reward)).is_dir():
-        from offline_plugins.data.reward_source import check_reward_tokenizer
+    for spec in ([reward] if specs is None else [spec for _, spec in specs]):
+        if spec is not None and Path(str(spec)).is_dir():
+            from offline_plugins.data.reward_source import check_reward_tokenizer
 
-        check_reward_tokenizer(reward, tokenizer)
+            check_reward_tokenizer(spec, tokenizer)
     reference.eval()
     for p in reference.parameters():
         p.requires_grad_(False)
@@ -294,6 +312,39 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
                                  reward_on_failure=reward_on_failure)
     return RolloutData(source, reference, tokenizer, collector, dataset_id=resolved, model=str(model),
                        from_scratch=from_scratch, gold=gold, gold_key=gold_key)
+
+
+def _reward_weights(value: Any, specs: Optional[list]) -> list[float]:
+    """``reward_weights`` (``"1,0.5"``, a list, or None: all 1) as one float per reward of ``specs``."""
+    from offline_plugins.data.prompts import RolloutError
+
+    if value is None:
+        return [1.0] * len(specs or [])
+    if specs is None:
+        raise RolloutError(f"reward_weights={value!r} weighs several rewards, and this run has one; give them as "
+                           "--reward NAME=SPEC twice or more, or drop reward_weights")
+    parts = [p.strip() for p in value.split(",")] if isinstance(value, str) else list(value)
+    try:
+        weights = [float(p) for p in parts]
+    except (TypeError, ValueError):
+        weights = []
+    if len(weights) != len(specs) or not all(math.isfinite(w) for w in weights):
+        names = [n for n, _ in specs]
+        raise RolloutError(f"reward_weights={value!r} must be {len(specs)} finite numbers, one per reward "
+                           f"({', '.join(names)}, in the order of the --reward flags), e.g. --set reward_weights="
+                           f"{','.join(['1'] * len(specs))}")
+    return weights
+
+
+def _set_components(source: Any, specs: list, weights: list[float]) -> None:
+    """Give ``source`` the rewards of ``specs`` (``task``: its own reward function) and their weighted sum."""
+    from offline_plugins.data.prompts import TASK_REWARD, combined_reward, load_reward_function
+
+    own = source.reward_fn
+    source.components = [(name, own if spec == TASK_REWARD else load_reward_function(spec)) for name, spec in specs]
+    source.reward_weights = list(weights)
+    source.reward_fn = combined_reward(source.components, weights)
+    source.reward_name = source.reward_fn.__qualname__
 
 
 class CompletionData(TextTaskData):

@@ -199,6 +199,11 @@ class TextEnv(EnvBase):
                                "responses; return one float per response, in order")
         return values
 
+    def score_parts(self, rows: list[dict], responses: list[str]) -> tuple[list[float], Optional[list[list[float]]]]:
+        """``(reward, components)``: :meth:`score`'s rewards, and ``[K][B]`` the scores of each of several
+        rewards where the env has them (written at ``("next", "reward_components")``); here None."""
+        return self.score(rows, responses), None
+
     # -- reset ---------------------------------------------------------------------
     def _reset(self, tensordict: Optional[TensorDictBase] = None, *, round: Optional[int] = None, rank: int = 0,
                attempt: int = 0, **kwargs) -> TensorDictBase:
@@ -333,14 +338,19 @@ class TextEnv(EnvBase):
             with torch.no_grad():
                 scored = self.reward_model(tensordict.select(("tokens", "full"), ("masks", "all_attention_mask")))
             reward = scored.get("reward").reshape(*self.batch_size, 1).float()
-        else:
+        parts = None
+        if self.reward_model is None:
             responses = tensordict.get(("text", "response")).tolist()
-            reward = torch.tensor(self.score(self.rows, responses), dtype=torch.float32)
+            values, parts = self.score_parts(self.rows, responses)
+            reward = torch.tensor(values, dtype=torch.float32)
         reward = reward.to(attn.device).reshape(*self.batch_size, 1)
         if self.reward_per_token:
             last = attn.sum(-1, keepdim=True) - 1
             reward = torch.zeros(*attn.shape, 1, device=attn.device).scatter(-2, last.unsqueeze(-1),
                                                                              reward.unsqueeze(-1))
         done = torch.ones(*self.batch_size, 1, dtype=torch.bool, device=attn.device)
-        return TensorDict({"reward": reward, "done": done, "terminated": done.clone(),
-                           "truncated": torch.zeros_like(done)}, batch_size=self.batch_size, device=self.device)
+        out = TensorDict({"reward": reward, "done": done, "terminated": done.clone(),
+                          "truncated": torch.zeros_like(done)}, batch_size=self.batch_size, device=self.device)
+        if parts is not None:  # several rewards side by side, [B, K] (gdpo reads them)
+            out.set("reward_components", torch.tensor(parts, dtype=torch.float32, device=attn.device).T.contiguous())
+        return out

@@ -48,7 +48,7 @@ from offline_plugins.envs.tasks import Problem, TaskError, hash_split
 from offline_plugins.modules.task_text import FRIENDS, ITEMS, OPENINGS, OPERATIONS, PEOPLE, QUESTIONS
 
 __all__ = ["TIERS", "WORD_PROBLEM_TASKS", "WordProblemTask", "CalculatorWordProblemTask", "PythonWordProblemTask",
-           "final_answer"]
+           "final_answer", "answer_format", "step_accuracy"]
 
 _SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 
@@ -89,6 +89,40 @@ def final_answer(response: str) -> Optional[int]:
         return None
     found = _FINAL.match("####" + tail[1])
     return int(found.group(1).replace(",", "")) if found is not None else None
+
+
+_STEP = re.compile(r"\s*(-?\d+)\s*([+\-*/])\s*(-?\d+)\s*=\s*(-?\d+)\s*")
+
+
+def answer_format(prompts: Sequence[str], responses: Sequence[str], **_) -> list[float]:
+    """A reward for the form alone: 1.0 where a response ends with a ``#### N`` line, else 0.0
+    (``--reward format=offline_plugins.envs.word_problems:answer_format``; a second reward of ``gdpo``).
+
+    >>> answer_format(["", ""], ["3+4=7\\n#### 7", "the answer is 7"])
+    [1.0, 0.0]
+    """
+    return [1.0 if final_answer(r) is not None else 0.0 for r in responses]
+
+
+def step_accuracy(prompts: Sequence[str], responses: Sequence[str], **_) -> list[float]:
+    """A reward for the working: the share of a response's ``a op b = c`` lines whose arithmetic holds
+    (0.0 without any; ``--reward steps=offline_plugins.envs.word_problems:step_accuracy``). It says
+    nothing of whether the steps solve the story: a second reward beside the answer's.
+
+    >>> step_accuracy(["", "", ""], ["3+4=7\\n7*2=15\\n#### 15", "#### 4", "8/2=4"])
+    [0.5, 0.0, 1.0]
+    """
+    out = []
+    for response in responses:
+        steps = [m for m in (_STEP.fullmatch(line) for line in response.split("\n")) if m is not None]
+        right = 0
+        for m in steps:
+            a, op, b, c = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
+            value = a + b if op == "+" else a - b if op == "-" else a * b if op == "*" else (
+                a // b if b != 0 and a % b == 0 else None)
+            right += value == c
+        out.append(right / len(steps) if steps else 0.0)
+    return out
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ __all__ = ["TextRollouts", "TextCompletions"]
 #: (how a round is trained on is the algorithm's: its RolloutPlan)
 _LOAD_SETTINGS = ("group_size", "prompts_per_round", "max_new_tokens", "temperature", "top_p", "reference_sft_steps",
                   "eval_prompts", "max_attempts", "reward_timeout", "reward_on_failure", "reward_workers", "max_turns", "tools",
-                  "tool_timeout", "tool_reward", "tool_sandbox")
+                  "tool_timeout", "tool_reward", "tool_sandbox", "reward_weights")
 
 
 class TextRollouts(DataKind):

@@ -711,10 +711,16 @@ def _run_inputs(plan: RunPlan, given: Optional[Mapping[str, Any]]) -> dict[str, 
 def _existing_inputs(candidates: Mapping[str, Any]) -> dict[str, Path]:
     """Those of ``candidates`` (flag -> value) that name an existing file or folder."""
     found: dict[str, Path] = {}
-    for flag, value in candidates.items():
+    expanded: dict[str, Any] = {}
+    for flag, value in candidates.items():  # several --reward NAME=SPEC: each spec that names a path
+        if isinstance(value, (list, tuple)):
+            expanded.update({f"{flag} {str(v).partition('=')[0]}": str(v).partition("=")[2] or str(v) for v in value})
+        else:
+            expanded[flag] = value
+    for flag, value in expanded.items():
         if isinstance(value, (str, os.PathLike)) and str(value) and os.path.lexists(value):
             path = Path(value)
-            if flag == "--reward" and path.is_dir() and (path / "reward_model").is_dir():
+            if flag.startswith("--reward") and path.is_dir() and (path / "reward_model").is_dir():
                 path = path / "reward_model"  # a reward-model run's OUT names the reward model inside it
             found[flag] = path
     return found

@@ -46,10 +46,22 @@ from typing import Optional
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
 
-from offline_plugins.objectives.llm.ppo_rlhf import masked_whiten
+from offline_plugins.objectives.llm.estimators import (  # noqa: F401 - group_advantages, k3_kl, overlong_penalty: re-exported
+    group_advantages,
+    k3_kl,
+    masked_whiten,
+    off_policy_sequence_mask,
+    optimal_token_advantages,
+    overlong_penalty,
+    unbiased_kl,
+)
 from offline_plugins.objectives.llm.rollout import GroupAdvantageLoss, RolloutLoss
 
+#: the baselines of the GRPO family's advantage (``token_baseline``)
+TOKEN_BASELINES = ("group", "optimal")
+
 __all__ = [
+    "TOKEN_BASELINES",
     "group_advantages",
     "overlong_penalty",
     "k3_kl",
@@ -67,79 +79,6 @@ __all__ = [
     "ExpertIterationLoss",
     "TextSFTLoss",
 ]
-
-
-def group_advantages(
-    rewards: torch.Tensor,
-    groups: torch.Tensor,
-    *,
-    scale: bool = True,
-    leave_one_out: bool = False,
-    eps: float = 1e-6,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(advantage, has_signal)`` per row: each reward against the other rewards of its group.
-
-    * ``scale=True`` (GRPO, Shao et al. 2024, arXiv:2402.03300): ``(r - mean_g) / std_g`` with
-      the **population** std (divide by ``G``), as the seeds' example 5.6.2(a);
-    * ``scale=False`` (Dr. GRPO, Liu et al. 2025, arXiv:2503.20783): ``r - mean_g``;
-    * ``leave_one_out=True`` (RLOO, Ahmadian et al. 2024, arXiv:2402.14740):
-      ``r_i - mean_{j != i} r_j = G / (G - 1) * (r_i - mean_g)``, unscaled.
-
-    A group whose rewards are all equal (std below ``eps``) carries no signal: its
-    advantages are exactly 0 (never NaN) and ``has_signal`` is False for its rows.
-    Groups may have different sizes; a group of one row has no signal.
-
-    >>> a, s = group_advantages(torch.tensor([1., 0., 1., 1.]), torch.tensor([0, 0, 1, 1]), leave_one_out=True)
-    >>> a.tolist(), s.tolist()
-    ([1.0, -1.0, 0.0, 0.0], [True, True, False, False])
-    """
-    rewards = rewards.reshape(-1).to(torch.float32)
-    groups = groups.reshape(-1)
-    _, inverse = torch.unique(groups, return_inverse=True)
-    n_groups = groups.numel()  # an upper bound on the number of groups: no host sync for the max
-    ones = torch.ones_like(rewards)
-    n = torch.zeros(n_groups, dtype=rewards.dtype, device=rewards.device).index_add(0, inverse, ones)
-    mean = torch.zeros_like(n).index_add(0, inverse, rewards) / n.clamp_min(1)
-    centred = rewards - mean[inverse]
-    var = torch.zeros_like(n).index_add(0, inverse, centred**2) / n.clamp_min(1)
-    std = var.sqrt()[inverse]
-    size = n[inverse]
-    signal = (std > eps) & (size > 1)
-    if leave_one_out:
-        adv = centred * size / (size - 1).clamp_min(1)
-    elif scale:
-        adv = centred / std.clamp_min(eps)
-    else:
-        adv = centred
-    return torch.where(signal, adv, torch.zeros_like(adv)), signal
-
-
-def overlong_penalty(lengths: torch.Tensor, *, max_length: int, cache: int) -> torch.Tensor:
-    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476, eq. 13).
-
-    0 for responses up to ``max_length - cache`` tokens, falling linearly to -1 at
-    ``max_length``, -1 beyond.
-
-    >>> overlong_penalty(torch.tensor([4, 6, 7, 8, 9]), max_length=8, cache=2).tolist()
-    [0.0, 0.0, -0.5, -1.0, -1.0]
-    """
-    lengths = lengths.to(torch.float32)
-    if cache <= 0:
-        return torch.where(lengths > max_length, -torch.ones_like(lengths), torch.zeros_like(lengths))
-    soft = ((max_length - cache) - lengths) / cache
-    return soft.clamp(-1.0, 0.0)
-
-
-def k3_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
-    """Schulman's k3 estimator of KL(pi || pi_ref) per token: ``exp(d) - d - 1``, ``d = ref - logp``.
-
-    Non-negative, unbiased, and what GRPO adds to its loss (arXiv:2402.03300, eq. 4).
-
-    >>> k3_kl(torch.tensor([-1.0]), torch.tensor([-1.0])).item()
-    0.0
-    """
-    d = ref_log_probs - log_probs
-    return torch.expm1(d) - d
 
 
 class TextGRPOLoss(GroupAdvantageLoss):
@@ -168,6 +107,20 @@ class TextGRPOLoss(GroupAdvantageLoss):
             verl's rollout correction). The weights' effective sample size and the sampler's
             k1 KL to the trainer are logged (``rollout_ess``, ``rollout_mismatch_kl``). Defaults
             to ``None`` (off: the sampler's log-probs are the trainer's).
+        token_baseline (str): ``"group"`` (the loss's own per-response advantage) or ``"optimal"``: the
+            optimal token baseline (:func:`~offline_plugins.objectives.llm.estimators.optimal_token_advantages`;
+            Li et al. 2026, arXiv:2602.07078), a baseline per position of each prompt's group weighted
+            by each response's score norm so far, written per token in place of the group's. It reads
+            the full-vocabulary distribution of every sampled token: :meth:`process_rollouts` runs one
+            more forward of the policy (``actor_network.logits``). Defaults to ``"group"``.
+        unbiased_kl (bool): the KL term is DeepSeek-V3.2's estimate, k3 weighted by ``pi / pi_sample``
+            (:func:`~offline_plugins.objectives.llm.estimators.unbiased_kl`), whose gradient stays the
+            KL's once the policy has moved from the sampler. Defaults to ``False`` (k3).
+        off_policy_mask (float, optional): DeepSeek-V3.2's off-policy sequence masking with threshold
+            ``delta``: a response with a negative advantage whose mean ``log(pi_sample / pi)`` exceeds
+            ``delta`` is left out of the objective
+            (:func:`~offline_plugins.objectives.llm.estimators.off_policy_sequence_mask`; the share left
+            out is logged as ``masked_sequences``). Defaults to ``None`` (off).
 
     Examples:
         >>> import torch
@@ -198,6 +151,8 @@ class TextGRPOLoss(GroupAdvantageLoss):
     tensor_keys: _AcceptedKeys
     #: whether the KL to the reference is a loss term (RLOO puts it in the reward instead)
     kl_as_term: bool = True
+    #: whether the advantage is a per-response one that ``token_baseline="optimal"`` may replace
+    token_baseline_applies: bool = True
     default_clip = 0.2
     default_beta = 0.04
 
@@ -209,9 +164,26 @@ class TextGRPOLoss(GroupAdvantageLoss):
         beta: Optional[float] = None,
         length_normalizer: Optional[int] = None,
         rollout_correction: Optional[float] = None,
+        token_baseline: str = "group",
+        unbiased_kl: bool = False,
+        off_policy_mask: Optional[float] = None,
     ) -> None:
         super().__init__()
         self.actor_network = actor_network
+        name = type(self).__name__
+        if token_baseline not in TOKEN_BASELINES:
+            raise ValueError(f"{name}: token_baseline must be one of {', '.join(TOKEN_BASELINES)}, got "
+                             f"{token_baseline!r}")
+        if token_baseline == "optimal" and not self.token_baseline_applies:
+            raise ValueError(f"{name}: token_baseline='optimal' replaces a per-response group advantage, which "
+                             f"{name} does not use (it writes its own); leave token_baseline='group'")
+        self.token_baseline = token_baseline
+        self.unbiased_kl = bool(unbiased_kl)
+        if off_policy_mask is not None and (isinstance(off_policy_mask, bool)
+                                            or not isinstance(off_policy_mask, (int, float)) or off_policy_mask < 0):
+            raise ValueError(f"{name}: off_policy_mask is the threshold on a response's mean log(pi_sample / pi), a "
+                             f"number >= 0 or None, got {off_policy_mask!r}")
+        self.off_policy_mask = None if off_policy_mask is None else float(off_policy_mask)
         if rollout_correction is not None and not (isinstance(rollout_correction, (int, float))
                                                    and not isinstance(rollout_correction, bool)
                                                    and float(rollout_correction) >= 1):
@@ -234,14 +206,20 @@ class TextGRPOLoss(GroupAdvantageLoss):
     @property
     def out_keys(self):
         keys = ["loss_objective", "loss_kl", "kl_to_reference", "clip_fraction", "ratio_mean"]
-        return keys + (["rollout_ess", "rollout_mismatch_kl"] if self.rollout_correction is not None else [])
+        keys += ["rollout_ess", "rollout_mismatch_kl"] if self.rollout_correction is not None else []
+        return keys + (["masked_sequences"] if self.off_policy_mask is not None else [])
 
     def process_rollouts(self, td: TensorDictBase) -> TensorDictBase:
         """The advantages, and with ``rollout_correction`` the trainer's log-probs of the round and
         each token's truncated importance weight ``min(exp(lp_trainer - lp_sample), cap)``."""
         td = super().process_rollouts(td)
-        if self.rollout_correction is None:
-            return td
+        if self.rollout_correction is not None:
+            td = self._rollout_weights(td)
+        if self.token_baseline == "optimal":
+            td = self._optimal_token_baseline(td)
+        return td
+
+    def _rollout_weights(self, td: TensorDictBase) -> TensorDictBase:
         k = self.tensor_keys
         tokens, attn, mask = self._text(td)
         mask = mask.bool()
@@ -252,6 +230,31 @@ class TextGRPOLoss(GroupAdvantageLoss):
         td.set(k.trainer_log_probs, trainer)
         td.set(k.rollout_weight, torch.where(mask, log_w.exp().clamp(max=self.rollout_correction),
                                              torch.zeros_like(trainer)))
+        return td
+
+    def _optimal_token_baseline(self, td: TensorDictBase) -> TensorDictBase:
+        """Replace the advantage by the optimal token baseline's (``token_baseline="optimal"``)."""
+        k = self.tensor_keys
+        tokens, attn, mask = self._text(td)
+        mask = mask.bool()
+        logits_of = getattr(self.actor_network, "logits", None)
+        if logits_of is None:
+            raise ValueError(f"{type(self).__name__}: token_baseline='optimal' reads the policy's full distribution "
+                             f"at each sampled token, and the actor {type(self.actor_network).__name__} has no "
+                             "logits(tokens, attention_mask) (CausalLMLogProbs has)")
+        with torch.no_grad():
+            logits = logits_of(tokens, attn)[..., :-1, :].float()
+            sum_p2 = torch.nn.functional.pad(logits.softmax(-1).pow(2).sum(-1), (1, 0))  # position t: the next token's
+        dense = td.get(k.token_reward, None)
+        if dense is not None:  # a multi-turn episode's rewards where earned: what is still to come
+            returns = dense.to(torch.float32).flip(-1).cumsum(-1).flip(-1)
+        else:
+            returns = self.rollout_rewards(td).unsqueeze(-1).expand(mask.shape)
+        sample = self._get(td, "sample_log_probs", "the sampling policy's log-probs")
+        weights = td.get(k.rollout_weight, None) if self.rollout_correction is not None else None
+        adv = optimal_token_advantages(returns, sample, sum_p2, mask, self._get(td, "group", "the prompt ids"),
+                                       weights=weights)
+        td.set(k.advantage, adv.unsqueeze(-1))
         return td
 
     def _log_probs(self, td: TensorDictBase, tokens: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
@@ -305,11 +308,17 @@ class TextGRPOLoss(GroupAdvantageLoss):
         gain, clipped = self.surrogate(log_ratio, advantage, mask=mask, log_probs=lp)
         if weight is not None:
             gain = gain * weight.detach()
+        keep = None
+        if self.off_policy_mask is not None:  # against the sampler's own log-probs, whatever the ratio is taken to
+            keep = off_policy_sequence_mask(lp, sample_lp, advantage, mask, self.off_policy_mask)
+            gain = gain * keep.unsqueeze(-1).to(gain.dtype)
         m = mask.to(lp.dtype)
         out = TensorDict({"loss_objective": -self.aggregate(gain, mask)}, [])
         ref = tensordict.get(k.ref_log_probs, None)
         if ref is not None:
-            kl = torch.where(mask, k3_kl(lp, ref), torch.zeros_like(lp))
+            per_token = (unbiased_kl(lp, ref, sample_lp if weight is None else old_lp) if self.unbiased_kl
+                         else k3_kl(lp, ref))
+            kl = torch.where(mask, per_token, torch.zeros_like(lp))
             if self.has_kl_term:
                 out.set("loss_kl", self.beta * self.aggregate(kl, mask))
             with torch.no_grad():
@@ -322,6 +331,8 @@ class TextGRPOLoss(GroupAdvantageLoss):
                 w = weight * m
                 out.set("rollout_ess", w.sum() ** 2 / (n * (w * w).sum()).clamp_min(1e-12))
                 out.set("rollout_mismatch_kl", ((sample_lp - old_lp) * m).sum() / n)
+            if keep is not None:
+                out.set("masked_sequences", 1 - keep.to(lp.dtype).mean())
         return out
 
 
@@ -565,6 +576,7 @@ class REINFORCEPPLoss(TextGRPOLoss):
 
     default_beta = 0.01
     kl_as_term = False
+    token_baseline_applies = False  # its advantages are per token already
 
     def process_rollouts(self, td: TensorDictBase) -> TensorDictBase:
         td = super().process_rollouts(td)

@@ -41,6 +41,7 @@ import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
 
 from offline_plugins.errors import UserError
+from offline_plugins.objectives.llm.estimators import masked_whiten  # noqa: F401 - re-exported (its home before)
 from offline_plugins.objectives.llm.rollout import RolloutLoss
 
 __all__ = ["on_last_token", "kl_penalised_rewards", "token_gae", "masked_whiten", "AdaptiveKLController", "PPORLHFLoss",
@@ -114,22 +115,6 @@ def token_gae(rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.
     adv, ret = adv.squeeze(-1), ret.squeeze(-1)
     zero = torch.zeros_like(adv)
     return torch.where(mask, adv, zero), torch.where(mask, ret, zero)
-
-
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, *, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
-    """``(x - mean) / std`` over the masked entries (population std), as TRL's ``masked_whiten``; 0 off the mask.
-
-    >>> masked_whiten(torch.tensor([[1., 3., 9.]]), torch.tensor([[1, 1, 0]]).bool()).tolist()
-    [[-1.0, 1.0, 0.0]]
-    """
-    m = mask.to(x.dtype)
-    n = m.sum().clamp_min(1)
-    mean = (x * m).sum() / n
-    var = (((x - mean) * m) ** 2).sum() / n
-    out = (x - mean) * torch.rsqrt(var + eps)
-    if not shift_mean:
-        out = out + mean
-    return torch.where(mask.bool(), out, torch.zeros_like(out))
 
 
 class AdaptiveKLController:

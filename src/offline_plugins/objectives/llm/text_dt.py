@@ -43,7 +43,7 @@ from typing import Optional, Sequence
 import torch
 from tensordict import NestedKey, NonTensorStack, TensorDict, TensorDictBase
 
-from offline_plugins.objectives.llm.online import group_advantages
+from offline_plugins.objectives.llm.estimators import group_advantages
 from offline_plugins.objectives.llm.rollout import RolloutLoss
 
 __all__ = ["return_buckets", "relabel_return_tokens", "TextDTLoss"]
