@@ -49,6 +49,8 @@ class Run:
     seeded: bool = True
     #: the task its policy is scored on (None: it trains no policy, as a reward model)
     dataset: Optional[str] = "word-problems"
+    #: what the row is, when not the algorithm's name alone
+    label: Optional[str] = None
 
 
 @dataclasses.dataclass
@@ -59,6 +61,15 @@ class Table:
     budget: dict
     smoke: dict
     render: Callable[["Table", Path, list[int], dict], str]
+    #: the table whose reference scores and same-named runs this one reads (trained there when missing)
+    base: Optional[str] = None
+
+    def folder(self, root: Path, name: str) -> Path:
+        """Where run (or reference folder) ``name`` lives, ``root`` being this table's folder: under the
+        base table's folder when the base has it."""
+        if self.base and (name.startswith("reference") or name in {r.name for r in TABLES[self.base].runs}):
+            return root.parent / self.base / name
+        return root / name
 
 
 # -- statistics -------------------------------------------------------------------------------------
@@ -123,13 +134,15 @@ def paired_difference(a: list[float], b: list[float]) -> tuple[float, float]:
 
 
 # -- the word-problem comparison (issue 40) ------------------------------------------------------------
-def _online(algo: str, dataset: str = "word-problems") -> Run:
+def _online(algo: str, dataset: str = "word-problems", *, name: Optional[str] = None, extra: tuple = (),
+            label: Optional[str] = None) -> Run:
     def argv(seed: int, b: dict, root: Path) -> list[str]:
         return [algo, "--dataset", dataset, "--model", "small", "--steps", str(b["online_steps"]),
                 "--eval-every", str(max(b["online_steps"] // 4, 1)), "--seed", str(seed),
                 "--set", f"eval_prompts={b['run_eval_prompts']}",
-                "--set", f"reference_sft_steps={b['reference_sft_steps']}", *b.get("online_set", [])]
-    return Run(algo if dataset == "word-problems" else f"{algo}-{dataset.split('-')[-1]}", argv, dataset=dataset)
+                "--set", f"reference_sft_steps={b['reference_sft_steps']}", *extra, *b.get("online_set", [])]
+    default = algo if dataset == "word-problems" else f"{algo}-{dataset.split('-')[-1]}"
+    return Run(name or default, argv, dataset=dataset, label=label)
 
 
 def _offline(algo: str) -> Run:
@@ -158,7 +171,7 @@ ONLINE = ("grpo", "dapo", "dr-grpo", "rloo", "gspo", "reinforce-pp", "expert-ite
 
 def _render_word_problems(table: Table, root: Path, seeds: list[int], budget: dict) -> str:
     n = budget["eval_prompts"]
-    ref_path = root / "reference" / "heldout_scores.json"
+    ref_path = table.folder(root, "reference") / "heldout_scores.json"
     reference = json.loads(ref_path.read_text())["scores"] if ref_path.is_file() else None
     head = [f"| method | held-out accuracy ({n} prompts), mean ± 95 % interval over seeds | gain over the "
             "reference, pooled seeds (95 % interval, prompt by prompt) | per seed | wall time per run |",
@@ -171,9 +184,9 @@ def _render_word_problems(table: Table, root: Path, seeds: list[int], budget: di
     for run in table.runs:
         if run.dataset is None:
             continue
-        scored = [(seed, json.loads(p.read_text())["scores"], _summary(root, run, seed))
+        scored = [(seed, json.loads(p.read_text())["scores"], _summary(table.folder(root, run.name), seed))
                   for seed in (seeds if run.seeded else [0])
-                  for p in [root / run.name / f"s{seed}" / "heldout_scores.json"] if p.is_file()]
+                  for p in [table.folder(root, run.name) / f"s{seed}" / "heldout_scores.json"] if p.is_file()]
         if not scored:
             rows.append(f"| {run.name} | not run | | | |")
             continue
@@ -181,7 +194,7 @@ def _render_word_problems(table: Table, root: Path, seeds: list[int], budget: di
         m, ci = mean_ci(means)
         base = reference if run.dataset == "word-problems" else None
         if run.dataset != "word-problems":
-            calc_path = root / f"reference-{run.dataset}" / "heldout_scores.json"
+            calc_path = table.folder(root, f"reference-{run.dataset}") / "heldout_scores.json"
             base = json.loads(calc_path.read_text())["scores"] if calc_path.is_file() else None
             calc_ref = base
         gain = ""
@@ -189,21 +202,22 @@ def _render_word_problems(table: Table, root: Path, seeds: list[int], budget: di
             d, w = paired_difference([x for _, sc, _ in scored for x in sc], base * len(scored))
             gain = f"{100 * d:+.1f} (± {100 * w:.1f}){' *' if abs(d) > w else ''}"
         wall = statistics.fmean((s or {}).get("wall_s") or 0.0 for _, _, s in scored)
-        rows.append(f"| {run.name}{' (calculator)' if run.dataset != 'word-problems' else ''} | {100 * m:.1f}"
+        label = run.label or run.name + (" (calculator)" if run.dataset != "word-problems" else "")
+        rows.append(f"| {label} | {100 * m:.1f}"
                     + (f" ± {100 * ci:.1f}" if ci is not None else "") + f" | {gain} | "
                     + ", ".join(f"{100 * x:.1f}" for x in means) + f" | {wall:.0f} s |")
     notes = ["Every row is its policy's greedy answers to the same held-out prompts scored by the task's verifier "
              "(`heldout_scores` in scripts/tables.py); * marks a gain whose 95 % interval excludes 0."]
     if calc_ref is not None:
         notes.append(f"The calculator row's gain is over its own SFT reference ({100 * statistics.fmean(calc_ref):.1f} %).")
-    rm = _summary(root, next(r for r in table.runs if r.name == "reward-model"), 0)
+    rm = _summary(table.folder(root, "reward-model"), 0) if any(r.name == "reward-model" for r in table.runs) else None
     if rm and rm.get("preference_accuracy") is not None:
         notes.append(f"PPO-RLHF's reward model: held-out preference accuracy {100 * rm['preference_accuracy']:.1f} %.")
     return "\n".join(head + rows) + "\n\n" + " ".join(notes)
 
 
-def _summary(root: Path, run: Run, seed: int) -> Optional[dict]:
-    path = root / run.name / f"s{seed}" / "summary.json"
+def _summary(folder: Path, seed: int) -> Optional[dict]:
+    path = folder / f"s{seed}" / "summary.json"
     return json.loads(path.read_text()) if path.is_file() else None
 
 
@@ -219,6 +233,24 @@ TABLES: dict[str, Table] = {
         smoke={"online_steps": 2, "offline_steps": 2, "eval_prompts": 4, "run_eval_prompts": 4, "reference_sft_steps": 2,
                "online_set": ["--set", "group_size=2", "--set", "prompts_per_round=4", "--set", "batch_size=4"]},
         render=_render_word_problems,
+    ),
+    "variants-2026": Table(
+        name="variants-2026",
+        title="The 2026 variants beside GRPO and DAPO on the word problems with small",
+        runs=[_online("grpo"), _online("dapo"),
+              _online("gdpo", name="gdpo", label="gdpo (answer + 0.5 x step accuracy)",
+                      extra=("--reward", "correct=task", "--reward",
+                             "steps=offline_plugins.envs.word_problems:step_accuracy", "--set", "reward_weights=1,0.5")),
+              _online("maxrl"), _online("luspo"), _online("vespo"),
+              _online("grpo", name="grpo-otb", label="grpo, optimal token baseline",
+                      extra=("--set", "token_baseline=optimal")),
+              _online("grpo", name="grpo-v32", label="grpo, unbiased KL + off-policy mask 0.5",
+                      extra=("--set", "unbiased_kl=true", "--set", "off_policy_mask=0.5"))],
+        budget={"online_steps": 200, "eval_prompts": 2000, "run_eval_prompts": 100, "reference_sft_steps": 900},
+        smoke={"online_steps": 2, "eval_prompts": 4, "run_eval_prompts": 4, "reference_sft_steps": 2,
+               "online_set": ["--set", "group_size=2", "--set", "prompts_per_round=4", "--set", "batch_size=4"]},
+        render=_render_word_problems,
+        base="word-problems",
     ),
 }
 
@@ -259,10 +291,12 @@ def _smoke_sized_pairs():
             BUILTIN_PREFERENCE_DATASETS[k][2].update(v)
 
 
-def _train(args, run_: Run, seed: int, budget: dict, root: Path) -> None:
-    """Train one run into ``ROOT/TABLE/<run>/s<seed>``: kept when finished, continued from its last
-    checkpoint when a run before this one was stopped (exact resume), else made from scratch."""
-    out = root / run_.name / f"s{seed}"
+def _train(args, run_: Run, seed: int, budget: dict, folder: Path) -> None:
+    """Train one run into ``FOLDER/s<seed>`` (``ROOT/TABLE/<run>``, or the base table's): kept when finished,
+    continued from its last checkpoint when a run before this one was stopped (exact resume), else made
+    from scratch."""
+    root = folder.parent
+    out = folder / f"s{seed}"
     if (out / "summary.json").is_file() and not args.overwrite:
         print(f"{out}: done, kept", flush=True)
         return
@@ -295,16 +329,16 @@ def run(args) -> None:
     (root / "provenance.json").write_text(json.dumps(prov, indent=1) + "\n")
     n = int(budget["eval_prompts"])
     for dataset in sorted({r.dataset for r in table.runs if r.dataset}):  # the references the runs start from
-        folder = root / ("reference" if dataset == "word-problems" else f"reference-{dataset}")
-        folder.mkdir(exist_ok=True)
+        folder = table.folder(root, "reference" if dataset == "word-problems" else f"reference-{dataset}")
+        folder.mkdir(parents=True, exist_ok=True)
         _scored(folder / "heldout_scores.json", dataset, str(reference_folder(dataset, budget)), n)
     for seed in args.seeds:
         for run_ in table.runs:
             if not run_.seeded and seed != args.seeds[0]:
                 continue
             seed_ = seed if run_.seeded else 0
-            _train(args, run_, seed_, budget, root)
-            out = root / run_.name / f"s{seed_}"
+            _train(args, run_, seed_, budget, table.folder(root, run_.name))
+            out = table.folder(root, run_.name) / f"s{seed_}"
             if run_.dataset and (out / "model").is_dir():
                 print(f"scoring {out}/model on {n} held-out prompts", flush=True)
                 _scored(out / "heldout_scores.json", run_.dataset, str(out / "model"), n)
