@@ -359,6 +359,42 @@ def test_grpo_with_the_vllm_generator_raises_the_reward(vllm, prompt_file, tmp_p
 
 @pytest.mark.vllm
 @pytest.mark.slow
+def test_the_live_sync_check_passes_a_synced_engine_and_stops_one_that_skipped_a_load(vllm, prompt_file, tmp_path,
+                                                                                     monkeypatch):
+    """The run's own sync check (every round here): while the engine loads each step's weights its
+    log-probs agree with the trainer's (float32, CPU: ~1e-6 nats); the third load lost (the engine says
+    it synced and serves the older weights) stops the run at the next round with one line."""
+    import csv
+
+    from offline_plugins.data.sync_check import SyncCheckError
+    from offline_plugins.lightning.run import train_algorithm
+    from offline_plugins.modules.vllm_engine import VLLMGenerator
+
+    settings = {**_SMALL, "batch_size": 24, "lr": 3e-3, "generator": "vllm", "sync_check_every": 1,
+                "sync_check_warn": 1e-3, "sync_check_stop": 1e-2}
+    summary = train_algorithm("grpo", str(prompt_file), steps=4, seed=0, out_dir=tmp_path / "ok", progress=False,
+                              threads=1, reward="test_vllm_generator:digit_share", eval_every=0, overrides=settings)
+    rows = list(csv.DictReader(open(tmp_path / "ok" / "metrics.csv")))
+    gaps = [float(r["rollout/sync_logprob_gap"]) for r in rows if r.get("rollout/sync_logprob_gap")]
+    print(f"healthy engine: sync_logprob_gap per round {gaps}")
+    assert summary["steps"] == 4 and len(gaps) == 4 and max(gaps) < 1e-4
+    real = VLLMGenerator.sync
+
+    def lossy(self, model):
+        if self.syncs == 2 and not getattr(self, "lost", False):
+            self.lost = True  # the third load does not reach the engine
+            return
+        real(self, model)
+
+    monkeypatch.setattr(VLLMGenerator, "sync", lossy)
+    with pytest.raises(SyncCheckError, match=r"--generator vllm's log-probs .* at step 3, round 3, .*the sampler is "
+                                             r"not holding the trainer's weights"):
+        train_algorithm("grpo", str(prompt_file), steps=6, seed=0, out_dir=tmp_path / "lost", progress=False,
+                        threads=1, reward="test_vllm_generator:digit_share", eval_every=0, overrides=settings)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
 def test_a_resumed_vllm_run_equals_an_uninterrupted_one(vllm, prompt_file, tmp_path):
     """The engine restarts with the resumed fit (from the checkpoint's policy) and resamples the
     rounds exactly: per-row seeds, ``sync_every=1``."""

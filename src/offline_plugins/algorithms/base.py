@@ -143,6 +143,8 @@ class RolloutPlan:
             engine with the same ``generate`` contract and a ``before_round(model, step)`` that
             loads the policy's weights into it (``--generator vllm``:
             :class:`~offline_plugins.modules.vllm_engine.VLLMGenerator`); None: ``generate``.
+        sync_check: a :class:`~offline_plugins.data.sync_check.SyncCheck` the data module runs after
+            the rounds it is due on (the sampler's log-probs against the trainer's); None: none.
     """
 
     process: Callable[[Any], Any]
@@ -157,6 +159,7 @@ class RolloutPlan:
     reference: Optional[torch.nn.Module] = None
     tokenizer: Optional[Any] = None
     generator: Optional[Any] = None
+    sync_check: Optional[Any] = None
 
     def __post_init__(self) -> None:
         from offline_plugins.errors import UserError

@@ -74,7 +74,7 @@ def load_teacher(config: Any, data: Any, name: str) -> Any:
 def _build(config: Any, data: Any, name: str, loss_cls: str, kwargs: dict):
     from offline_plugins.algorithms._glue import require_rollouts
     from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup, RolloutPlan
-    from offline_plugins.algorithms.online import rollout_generator
+    from offline_plugins.algorithms.online import rollout_generator, sync_check
     from offline_plugins.algorithms.preference import policy_and_reference, policy_log_probs, resolve_lr
     from offline_plugins.errors import UserError
     import offline_plugins.objectives.llm.distill as distill
@@ -94,7 +94,7 @@ def _build(config: Any, data: Any, name: str, loss_cls: str, kwargs: dict):
                            max_grad_norm=config.max_grad_norm)
     return AlgorithmParts(loss=loss, policy=actor, optimizers=[group], model=policy, tokenizer=data.tokenizer,
                           rollout=RolloutPlan.of(loss, epochs=config.ppo_epochs, reference=reference,
-                                                 generator=generator))
+                                                 generator=generator, sync_check=sync_check(config, generator, name)))
 
 
 def build_opd(config: OPDConfig, data: Any):

@@ -33,7 +33,7 @@ from offline_plugins.config import ROLLOUT_DEFAULTS as _D
 from offline_plugins.config import config_field
 from offline_plugins.plugins.registry import builtin_hook, builtin_text_algorithm
 
-__all__ = ["GeneratorFields", "rollout_generator", "VLLM_ROLLOUT_CORRECTION", "SFTConfig", "GRPOConfig", "DAPOConfig", "DrGRPOConfig", "RLOOConfig", "CISPOConfig", "GSPOConfig",
+__all__ = ["GeneratorFields", "rollout_generator", "sync_check", "VLLM_ROLLOUT_CORRECTION", "SFTConfig", "GRPOConfig", "DAPOConfig", "DrGRPOConfig", "RLOOConfig", "CISPOConfig", "GSPOConfig",
            "ExpertIterationConfig"]
 
 
@@ -94,11 +94,39 @@ class GeneratorFields:
                                         "steps; pip install 'offline-plugins[vllm]')")
     sync_every: int = config_field(1, "generator=vllm: optimiser steps between loads of the policy's weights into "
                                       "the engine (1: every round samples from the current policy)", bounds=">=1")
+    sync_check_every: Optional[int] = config_field(
+        None, "rounds between live checks that the sampler holds the trainer's weights (its log-probs of its own "
+              "tokens against the trainer's, on a round sampled right after a weight load); unset: 10 with "
+              "generator=vllm, off with hf; 0: off", bounds=">=0")
+    sync_check_warn: float = config_field(0.05, "sync check: warn above this mean absolute log-prob gap per token "
+                                                "(nats)", bounds=">0")
+    sync_check_stop: float = config_field(0.5, "sync check: stop the run above this mean absolute log-prob gap per "
+                                               "token (nats)", bounds=">0")
 
 
 #: the rollout correction's cap when the generator is vLLM and the config leaves it unset (TRL's and
 #: verl's truncated importance sampling: the engine's kernels need not give the trainer's log-probs)
 VLLM_ROLLOUT_CORRECTION = 2.0
+
+
+def sync_check(config: Any, generator: Optional[Any], name: str) -> Optional[Any]:
+    """The run's :class:`~offline_plugins.data.sync_check.SyncCheck` (``sync_check_every`` and its
+    thresholds; unset: every :data:`~offline_plugins.data.sync_check.SYNC_CHECK_EVERY_VLLM` rounds with a
+    generator, off without one), or None when off."""
+    from offline_plugins.data.sync_check import SYNC_CHECK_EVERY_VLLM, SyncCheck
+    from offline_plugins.errors import UserError
+
+    every = getattr(config, "sync_check_every", None)
+    if every is None:
+        every = SYNC_CHECK_EVERY_VLLM if generator is not None else 0
+    if not every:
+        return None
+    try:
+        return SyncCheck(every=every, warn=float(getattr(config, "sync_check_warn", 0.05)),
+                         stop=float(getattr(config, "sync_check_stop", 0.5)),
+                         sampler="--generator vllm" if generator is not None else "the policy's generate")
+    except UserError as exc:
+        raise UserError(f"{name}: {exc}") from None
 
 
 def rollout_generator(config: Any, data: Any, name: str) -> Optional[Any]:
@@ -336,7 +364,7 @@ def _parts(config: Any, data: Any, name: str, loss_cls: str, kwargs: dict):
                            max_grad_norm=config.max_grad_norm)
     return AlgorithmParts(loss=loss, policy=actor, optimizers=[group], model=policy, tokenizer=data.tokenizer,
                           rollout=RolloutPlan.of(loss, epochs=config.ppo_epochs, reference=reference,
-                                                 generator=generator))
+                                                 generator=generator, sync_check=sync_check(config, generator, name)))
 
 
 def build_grpo(config: GRPOConfig, data: Any):

@@ -148,7 +148,7 @@ def _build(config: Any, data: Any, name: str, *, reference: str):
     from offline_plugins.objectives.llm.online_dpo import OnlinePreferenceLoss
     from offline_plugins.algorithms._glue import require_rollouts
 
-    from offline_plugins.algorithms.online import rollout_generator
+    from offline_plugins.algorithms.online import rollout_generator, sync_check
 
     require_rollouts(data, name)
     loss_cls, kwargs, terms, inner_cfg = _inner_kwargs(config, name)
@@ -183,7 +183,7 @@ def _build(config: Any, data: Any, name: str, *, reference: str):
     rollout = RolloutPlan.of(loss, epochs=config.epochs_per_round, epochs_field="epochs_per_round",
                              training_rows=loss.pair_rollouts, rows_per_round=data.collector.prompts_per_round,
                              rows_what="preference-pair slots (one per prompt of prompts_per_round)",
-                             reference=ref_model, generator=generator)
+                             reference=ref_model, generator=generator, sync_check=sync_check(config, generator, name))
     return AlgorithmParts(loss=loss, policy=actor, optimizers=[group], model=policy, tokenizer=data.tokenizer,
                           rollout=rollout)
 

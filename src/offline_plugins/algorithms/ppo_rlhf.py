@@ -53,7 +53,7 @@ def build(config: PPORLHFConfig, data: Any, *, name: str = "ppo-rlhf", loss_cls:
     from offline_plugins.objectives.llm.ppo_rlhf import PPORLHFLoss, TokenValueHead
     from offline_plugins.algorithms._glue import require_rollouts
 
-    from offline_plugins.algorithms.online import rollout_generator
+    from offline_plugins.algorithms.online import rollout_generator, sync_check
 
     require_rollouts(data, name)
     generator = rollout_generator(config, data, name)
@@ -75,7 +75,7 @@ def build(config: PPORLHFConfig, data: Any, *, name: str = "ppo-rlhf", loss_cls:
     # the loss's min_group_size is 1: a value baseline needs no group
     return AlgorithmParts(loss=loss, policy=actor, optimizers=groups, model=policy, tokenizer=data.tokenizer,
                           rollout=RolloutPlan.of(loss, epochs=config.ppo_epochs, reference=reference,
-                                                 generator=generator))
+                                                 generator=generator, sync_check=sync_check(config, generator, name)))
 
 
 @hookimpl

@@ -16,6 +16,11 @@ would come from a policy a step or a call old. The stream therefore yields step 
 which Lightning calls right before the step, turns them into minibatches, sampling a new
 round first where one starts. A round ends a call (its length is one of the stream's periods).
 
+The plan's ``sync_check`` (:class:`~offline_plugins.data.sync_check.SyncCheck`; on by default with
+``--generator vllm``) scores some of a due round's responses with the trainer after it is sampled
+and compares with the sampler's log-probs: it warns, or stops the run, when the sampler does not
+hold the trainer's weights.
+
 With ``--generator vllm`` (the algorithm's ``RolloutPlan.generator``, a
 :class:`~offline_plugins.modules.vllm_engine.VLLMGenerator`) the
 rounds are sampled by an in-process vLLM engine; the data module starts it before the first
@@ -179,9 +184,13 @@ class RolloutDataModule(LightningDataModule):
                                            dynamic_sampling=bool(self.plan.dynamic_sampling))
         self._write(td)
         self.round, self.rank = r, rank
+        lag = 0
         if self.generator is not None:
             # optimiser steps the sampling weights lag the policy by (0 with sync_every=1)
-            stats["sampler_lag_steps"] = float(step - self.generator.synced_step)
+            lag = step - int(self.generator.synced_step)
+            stats["sampler_lag_steps"] = float(lag)
+        if self.plan.sync_check is not None:  # the sampler's log-probs against the trainer's, when due
+            stats.update(self.plan.sync_check.after_round(self.model, td, round=r, step=step, lag=lag) or {})
         self.history.append({"step": step, "round": r, **stats})
         if trainer is None:
             return
@@ -222,6 +231,8 @@ class RolloutDataModule(LightningDataModule):
     def _rank_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {"seed": self.seed, "round": self.round, "rank": self.rank,
                                  "history": list(self.history)}
+        if self.plan.sync_check is not None:
+            state["sync_check"] = self.plan.sync_check.state_dict()
         if self.rollouts is not None:
             td = self.rollouts
             state["tensors"] = td.exclude("text").cpu().to_dict()
@@ -239,6 +250,8 @@ class RolloutDataModule(LightningDataModule):
         # otherwise rank 0's, which _ensure_round keeps for rank 0 only (the others sample theirs)
         own = next((r for r in ranks if int(r.get("rank", -1)) == rank), state_dict)
         self.history = list(own.get("history", []))
+        if self.plan.sync_check is not None and "sync_check" in own:
+            self.plan.sync_check.load_state_dict(own["sync_check"])
         if "tensors" not in own:
             return
         n = self.collector.rows
