@@ -145,6 +145,10 @@ class RolloutPlan:
             :class:`~offline_plugins.modules.vllm_engine.VLLMGenerator`); None: ``generate``.
         sync_check: a :class:`~offline_plugins.data.sync_check.SyncCheck` the data module runs after
             the rounds it is due on (the sampler's log-probs against the trainer's); None: none.
+        max_staleness: sample each round beside the training of the one before
+            (``--set async_rollouts=true``), from weights at most this many optimiser steps older than
+            the policy that trains on it (:class:`~offline_plugins.data.async_sampler.AsyncSampler`);
+            None: rounds are sampled, then trained on, in turn.
     """
 
     process: Callable[[Any], Any]
@@ -160,6 +164,7 @@ class RolloutPlan:
     tokenizer: Optional[Any] = None
     generator: Optional[Any] = None
     sync_check: Optional[Any] = None
+    max_staleness: Optional[int] = None
 
     def __post_init__(self) -> None:
         from offline_plugins.errors import UserError

@@ -118,13 +118,15 @@ def sync_check(config: Any, generator: Optional[Any], name: str) -> Optional[Any
 
     every = getattr(config, "sync_check_every", None)
     if every is None:
-        every = SYNC_CHECK_EVERY_VLLM if generator is not None else 0
+        overlapped = bool(getattr(config, "async_rollouts", False))
+        every = SYNC_CHECK_EVERY_VLLM if generator is not None or overlapped else 0
     if not every:
         return None
     try:
         return SyncCheck(every=every, warn=float(getattr(config, "sync_check_warn", 0.05)),
                          stop=float(getattr(config, "sync_check_stop", 0.5)),
-                         sampler="--generator vllm" if generator is not None else "the policy's generate")
+                         sampler="--generator vllm" if generator is not None else (
+                             "the async sampler" if getattr(config, "async_rollouts", False) else "the policy's generate"))
     except UserError as exc:
         raise UserError(f"{name}: {exc}") from None
 
@@ -180,6 +182,12 @@ class _PolicyGradientFields(GeneratorFields, _RolloutFields):
     off_policy_mask: Optional[float] = config_field(
         None, "DeepSeek-V3.2's off-policy sequence masking: leave out responses with a negative advantage whose "
               "mean log(pi_sample / pi) exceeds this (arXiv:2512.02556; unset: off)", bounds=">=0")
+    async_rollouts: bool = config_field(
+        False, "sample the next round of rollouts in a worker process while the current one trains (generator "
+               "hf, one CPU device); turns the rollout correction on (2.0) unless set")
+    max_staleness: Optional[int] = config_field(
+        None, "async_rollouts: the most optimiser steps the sampling weights may lag the policy that trains on "
+              "the round (0: no overlap); unset: one round's updates (the whole round overlapped)", bounds=">=0")
 
 
 @dataclass
@@ -347,6 +355,7 @@ def _parts(config: Any, data: Any, name: str, loss_cls: str, kwargs: dict):
     generator = rollout_generator(config, data, name)
     policy, reference = policy_and_reference(config, data, name)
     actor = policy_log_probs(config, policy, name)
+    staleness = async_staleness(config, generator, name)
     if isinstance(config, _PolicyGradientFields):
         kwargs.update(rollout_correction=config.rollout_correction, token_baseline=str(config.token_baseline),
                       unbiased_kl=bool(config.unbiased_kl), off_policy_mask=config.off_policy_mask)
@@ -364,7 +373,34 @@ def _parts(config: Any, data: Any, name: str, loss_cls: str, kwargs: dict):
                            max_grad_norm=config.max_grad_norm)
     return AlgorithmParts(loss=loss, policy=actor, optimizers=[group], model=policy, tokenizer=data.tokenizer,
                           rollout=RolloutPlan.of(loss, epochs=config.ppo_epochs, reference=reference,
-                                                 generator=generator, sync_check=sync_check(config, generator, name)))
+                                                 generator=generator, sync_check=sync_check(config, generator, name),
+                                                 max_staleness=staleness))
+
+
+def async_staleness(config: Any, generator: Optional[Any], name: str) -> Optional[int]:
+    """``max_staleness`` when ``config.async_rollouts`` (-1: unset, one round's updates), else None; with
+    async rollouts an unset ``rollout_correction`` becomes :data:`VLLM_ROLLOUT_CORRECTION` (the sampler's
+    weights lag the trainer's). Bad settings: a ``UserError`` naming them."""
+    from offline_plugins.errors import UserError
+
+    on = getattr(config, "async_rollouts", False)
+    if not isinstance(on, bool):
+        raise UserError(f"{name}: async_rollouts must be true or false, got {on!r}")
+    k = getattr(config, "max_staleness", None)
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+        raise UserError(f"{name}: max_staleness is the most optimiser steps the sampling weights may lag the "
+                        f"policy, a whole number >= 0, got {k!r}; e.g. --set max_staleness=4")
+    if not on:
+        if k is not None:
+            raise UserError(f"{name}: max_staleness bounds the overlapped rollouts of --set async_rollouts=true, "
+                            "which this run does not use; add it or drop max_staleness")
+        return None
+    if generator is not None:
+        raise UserError(f"{name}: async_rollouts samples with the policy's transformers generate in a worker "
+                        "process; the vLLM engine is not offered there yet: drop --generator vllm or async_rollouts")
+    if getattr(config, "rollout_correction", None) is None:
+        config.rollout_correction = VLLM_ROLLOUT_CORRECTION
+    return -1 if k is None else int(k)
 
 
 def build_grpo(config: GRPOConfig, data: Any):

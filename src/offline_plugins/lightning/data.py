@@ -112,32 +112,41 @@ class StepStream(IterableDataset):
         steps_per_call: 1 yields one item per step; ``K > 1`` yields a :class:`StepBatches`
             of up to ``K`` steps, ending at the next multiple of ``K``.
         periods: with ``K > 1``, a :class:`StepBatches` also ends at every multiple of these.
+        phases: with ``K > 1``, ``(period, offset)`` pairs: a :class:`StepBatches` also ends at every
+            step ``offset + n * period``.
     """
 
     def __init__(self, draw: Callable[[int], Any], *, start_step: Union[int, Callable[[], int]] = 0,
-                 stop_step: Optional[int] = None, steps_per_call: int = 1, periods: Sequence[int] = ()) -> None:
+                 stop_step: Optional[int] = None, steps_per_call: int = 1, periods: Sequence[int] = (),
+                 phases: Sequence[tuple[int, int]] = ()) -> None:
         super().__init__()
         self._draw = draw
         self.start_step = start_step
         self.stop_step = stop_step
         self.steps_per_call = int(steps_per_call)
         self.periods = tuple(int(p) for p in periods if p and int(p) > 0)
+        self.phases = tuple((int(p), int(o) % int(p)) for p, o in phases if p and int(p) > 0)
 
     def _call_end(self, step: int) -> int:
-        """Where the call starting at ``step`` ends: the first multiple of ``K`` or of a period after it."""
+        """Where the call starting at ``step`` ends: the first multiple of ``K`` or of a period after it,
+        or the first step of a phase after it."""
         end = (step // self.steps_per_call + 1) * self.steps_per_call
         for p in self.periods:
             end = min(end, (step // p + 1) * p)
+        for p, o in self.phases:
+            end = min(end, ((step - o) // p + 1) * p + o)
         return end if self.stop_step is None else min(end, self.stop_step)
 
-    def configure(self, trainer, extra_periods: Sequence[int] = ()) -> None:
+    def configure(self, trainer, extra_periods: Sequence[int] = (), extra_phases: Sequence[tuple[int, int]] = ()
+                  ) -> None:
         """Take the trained module's ``steps_per_call``; with several, calls end where the trainer's
-        callbacks act (:func:`schedule_periods`), at ``extra_periods`` and at ``max_steps``."""
+        callbacks act (:func:`schedule_periods`), at ``extra_periods``, at ``extra_phases`` and at ``max_steps``."""
         module = getattr(trainer, "lightning_module", None) if trainer is not None else None
         k = int(getattr(module, "steps_per_call", 1) or 1)
         self.steps_per_call = k
         if k > 1:
             self.periods = tuple(sorted({*schedule_periods(trainer), *(int(p) for p in extra_periods if p)}))
+            self.phases = tuple((int(p), int(o) % int(p)) for p, o in extra_phases if p and int(p) > 0)
             self.stop_step = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
 
     def __iter__(self) -> Iterator[Any]:

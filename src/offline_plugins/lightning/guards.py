@@ -26,6 +26,7 @@ import os
 import signal
 import tempfile
 import threading
+import weakref
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
@@ -257,11 +258,25 @@ class RunFolderLock:
     """
 
     NAME = ".run.lock"
+    #: the locks this process holds (a forked child closes its copies: :meth:`close_inherited`)
+    _held: "weakref.WeakSet[RunFolderLock]" = weakref.WeakSet()
 
     def __init__(self, folder: Union[str, os.PathLike]) -> None:
         self.folder = Path(folder)
         self._fh = None
         self.created = False
+
+    @classmethod
+    def close_inherited(cls) -> None:
+        """In a forked child: close the descriptors of the locks it inherited, without unlocking. An
+        ``flock`` lasts while any descriptor of it is open, so a child (a sampler process) that kept
+        them would hold its run's folder after the run was killed, and refuse the ``--resume``."""
+        for lock in list(cls._held):
+            if lock._fh is not None:
+                with contextlib.suppress(OSError):
+                    os.close(lock._fh.fileno())
+                lock._fh = None
+        cls._held = weakref.WeakSet()
 
     def acquire(self) -> "RunFolderLock":
         try:
@@ -291,6 +306,7 @@ class RunFolderLock:
         fh.write(f"{os.getpid()}\n")
         fh.flush()
         self._fh = fh
+        RunFolderLock._held.add(self)
         return self
 
     def release(self, *, remove_if_unused: bool = False) -> None:
@@ -298,6 +314,7 @@ class RunFolderLock:
         if self._fh is None:
             return
         fh, self._fh = self._fh, None
+        RunFolderLock._held.discard(self)
         if remove_if_unused and self.created:
             others = [p for p in self.folder.iterdir() if p.name != self.NAME]
             if not others:

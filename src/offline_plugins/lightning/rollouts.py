@@ -105,6 +105,11 @@ class RolloutDataModule(LightningDataModule):
         self.rollouts: Optional[TensorDict] = None
         self.history: list[dict] = []
         self._pending: Optional[dict] = None
+        # async_rollouts: the worker that samples the next round while this one trains, the step at which
+        # it is given the weights for it, and a round it sampled before a checkpoint (state, resume)
+        self.sampler = None
+        self._snapshot_at: Optional[tuple[int, int]] = None  # (step, round)
+        self._prefetched: Optional[dict] = None
 
     def _stop_requested(self) -> bool:
         trainer = self.trainer
@@ -131,6 +136,10 @@ class RolloutDataModule(LightningDataModule):
             raise UserError(f"--generator vllm samples with one in-process engine, and this run has "
                             f"{trainer.world_size} processes (devices x nodes); train on one device, or sample "
                             "with --generator hf")
+        if self.plan.max_staleness is not None and trainer is not None and trainer.world_size > 1:
+            raise UserError(f"async_rollouts runs one sampler process beside one trainer, and this run has "
+                            f"{trainer.world_size} processes (devices x nodes); train on one device, or drop "
+                            "async_rollouts")
         device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
         self.buffer = TensorDictReplayBuffer(storage=LazyTensorStorage(self.rows_per_round, device=device),
                                              batch_size=self.batch_size)
@@ -139,7 +148,9 @@ class RolloutDataModule(LightningDataModule):
 
     def train_dataloader(self) -> StepStream:
         assert self.stream is not None, "setup() must run before train_dataloader()"
-        self.stream.configure(self.trainer, extra_periods=(self.updates_per_round,))
+        # overlapped rounds: a call also ends where the next round's weights are taken
+        phases = ((self.updates_per_round, -self._staleness()),) if self.plan.max_staleness is not None else ()
+        self.stream.configure(self.trainer, extra_periods=(self.updates_per_round,), extra_phases=phases)
         return self.stream
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
@@ -147,8 +158,10 @@ class RolloutDataModule(LightningDataModule):
         if isinstance(batch, StepBatches):
             steps = batch.batches
             self._ensure_round(steps[0] // self.updates_per_round)  # a call never spans two rounds
+            self._maybe_prefetch(int(steps[0]))
             return StepBatches(batch.start, [self._minibatch(int(s), rank) for s in steps])
         self._ensure_round(int(batch) // self.updates_per_round)
+        self._maybe_prefetch(int(batch))
         return self._minibatch(int(batch), rank)
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
@@ -178,19 +191,26 @@ class RolloutDataModule(LightningDataModule):
         if r == self.round:
             return
         step = int(trainer.global_step) if trainer is not None else 0
-        if self.generator is not None:  # the engine samples from the policy as of its last weight load
-            self.generator.before_round(self.model, step)
-        td, stats = self.collector.collect(self.model, round=r, rank=rank, process=self.plan.process,
-                                           dynamic_sampling=bool(self.plan.dynamic_sampling))
+        if self.plan.max_staleness is not None:  # sampled beside the last round's training, processed here
+            td, stats, version = self._async_round(r, rank, step)
+            stats["sampler_lag_steps"] = float(step - version)
+            # the check compares with the weights the sampler was given (still in its shared copy, unless a
+            # resume made a new sampler: then it is skipped for this round)
+            check_model, check_lag = self.sampler.model, (0 if self.sampler.version == version else 1)
+        else:
+            if self.generator is not None:  # the engine samples from the policy as of its last weight load
+                self.generator.before_round(self.model, step)
+            td, stats = self.collector.collect(self.model, round=r, rank=rank, process=self.plan.process,
+                                               dynamic_sampling=bool(self.plan.dynamic_sampling))
+            check_model, check_lag = self.model, 0
+            if self.generator is not None:
+                # optimiser steps the sampling weights lag the policy by (0 with sync_every=1)
+                check_lag = step - int(self.generator.synced_step)
+                stats["sampler_lag_steps"] = float(check_lag)
         self._write(td)
         self.round, self.rank = r, rank
-        lag = 0
-        if self.generator is not None:
-            # optimiser steps the sampling weights lag the policy by (0 with sync_every=1)
-            lag = step - int(self.generator.synced_step)
-            stats["sampler_lag_steps"] = float(lag)
-        if self.plan.sync_check is not None:  # the sampler's log-probs against the trainer's, when due
-            stats.update(self.plan.sync_check.after_round(self.model, td, round=r, step=step, lag=lag) or {})
+        if self.plan.sync_check is not None:  # the sampler's log-probs against the weights it should hold, when due
+            stats.update(self.plan.sync_check.after_round(check_model, td, round=r, step=step, lag=check_lag) or {})
         self.history.append({"step": step, "round": r, **stats})
         if trainer is None:
             return
@@ -203,7 +223,64 @@ class RolloutDataModule(LightningDataModule):
             bar.set_description(f"train (rollouts {len(self.history)}, reward {stats['reward_mean']:.2f})",
                                 refresh=False)
 
+    # -- overlapped rounds (async_rollouts) ---------------------------------------------------------
+    def _staleness(self) -> int:
+        k = int(self.plan.max_staleness)
+        return self.updates_per_round if k < 0 else min(k, self.updates_per_round)
+
+    def _async_round(self, r: int, rank: int, step: int) -> tuple[TensorDict, dict, int]:
+        """Round ``r`` from the sampler process: the one it sampled beside the last round's training (or
+        kept in a checkpoint), else sampled now from the policy as it is; the loss's ``process_rollouts``
+        runs here, on the trainer's weights (its rollout correction weighs the sampler's lag)."""
+        from offline_plugins.data.async_sampler import AsyncSampler
+
+        if self.sampler is None:
+            loss = getattr(self.plan.process, "__self__", None)
+            from offline_plugins.lightning.guards import RunFolderLock
+
+            self.sampler = AsyncSampler(self.collector, self.model, signal=_signal_of(loss),
+                                        dynamic_sampling=bool(self.plan.dynamic_sampling),
+                                        after_fork=RunFolderLock.close_inherited)
+        got = None
+        if self._prefetched is not None:
+            kept, self._prefetched = self._prefetched, None
+            if kept["round"] == r and kept["rank"] == rank:
+                got = (kept["version"], kept["td"], dict(kept["stats"]))
+        if got is None and self.sampler.pending is not None:
+            done_round, version, td, stats = self.sampler.result()
+            if done_round == r:
+                got = (version, td, stats)
+        if got is None:  # nothing sampled ahead (the first round, a resume): sample it now
+            self.sampler.snapshot(self.model, step)
+            self.sampler.request(r, rank)
+            _, version, td, stats = self.sampler.result()
+            got = (version, td, stats)
+        version, td, stats = got
+        td = self.plan.process(td)
+        # the next round's weights: taken at the step that leaves it max_staleness steps old when trained on.
+        # Asked for even past the run's last step: a checkpoint then holds the next round as the uninterrupted
+        # run samples it, so a run continued from it (--resume with more --steps) is the same run
+        start = (r + 1) * self.updates_per_round
+        self._snapshot_at = (start - self._staleness(), r + 1)
+        return td, stats, version
+
+    def _maybe_prefetch(self, step: int) -> None:
+        """At the first batch of step ``step`` at or past the chosen step, give the sampler the policy's
+        weights and ask for the next round (a call of several steps: at its first step, never later than
+        the weights chosen, so the lag stays within max_staleness)."""
+        if self._snapshot_at is None or self.sampler is None or step < self._snapshot_at[0]:
+            return
+        _, r = self._snapshot_at
+        self._snapshot_at = None
+        if step >= r * self.updates_per_round:  # the round starts now: it is sampled there
+            return
+        self.sampler.snapshot(self.model, step)
+        self.sampler.request(r, self.rank)
+
     def teardown(self, stage: str) -> None:
+        if self.sampler is not None:
+            self.sampler.close()
+            self.sampler = None
         # the engine's memory goes back when the fit ends; a later fit starts it again
         if self.generator is not None:
             self.generator.close()
@@ -233,6 +310,18 @@ class RolloutDataModule(LightningDataModule):
                                  "history": list(self.history)}
         if self.plan.sync_check is not None:
             state["sync_check"] = self.plan.sync_check.state_dict()
+        if self.sampler is not None and self.sampler.pending is not None:
+            # the round being sampled beside training: waited for and kept, so a resume trains on it as is
+            r, version, td, stats = self.sampler.result()
+            self._prefetched = {"round": r, "rank": self.rank, "version": version, "td": td, "stats": stats}
+        if self._prefetched is not None:
+            kept = self._prefetched
+            state["prefetched"] = {"round": kept["round"], "rank": kept["rank"], "version": kept["version"],
+                                   "stats": dict(kept["stats"]), "tensors": kept["td"].exclude("text").cpu().to_dict(),
+                                   "text": {k: [str(x) for x in kept["td"].get(("text", k)).tolist()]
+                                            for k in ("prompt", "response")}}
+        if self._snapshot_at is not None:
+            state["snapshot_at"] = list(self._snapshot_at)
         if self.rollouts is not None:
             td = self.rollouts
             state["tensors"] = td.exclude("text").cpu().to_dict()
@@ -252,6 +341,15 @@ class RolloutDataModule(LightningDataModule):
         self.history = list(own.get("history", []))
         if self.plan.sync_check is not None and "sync_check" in own:
             self.plan.sync_check.load_state_dict(own["sync_check"])
+        if "prefetched" in own:
+            kept = own["prefetched"]
+            m = len(kept["text"]["prompt"])
+            td = TensorDict(kept["tensors"], batch_size=[m])
+            for k, values in kept["text"].items():
+                td.set(("text", k), NonTensorStack(*values, batch_size=[m]))
+            self._prefetched = {**kept, "td": td}
+        if own.get("snapshot_at") is not None:
+            self._snapshot_at = tuple(own["snapshot_at"])
         if "tensors" not in own:
             return
         n = self.collector.rows
@@ -259,6 +357,23 @@ class RolloutDataModule(LightningDataModule):
         for k, values in own.get("text", {}).items():
             td.set(("text", k), NonTensorStack(*values, batch_size=[n]))
         self._pending = {"round": int(own["round"]), "rank": int(own.get("rank", 0)), "td": td}
+
+
+def _signal_of(loss: Any):
+    """``signal(rows) -> rows`` with ``"has_signal"``: whether each row's group has rewards that differ,
+    from the loss's ``rollout_rewards`` (a function of the rows, no forward), for dynamic sampling in the
+    sampler process."""
+    from offline_plugins.objectives.llm.estimators import group_statistics
+
+    rewards_of = getattr(loss, "rollout_rewards", None)
+
+    def signal(td: TensorDict) -> TensorDict:
+        rewards = rewards_of(td) if rewards_of is not None else td.get(("next", "reward")).reshape(-1).float()
+        _, std, size = group_statistics(rewards, td.get("group"))
+        td.set("has_signal", (std > 1e-6) & (size > 1))
+        return td
+
+    return signal
 
 
 class RolloutEvaluation(ScheduledEvaluation):
