@@ -167,3 +167,26 @@ def test_builtin_names_and_cache_tags():
     assert not is_builtin_model("small2")
     assert model_cache_tag("small") == f"small-{SMALL_MODEL_VERSION}"
     assert model_cache_tag("small-pad-eos") != model_cache_tag("small")
+
+
+def test_a_prompt_files_rollout_width_is_sized_on_its_longest_prompt_in_tokens(tmp_path, tok):
+    # prompts of one length in characters: common words are one BPE token each, random letters several, so the
+    # longest in tokens is not among the last few by characters; the width must cover it, or its round stops mid-run
+    import random
+
+    from offline_plugins.data.prompts import _prompt_ids
+    from offline_plugins.data.rollouts import load_rollout_data
+
+    rng = random.Random(0)
+    prompts = ["Write: " + "".join(rng.choice("abcdefgh") for _ in range(6)) for _ in range(300)]
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    counts = [len(_prompt_ids(tok, p)) for p in prompts]
+    assert len({len(p) for p in prompts}) == 1 and len(set(counts)) > 1
+    data = load_rollout_data(str(path), model="small", reward="test_small_model:_zero", max_new_tokens=4,
+                             eval_prompts=4)
+    assert data.collector.max_prompt_tokens == max(counts)
+
+
+def _zero(prompts, responses, **columns):
+    return [0.0] * len(responses)

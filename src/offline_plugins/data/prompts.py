@@ -567,7 +567,9 @@ def jsonl_prompt_source(path: str, *, reward: Optional[str] = None, test_fractio
         raise RolloutError(f"{path}: every row fell in the held-out split; give more rows")
     fn, name = (_exact_match, "exact match against 'answer'") if reward is None else (load_reward_function(reward),
                                                                                       reward)
-    longest = sorted((r["prompt"] for r in rows), key=len)[-3:]
+    # every distinct prompt: the longest in characters need not be the longest in tokens (a BPE tokenizer's
+    # common words are one token each), and the rollout width is sized on the longest in tokens
+    longest = sorted({r["prompt"] for r in rows}, key=len)
     return PromptSource(str(path), test, fn, name, train=train, longest_prompts=longest)
 
 
