@@ -257,7 +257,8 @@ def check_task_fits(task: Any, model: Any, tokenizer: Any, *, model_name: Any = 
 
 #: the source files a reference goes through (the SFT step, its loss, the tokenisation of the rows,
 #: the tasks): their bytes are part of the cache key, so a change to any of them makes a new reference
-_REFERENCE_CODE = ("lightning/sft.py", "objectives/llm/online.py", "data/preference.py", "data/text_tasks.py")
+_REFERENCE_CODE = ("lightning/sft.py", "objectives/llm/sft.py", "objectives/llm/rollout.py", "data/preference.py",
+                   "data/text_tasks.py")
 #: a reference is made on the CPU with one thread whatever the machine has: the same pins then give
 #: the same weights on any machine (two threads split the sums differently: 77.5 % against 74.5 %
 #: held-out exact match on arithmetic after 2,000 steps of tiny)

@@ -33,7 +33,7 @@ from tensordict import NestedKey, TensorDictBase
 
 from offline_plugins.errors import UserError
 from offline_plugins.objectives.llm.estimators import decoupled_advantages, gamma_sequence_weight, maxrl_advantages
-from offline_plugins.objectives.llm.online import DAPOLoss, TextGRPOLoss, TextGSPOLoss
+from offline_plugins.objectives.llm.grpo import DAPOLoss, TextGRPOLoss, TextGSPOLoss
 
 __all__ = ["RewardRangeError", "TextGDPOLoss", "TextMaxRLLoss", "TextLUSPOLoss", "TextVESPOLoss"]
 
