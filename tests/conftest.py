@@ -24,6 +24,15 @@ except ImportError:  # pragma: no cover
 
 
 @pytest.fixture(scope="session")
+def prompt_file(tmp_path_factory):
+    """220 prompts of four random letters (``_text_rewards.write_letter_prompts``), for the online tests'
+    runs on a prompt file with ``--reward _text_rewards:digit_share``."""
+    from _text_rewards import write_letter_prompts
+
+    return write_letter_prompts(tmp_path_factory.mktemp("prompts") / "prompts.jsonl")
+
+
+@pytest.fixture(scope="session")
 def minari_store(tmp_path_factory):
     """A Minari datasets folder private to this test session (MINARI_DATASETS_PATH)."""
     path = tmp_path_factory.mktemp("minari")

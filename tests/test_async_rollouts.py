@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -28,24 +26,11 @@ SETTINGS = {"group_size": 4, "prompts_per_round": 6, "batch_size": 8, "max_new_t
             "lr": 3e-3}
 
 
-@pytest.fixture(scope="module")
-def prompt_file(tmp_path_factory):
-    rng = random.Random(0)
-    path = tmp_path_factory.mktemp("async") / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"prompt": "".join(rng.choice("abcdef") for _ in range(4)) + ":"}) + "\n"
-                            for _ in range(220)))
-    return path
-
-
-def digit_share(prompts, responses, **columns):
-    return [sum(c.isdigit() for c in r) / max(len(r), 1) for r in responses]
-
-
 def _train(prompt_file, out, *, steps=12, resume=False, **overrides):
     from offline_plugins.lightning.run import train_algorithm
 
     return train_algorithm("grpo", str(prompt_file), steps=steps, seed=0, out_dir=out, progress=False, threads=1,
-                           reward="test_async_rollouts:digit_share", eval_every=0, log_every=1, resume=resume,
+                           reward="_text_rewards:digit_share", eval_every=0, log_every=1, resume=resume,
                            overrides={**SETTINGS, **overrides} if not resume else None)
 
 
@@ -119,7 +104,7 @@ def test_a_killed_or_interrupted_run_loses_nothing_and_the_sampler_does_not_outl
     out = tmp_path / "stopped"
     argv = [sys.executable, "-m", "offline_plugins.cli", "train", "grpo", "--dataset", str(prompt_file),
             "--steps", "30", "--seed", "0", "--eval-every", "0", "--log-every", "1", "--checkpoint-every", "2",
-            "--threads", "1", "--no-progress", "--out", str(out), "--reward", "test_async_rollouts:digit_share",
+            "--threads", "1", "--no-progress", "--out", str(out), "--reward", "_text_rewards:digit_share",
             *[x for k, v in {**SETTINGS, "async_rollouts": "true"}.items() for x in ("--set", f"{k}={v}")]]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
@@ -169,7 +154,7 @@ def test_the_cli_says_a_negative_staleness_in_one_line(prompt_file, tmp_path, ca
     from offline_plugins.cli import main
 
     rc = main(["train", "grpo", "--dataset", str(prompt_file), "--steps", "1", "--out", str(tmp_path / "r"),
-               "--no-progress", "--reward", "test_async_rollouts:digit_share", "--set", "async_rollouts=true",
+               "--no-progress", "--reward", "_text_rewards:digit_share", "--set", "async_rollouts=true",
                "--set", "max_staleness=-3"])
     err = capsys.readouterr().err
     assert rc != 0 and "Traceback" not in err and "max_staleness" in err and "-3" in err, err

@@ -4,7 +4,6 @@ preference loss inside, CLI runs that export the policy, exact resume, and the o
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 import torch
@@ -14,20 +13,6 @@ from offline_plugins.errors import UserError
 from offline_plugins.lightning.run import train_algorithm
 
 torch.set_num_threads(1)
-
-
-def digit_share(prompts, responses, **columns):
-    """A dense reward a random policy already earns sometimes: the share of digits in the response."""
-    return [sum(c.isdigit() for c in r) / max(len(r), 1) for r in responses]
-
-
-@pytest.fixture(scope="module")
-def prompt_file(tmp_path_factory):
-    rng = random.Random(0)
-    path = tmp_path_factory.mktemp("online_dpo") / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"prompt": "".join(rng.choice("abcdef") for _ in range(4)) + ":"}) + "\n"
-                            for _ in range(220)))
-    return path
 
 
 _SMALL = {"group_size": 4, "prompts_per_round": 6, "batch_size": 3, "max_new_tokens": 4, "eval_prompts": 20,
@@ -133,7 +118,7 @@ def test_inner_ipo_builds_ipo_with_its_own_hyperparameters(prompt_file):
     from offline_plugins.objectives.llm import IPOLoss, SimPOLoss
 
     def data():
-        return load_rollout_data(str(prompt_file), model="tiny", reward="test_online_dpo:digit_share",
+        return load_rollout_data(str(prompt_file), model="tiny", reward="_text_rewards:digit_share",
                                  group_size=4, prompts_per_round=6, eval_prompts=20)
 
     d = data()
@@ -154,7 +139,7 @@ def test_inner_ipo_builds_ipo_with_its_own_hyperparameters(prompt_file):
 
 
 def test_bad_inner_losses_are_named(prompt_file, tmp_path):
-    kwargs = dict(steps=2, progress=False, threads=1, reward="test_online_dpo:digit_share")
+    kwargs = dict(steps=2, progress=False, threads=1, reward="_text_rewards:digit_share")
     with pytest.raises(UserError, match="unknown inner loss 'dop'; choose one of dpo, robust-dpo, rpo, ipo, orpo, "
                                         "simpo"):
         train_algorithm("online-dpo", str(prompt_file), out_dir=tmp_path / "a", overrides={**_SMALL, "inner": "dop"}, **kwargs)
@@ -174,7 +159,7 @@ def test_a_cli_run_writes_its_summary_and_the_policy(prompt_file, tmp_path, algo
 
     out = tmp_path / algorithm
     args = ["train", algorithm, "--dataset", str(prompt_file), "--model", "tiny", "--reward",
-            "test_online_dpo:digit_share", "--steps", "8", "--threads", "1", "--no-progress", "--out", str(out),
+            "_text_rewards:digit_share", "--steps", "8", "--threads", "1", "--no-progress", "--out", str(out),
             "--set", "inner=ipo"]
     for k, v in _SMALL.items():
         args += ["--set", f"{k}={v}"]
@@ -194,7 +179,7 @@ def test_a_cli_run_writes_its_summary_and_the_policy(prompt_file, tmp_path, algo
 def test_resume_equals_an_uninterrupted_run(prompt_file, tmp_path):
     from safetensors.torch import load_file
 
-    kwargs = dict(seed=1, progress=False, threads=1, reward="test_online_dpo:digit_share", eval_every=0,
+    kwargs = dict(seed=1, progress=False, threads=1, reward="_text_rewards:digit_share", eval_every=0,
                   overrides={**_SMALL, "epochs_per_round": 2, "update_reference": True})
     # 6 pair slots, batch 3, 2 epochs: 4 steps per round; step 6 is mid-round
     train_algorithm("iterative-dpo", str(prompt_file), steps=10, out_dir=tmp_path / "full", **kwargs)

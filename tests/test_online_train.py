@@ -16,22 +16,8 @@ from offline_plugins.lightning.run import train_algorithm
 torch.set_num_threads(1)
 
 
-def digit_share(prompts, responses, **columns):
-    """A dense reward a random policy already earns sometimes: the share of digits in the response."""
-    return [sum(c.isdigit() for c in r) / max(len(r), 1) for r in responses]
-
-
 def broken_reward(prompts, responses, **columns):
     return [float("nan")] * len(responses)
-
-
-@pytest.fixture(scope="module")
-def prompt_file(tmp_path_factory):
-    rng = random.Random(0)
-    path = tmp_path_factory.mktemp("online") / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"prompt": "".join(rng.choice("abcdef") for _ in range(4)) + ":"}) + "\n"
-                            for _ in range(220)))
-    return path
 
 
 _SMALL = {"group_size": 4, "prompts_per_round": 6, "batch_size": 8, "max_new_tokens": 4, "eval_prompts": 20}
@@ -46,7 +32,7 @@ def _weights(out):
 @pytest.mark.slow
 def test_grpo_raises_the_reward_of_a_user_task_and_exports_the_policy(prompt_file, tmp_path):
     summary = train_algorithm("grpo", str(prompt_file), steps=36, seed=0, out_dir=tmp_path / "run", progress=False,
-                    threads=1, reward="test_online_train:digit_share", eval_every=0,
+                    threads=1, reward="_text_rewards:digit_share", eval_every=0,
                     overrides={**_SMALL, "lr": 3e-3})
     assert summary["data_kind"] == "text-rollouts" and summary["rounds"] == 12
     # spread (seeds 0-2, the releases of constraints.txt): rollout reward 0.09-0.16 -> 0.92-0.98,
@@ -70,7 +56,7 @@ def test_grpo_raises_the_reward_of_a_user_task_and_exports_the_policy(prompt_fil
 @pytest.mark.parametrize("algorithm", ["cispo", "gspo"])
 def test_cispo_and_gspo_raise_the_reward_of_a_user_task(algorithm, prompt_file, tmp_path):
     summary = train_algorithm(algorithm, str(prompt_file), steps=36, seed=0, out_dir=tmp_path / "run", progress=False,
-                    threads=1, reward="test_online_train:digit_share", eval_every=0,
+                    threads=1, reward="_text_rewards:digit_share", eval_every=0,
                     overrides={**_SMALL, "lr": 3e-3})
     # spread (seeds 0-2, 36 steps, the GRPO test's settings above): rollout reward
     # 0.09-0.16 -> cispo 1.0 in every seed, gspo 0.90-0.98 (gain 0.78-0.85); held-out reward 0.0 -> 1.0
@@ -81,7 +67,7 @@ def test_cispo_and_gspo_raise_the_reward_of_a_user_task(algorithm, prompt_file, 
 
 @pytest.mark.slow
 def test_resume_equals_an_uninterrupted_run(prompt_file, tmp_path):
-    kwargs = dict(seed=1, progress=False, threads=1, reward="test_online_train:digit_share", eval_every=0,
+    kwargs = dict(seed=1, progress=False, threads=1, reward="_text_rewards:digit_share", eval_every=0,
                   overrides={**_SMALL, "lr": 3e-3, "ppo_epochs": 2})
     # 6 prompts x 4 = 24 rollouts, batch 8, 2 epochs: 6 steps per round; step 4 is mid-round
     train_algorithm("dapo", str(prompt_file), steps=10, out_dir=tmp_path / "full", **kwargs)
@@ -95,10 +81,10 @@ def test_resume_equals_an_uninterrupted_run(prompt_file, tmp_path):
 def test_errors_are_one_line_user_errors(prompt_file, tmp_path):
     with pytest.raises(UserError, match="group_size must be a whole number >= 2"):
         train_algorithm("grpo", str(prompt_file), steps=2, out_dir=tmp_path / "g1", progress=False,
-              reward="test_online_train:digit_share", overrides={**_SMALL, "group_size": 1})
+              reward="_text_rewards:digit_share", overrides={**_SMALL, "group_size": 1})
     with pytest.raises(UserError, match="batch_size 7 must divide the 24 rollouts"):
         train_algorithm("grpo", str(prompt_file), steps=2, out_dir=tmp_path / "b", progress=False,
-              reward="test_online_train:digit_share", overrides={**_SMALL, "batch_size": 7})
+              reward="_text_rewards:digit_share", overrides={**_SMALL, "batch_size": 7})
     with pytest.raises(UserError, match="has no 'answer'"):
         train_algorithm("grpo", str(prompt_file), steps=2, out_dir=tmp_path / "a", progress=False, overrides=_SMALL)
     with pytest.raises(UserError, match="must be finite"):
@@ -142,7 +128,7 @@ def test_sft_makes_a_reference_that_the_online_algorithms_start_from(tmp_path):
     assert (tmp_path / "ei" / "model" / "config.json").is_file()
     with pytest.raises(UserError, match="--reward applies to algorithms trained on their own rollouts"):
         train_algorithm("sft", str(sft_file), steps=2, out_dir=tmp_path / "x", progress=False,
-              reward="test_online_train:digit_share")
+              reward="_text_rewards:digit_share")
 
 
 @pytest.mark.slow
@@ -262,7 +248,7 @@ def test_grpo_trains_on_cuda_with_the_frozen_reference_following_the_policy(prom
     # the reference belongs to the data, not to the trained module: the collector moves it to the
     # policy's device before its first forward (it stayed on the CPU, and the round failed)
     summary = train_algorithm("grpo", str(prompt_file), steps=4, seed=0, out_dir=tmp_path / "cuda", progress=False,
-                              reward="test_online_train:digit_share", eval_every=0, accelerator="gpu", devices=1,
+                              reward="_text_rewards:digit_share", eval_every=0, accelerator="gpu", devices=1,
                               overrides=_SMALL)
     assert summary["steps"] == 4 and summary["rounds"] >= 1
     assert all(math.isfinite(v) for v in summary["losses"].values())

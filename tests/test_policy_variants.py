@@ -4,9 +4,7 @@ GRPO's, and a short run of each through the shell."""
 
 from __future__ import annotations
 
-import json
 import math
-import random
 
 import pytest
 import torch
@@ -156,26 +154,13 @@ def test_dppo_refuses_a_cap_below_one():
         TextDPPOLoss(None, cap=0.5)
 
 
-@pytest.fixture(scope="module")
-def prompt_file(tmp_path_factory):
-    rng = random.Random(0)
-    path = tmp_path_factory.mktemp("variants") / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"prompt": "".join(rng.choice("abcdef") for _ in range(4)) + ":"}) + "\n"
-                            for _ in range(220)))
-    return path
-
-
-def digit_share(prompts, responses, **columns):
-    return [sum(c.isdigit() for c in r) / max(len(r), 1) for r in responses]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["sapo", "gmpo", "dppo", "reinforce-pp", "reinforce-pp-baseline"])
 def test_each_variant_trains_through_the_shell(algorithm, prompt_file, tmp_path):
     from offline_plugins.lightning.run import train_algorithm
 
     summary = train_algorithm(algorithm, str(prompt_file), steps=4, seed=0, out_dir=tmp_path / "run", progress=False,
-                              threads=1, reward="test_policy_variants:digit_share", eval_every=0, log_every=1,
+                              threads=1, reward="_text_rewards:digit_share", eval_every=0, log_every=1,
                               overrides={"group_size": 4, "prompts_per_round": 6, "batch_size": 8,
                                          "max_new_tokens": 4, "eval_prompts": 20, "lr": 3e-3})
     assert summary["steps"] == 4 and math.isfinite(summary["losses"]["train/loss_objective"])

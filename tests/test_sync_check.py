@@ -5,8 +5,6 @@ on by default with a generator and off without one."""
 from __future__ import annotations
 
 import copy
-import json
-import random
 
 import pytest
 import torch
@@ -47,19 +45,6 @@ class CopySampler:
         pass
 
 
-@pytest.fixture(scope="module")
-def prompt_file(tmp_path_factory):
-    rng = random.Random(0)
-    path = tmp_path_factory.mktemp("sync") / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"prompt": "".join(rng.choice("abcdef") for _ in range(4)) + ":"}) + "\n"
-                            for _ in range(220)))
-    return path
-
-
-def digit_share(prompts, responses, **columns):
-    return [sum(c.isdigit() for c in r) / max(len(r), 1) for r in responses]
-
-
 def _train(prompt_file, out, sampler, monkeypatch, steps=6, **overrides):
     import offline_plugins.algorithms.online as online
     from offline_plugins.lightning.run import train_algorithm
@@ -67,7 +52,7 @@ def _train(prompt_file, out, sampler, monkeypatch, steps=6, **overrides):
     monkeypatch.setattr(online, "rollout_generator", lambda config, data, name: sampler)
     # one update a round (batch = round), so every round starts one step after the last load
     return train_algorithm("grpo", str(prompt_file), steps=steps, seed=0, out_dir=out, progress=False, threads=1,
-                           reward="test_sync_check:digit_share", eval_every=0, log_every=1,
+                           reward="_text_rewards:digit_share", eval_every=0, log_every=1,
                            overrides={"group_size": 4, "prompts_per_round": 4, "batch_size": 16, "max_new_tokens": 4,
                                       "eval_prompts": 8, "lr": 3e-2, "sync_check_every": 1, **overrides})
 

@@ -4,9 +4,7 @@ computation, the gradients where they differ from GRPO's, a shell run of each, a
 
 from __future__ import annotations
 
-import json
 import math
-import random
 
 import pytest
 import torch
@@ -290,23 +288,6 @@ def test_off_policy_mask_drops_only_drifted_responses_with_a_negative_advantage(
 
 
 # -- through the shell --------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def prompt_file(tmp_path_factory):
-    rng = random.Random(0)
-    path = tmp_path_factory.mktemp("variants2026") / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"prompt": "".join(rng.choice("abcdef") for _ in range(4)) + ":"}) + "\n"
-                            for _ in range(220)))
-    return path
-
-
-def digit_share(prompts, responses, **columns):
-    return [sum(c.isdigit() for c in r) / max(len(r), 1) for r in responses]
-
-
-def brevity(prompts, responses, **columns):
-    return [1.0 if len(r.strip()) <= 2 else 0.0 for r in responses]
-
-
 def _train(algorithm, prompt_file, out, reward, **overrides):
     from offline_plugins.lightning.run import train_algorithm
 
@@ -322,7 +303,7 @@ def _train(algorithm, prompt_file, out, reward, **overrides):
     ("grpo", {"token_baseline": "optimal", "unbiased_kl": True, "off_policy_mask": 0.5, "ppo_epochs": 2}),
 ])
 def test_each_2026_variant_trains_through_the_shell(algorithm, overrides, prompt_file, tmp_path):
-    summary = _train(algorithm, prompt_file, tmp_path / "run", "test_variants_2026:digit_share", **overrides)
+    summary = _train(algorithm, prompt_file, tmp_path / "run", "_text_rewards:digit_share", **overrides)
     assert summary["steps"] == 4 and math.isfinite(summary["losses"]["train/loss_objective"])
 
 
@@ -330,7 +311,7 @@ def test_each_2026_variant_trains_through_the_shell(algorithm, overrides, prompt
 def test_gdpo_trains_on_two_named_rewards_and_the_rollouts_carry_both(prompt_file, tmp_path):
     from offline_plugins.data.rollouts import load_rollout_data
 
-    rewards = ["digits=test_variants_2026:digit_share", "short=test_variants_2026:brevity"]
+    rewards = ["digits=_text_rewards:digit_share", "short=_text_rewards:brevity"]
     summary = _train("gdpo", prompt_file, tmp_path / "run", rewards, reward_weights="1,0.5")
     assert summary["steps"] == 4 and math.isfinite(summary["losses"]["train/loss_objective"])
     data = load_rollout_data(str(prompt_file), reward=rewards, reward_weights="1,0.5", group_size=4,
@@ -340,16 +321,18 @@ def test_gdpo_trains_on_two_named_rewards_and_the_rollouts_carry_both(prompt_fil
     assert comps.shape == (8, 2)
     assert torch.allclose(td.get(("next", "reward"))[:, 0], comps[:, 0] + 0.5 * comps[:, 1])
     texts = td.get(("text", "response")).tolist()
+    from _text_rewards import brevity
+
     assert comps[:, 1].tolist() == brevity(None, texts)
 
 
 @pytest.mark.parametrize("argv, match", [
-    (["--reward", "test_variants_2026:digit_share"], "gdpo combines several rewards"),
-    (["--reward", "a=test_variants_2026:digit_share", "--reward", "test_variants_2026:brevity"],
+    (["--reward", "_text_rewards:digit_share"], "gdpo combines several rewards"),
+    (["--reward", "a=_text_rewards:digit_share", "--reward", "_text_rewards:brevity"],
      "several rewards are given as NAME=SPEC"),
-    (["--reward", "a=test_variants_2026:digit_share", "--reward", "a=test_variants_2026:brevity"],
+    (["--reward", "a=_text_rewards:digit_share", "--reward", "a=_text_rewards:brevity"],
      "the name 'a' is given twice"),
-    (["--reward", "a=test_variants_2026:digit_share", "--reward", "b=test_variants_2026:brevity",
+    (["--reward", "a=_text_rewards:digit_share", "--reward", "b=_text_rewards:brevity",
       "--set", "reward_weights=1,2,3"], "reward_weights='1,2,3' must be 2 finite numbers"),
 ])
 def test_bad_reward_settings_are_one_line_each(argv, match, prompt_file, tmp_path, capsys):

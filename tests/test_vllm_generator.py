@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import json
 import os
 import random
 
@@ -43,20 +42,6 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 _SMALL = {"group_size": 4, "prompts_per_round": 6, "batch_size": 8, "max_new_tokens": 4, "eval_prompts": 20}
 
 
-def digit_share(prompts, responses, **columns):
-    """A dense reward a random policy already earns sometimes: the share of digits in the response."""
-    return [sum(c.isdigit() for c in r) / max(len(r), 1) for r in responses]
-
-
-@pytest.fixture(scope="module")
-def prompt_file(tmp_path_factory):
-    rng = random.Random(0)
-    path = tmp_path_factory.mktemp("vllm") / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"prompt": "".join(rng.choice("abcdef") for _ in range(4)) + ":"}) + "\n"
-                            for _ in range(220)))
-    return path
-
-
 # -- where vLLM is absent: the one-line error --------------------------------------------------------
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here: the missing-vLLM error cannot happen")
 def test_without_vllm_the_run_is_refused_in_one_line(prompt_file, tmp_path, capsys):
@@ -66,9 +51,9 @@ def test_without_vllm_the_run_is_refused_in_one_line(prompt_file, tmp_path, caps
     with pytest.raises(UserError, match=r"grpo: --generator vllm: vLLM is not installed.*"
                                         r"offline-plugins\[vllm\].*scripts/make_vllm_env.sh"):
         train_algorithm("grpo", str(prompt_file), steps=2, out_dir=tmp_path / "run", progress=False,
-                        reward="test_vllm_generator:digit_share", overrides={**_SMALL, "generator": "vllm"})
+                        reward="_text_rewards:digit_share", overrides={**_SMALL, "generator": "vllm"})
     assert not (tmp_path / "run").exists()  # refused before anything was written
-    code = main(["train", "grpo", "--dataset", str(prompt_file), "--reward", "test_vllm_generator:digit_share",
+    code = main(["train", "grpo", "--dataset", str(prompt_file), "--reward", "_text_rewards:digit_share",
                  "--generator", "vllm", "--steps", "2", "--out", str(tmp_path / "cli"), "--no-progress",
                  *[f"--set={k}={v}" for k, v in _SMALL.items()]])
     err = capsys.readouterr().err.strip()
@@ -81,7 +66,7 @@ def test_an_unknown_generator_is_refused(prompt_file, tmp_path):
 
     with pytest.raises(UserError, match="generator must be one of hf, vllm, got 'sglang'"):
         train_algorithm("grpo", str(prompt_file), steps=2, out_dir=tmp_path / "run", progress=False,
-                        reward="test_vllm_generator:digit_share", overrides={**_SMALL, "generator": "sglang"})
+                        reward="_text_rewards:digit_share", overrides={**_SMALL, "generator": "sglang"})
 
 
 def test_generator_is_refused_for_an_algorithm_without_rollouts(tmp_path, capsys):
@@ -326,7 +311,7 @@ def test_an_architecture_vllm_cannot_load_is_refused_in_one_line(vllm, tiny, pro
     tok.save_pretrained(folder)
     capsys.readouterr()  # the saves' progress bars are not the run's output
     code = main(["train", "grpo", "--dataset", str(prompt_file), "--model", str(folder), "--generator", "vllm",
-                 "--reward", "test_vllm_generator:digit_share", "--steps", "2", "--out", str(tmp_path / "run"),
+                 "--reward", "_text_rewards:digit_share", "--steps", "2", "--out", str(tmp_path / "run"),
                  "--no-progress", *[f"--set={k}={v}" for k, v in _SMALL.items()]])
     err = capsys.readouterr().err.strip()
     # vLLM's import may log a line of its own before ours (e.g. that Triton has no CPU backend)
@@ -342,7 +327,7 @@ def test_grpo_with_the_vllm_generator_raises_the_reward(vllm, prompt_file, tmp_p
     from offline_plugins.lightning.run import train_algorithm
 
     summary = train_algorithm("grpo", str(prompt_file), steps=36, seed=0, out_dir=tmp_path / "run", progress=False,
-                              threads=1, model=model, reward="test_vllm_generator:digit_share", eval_every=0,
+                              threads=1, model=model, reward="_text_rewards:digit_share", eval_every=0,
                               overrides={**_SMALL, "lr": 3e-3, "generator": "vllm"})
     print(model, {k: summary.get(k) for k in ("reward_mean_first_round", "reward_mean", "heldout_reward_before",
                                               "heldout_reward_after", "kl_to_reference", "rounds")})
@@ -373,7 +358,7 @@ def test_the_live_sync_check_passes_a_synced_engine_and_stops_one_that_skipped_a
     settings = {**_SMALL, "batch_size": 24, "lr": 3e-3, "generator": "vllm", "sync_check_every": 1,
                 "sync_check_warn": 1e-3, "sync_check_stop": 1e-2}
     summary = train_algorithm("grpo", str(prompt_file), steps=4, seed=0, out_dir=tmp_path / "ok", progress=False,
-                              threads=1, reward="test_vllm_generator:digit_share", eval_every=0, overrides=settings)
+                              threads=1, reward="_text_rewards:digit_share", eval_every=0, overrides=settings)
     rows = list(csv.DictReader(open(tmp_path / "ok" / "metrics.csv")))
     gaps = [float(r["rollout/sync_logprob_gap"]) for r in rows if r.get("rollout/sync_logprob_gap")]
     print(f"healthy engine: sync_logprob_gap per round {gaps}")
@@ -390,7 +375,7 @@ def test_the_live_sync_check_passes_a_synced_engine_and_stops_one_that_skipped_a
     with pytest.raises(SyncCheckError, match=r"--generator vllm's log-probs .* at step 3, round 3, .*the sampler is "
                                              r"not holding the trainer's weights"):
         train_algorithm("grpo", str(prompt_file), steps=6, seed=0, out_dir=tmp_path / "lost", progress=False,
-                        threads=1, reward="test_vllm_generator:digit_share", eval_every=0, overrides=settings)
+                        threads=1, reward="_text_rewards:digit_share", eval_every=0, overrides=settings)
 
 
 @pytest.mark.vllm
@@ -402,7 +387,7 @@ def test_a_resumed_vllm_run_equals_an_uninterrupted_one(vllm, prompt_file, tmp_p
 
     from offline_plugins.lightning.run import train_algorithm
 
-    kwargs = dict(seed=1, progress=False, threads=1, reward="test_vllm_generator:digit_share", eval_every=0,
+    kwargs = dict(seed=1, progress=False, threads=1, reward="_text_rewards:digit_share", eval_every=0,
                   overrides={**_SMALL, "lr": 3e-3, "ppo_epochs": 2, "generator": "vllm"})
     # 6 prompts x 4 = 24 rollouts, batch 8, 2 epochs: 6 steps per round; step 4 is mid-round
     train_algorithm("dapo", str(prompt_file), steps=10, out_dir=tmp_path / "full", **kwargs)
@@ -422,7 +407,7 @@ def test_every_online_family_samples_with_the_engine(vllm, prompt_file, tmp_path
 
     steps = 6
     summary = train_algorithm(algorithm, str(prompt_file), steps=steps, seed=0, out_dir=tmp_path / "run",
-                              progress=False, threads=1, reward="test_vllm_generator:digit_share", eval_every=0,
+                              progress=False, threads=1, reward="_text_rewards:digit_share", eval_every=0,
                               overrides={**_SMALL, "generator": "vllm", **extra})
     assert summary["rounds"] >= 1 and summary["config"]["generator"] == "vllm"
     import csv
