@@ -8,7 +8,8 @@ import math
 
 import pytest
 import torch
-from tensordict import TensorDict
+
+from _rollout_rows import _Fixed, _rows
 
 from offline_plugins.objectives.llm.online import (
     REINFORCEPPBaselineLoss,
@@ -20,32 +21,6 @@ from offline_plugins.objectives.llm.online import (
 )
 
 torch.set_num_threads(1)
-
-
-class _Fixed(torch.nn.Module):
-    """An actor returning given per-token log-probs (times a parameter at 1, so gradients reach them)."""
-
-    def __init__(self, log_probs: torch.Tensor) -> None:
-        super().__init__()
-        self.lp = torch.nn.Parameter(log_probs.clone())
-
-    def log_probs(self, tokens, attention_mask):
-        return self.lp
-
-
-def _rows(sample_lp, rewards, groups, *, ref_lp=None, response=None):
-    """Rollout rows with the given sampling log-probs; the last ``response`` tokens are the response."""
-    b, t = sample_lp.shape
-    resp = torch.zeros(b, t, dtype=torch.bool)
-    resp[:, t - (response or t - 1):] = True
-    return TensorDict({
-        "tokens": {"full": torch.zeros(b, t, dtype=torch.long)},
-        "masks": {"all_attention_mask": torch.ones(b, t, dtype=torch.bool), "all_assistant_mask": resp},
-        "log_probs": {"full": sample_lp},
-        "next": {"reward": torch.tensor(rewards).reshape(b, 1),
-                 **({"ref_log_probs": {"full": ref_lp}} if ref_lp is not None else {})},
-        "group": torch.tensor(groups),
-    }, [b])
 
 
 # two responses of one prompt, 2 response tokens each (position 0 is the prompt); rewards 1 and 0 -> A = +1, -1

@@ -196,6 +196,16 @@ class _ClippedRatioFields(_PolicyGradientFields):
 
 
 @dataclass
+class _NoKLFields(_PolicyGradientFields):
+    beta: float = config_field(0.0, "weight of the k3 KL to the reference")
+
+
+@dataclass
+class _ClippedNoKLFields(_ClippedRatioFields):
+    beta: float = config_field(0.0, "weight of the k3 KL to the reference")
+
+
+@dataclass
 class GRPOConfig(_ClippedRatioFields):
     beta: float = config_field(0.04, "weight of the k3 KL to the reference (0: no KL term)")
 
@@ -212,8 +222,8 @@ class DAPOConfig(_PolicyGradientFields):
 
 
 @dataclass
-class DrGRPOConfig(_ClippedRatioFields):
-    beta: float = config_field(0.0, "weight of the k3 KL to the reference")
+class DrGRPOConfig(_ClippedNoKLFields):
+    pass
 
 
 @dataclass
@@ -238,41 +248,38 @@ class GSPOConfig(_PolicyGradientFields):
 
 
 @dataclass
-class SAPOConfig(_PolicyGradientFields):
+class SAPOConfig(_NoKLFields):
     tau_pos: float = config_field(1.0, "gate temperature where the advantage is positive (verl's and ms-swift's "
                                        "SAPO default)", bounds=">0")
     tau_neg: float = config_field(1.05, "gate temperature where the advantage is not positive (verl's and "
                                         "ms-swift's SAPO default)", bounds=">0")
-    beta: float = config_field(0.0, "weight of the k3 KL to the reference")
 
 
 @dataclass
-class GMPOConfig(_PolicyGradientFields):
+class GMPOConfig(_NoKLFields):
     clip_low: float = config_field(0.4, "log-ratio clipped below at -clip_low where the advantage is negative "
                                         "(log space: ratios down to e^-0.4, the paper's sec. 4)")
     clip_high: float = config_field(0.4, "log-ratio clipped above at clip_high where the advantage is positive "
                                          "(log space: ratios up to e^0.4)")
-    beta: float = config_field(0.0, "weight of the k3 KL to the reference")
 
 
 @dataclass
-class DPPOConfig(_PolicyGradientFields):
+class DPPOConfig(_NoKLFields):
     tv_low: float = config_field(0.15, "a token counts where its probability fell by at most this (advantage "
                                        "< 0); verl's DPPO-TV recipe", bounds="(0,1)")
     tv_high: float = config_field(0.15, "a token counts where its probability rose by at most this (advantage "
                                         "> 0); verl's DPPO-TV recipe", bounds=">0")
     cap: float = config_field(20.0, "the detached importance weight is truncated at this", bounds=">=1")
-    beta: float = config_field(0.0, "weight of the k3 KL to the reference")
 
 
 @dataclass
-class GDPOConfig(_ClippedRatioFields):
-    beta: float = config_field(0.0, "weight of the k3 KL to the reference")
+class GDPOConfig(_ClippedNoKLFields):
+    pass
 
 
 @dataclass
-class MaxRLConfig(_ClippedRatioFields):
-    beta: float = config_field(0.0, "weight of the k3 KL to the reference")
+class MaxRLConfig(_ClippedNoKLFields):
+    pass
 
 
 @dataclass
@@ -281,13 +288,12 @@ class LUSPOConfig(GSPOConfig):
 
 
 @dataclass
-class VESPOConfig(_PolicyGradientFields):
+class VESPOConfig(_NoKLFields):
     k_pos: float = config_field(2.0, "shape k of the weight phi(w) = w^k exp(lambda (1 - w)) where the advantage "
                                      "is not negative (the VESPO paper's training scripts)", bounds=">=0")
     lam_pos: float = config_field(3.0, "rate lambda of phi where the advantage is not negative", bounds=">0")
     k_neg: float = config_field(3.0, "shape k of phi where the advantage is negative", bounds=">=0")
     lam_neg: float = config_field(2.0, "rate lambda of phi where the advantage is negative", bounds=">0")
-    beta: float = config_field(0.0, "weight of the k3 KL to the reference")
 
 
 @dataclass
