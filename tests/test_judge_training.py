@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from offline_plugins.cli import main
-from test_online_dpo import prompt_file  # noqa: F401  (the fixture: 220 letter prompts)
 
 torch.set_num_threads(1)
 
@@ -134,7 +133,7 @@ def test_judge_ties_and_a_judge_without_text_are_refused_by_name():
 def test_online_dpo_trains_on_the_judges_pairs_and_logs_the_tie_rate(prompt_file, tmp_path, capsys):
     out = tmp_path / "run"
     args = ["train", "online-dpo", "--dataset", str(prompt_file), "--model", "tiny", "--reward",
-            "test_online_dpo:digit_share", "--judge", "test_judge_training:shorter", "--steps", "4", "--threads", "1",
+            "_text_rewards:digit_share", "--judge", "test_judge_training:shorter", "--steps", "4", "--threads", "1",
             "--no-progress", "--out", str(out)]
     for k, v in {"group_size": 2, "prompts_per_round": 4, "batch_size": 2, "max_new_tokens": 4,
                  "eval_prompts": 8, "lr": 3e-3}.items():

@@ -116,7 +116,7 @@ def test_ppo_rlhf_trains_through_the_shell_and_exports_the_policy(tmp_path):
 
     prompts = _letter_prompts(tmp_path, 220, seed=0)
     summary = train_algorithm("ppo-rlhf", str(prompts), steps=8, seed=0, out_dir=tmp_path / "run", progress=False, threads=1,
-                    reward="test_online_train:digit_share", eval_every=0,
+                    reward="_text_rewards:digit_share", eval_every=0,
                     overrides={"group_size": 2, "prompts_per_round": 4, "batch_size": 4, "ppo_epochs": 2,
                                "max_new_tokens": 4, "eval_prompts": 10, "lr": 1e-3})
     assert summary["data_kind"] == "text-rollouts" and summary["rounds"] == 2
@@ -239,7 +239,7 @@ def test_seeded_ppo_rlhf_raises_the_reward_of_a_user_task(tmp_path):
 
     prompts = _letter_prompts(tmp_path, 220, seed=0)
     s = train_algorithm("ppo-rlhf", str(prompts), steps=48, seed=0, out_dir=tmp_path / "run", progress=False, threads=1,
-              reward="test_online_train:digit_share", eval_every=0,
+              reward="_text_rewards:digit_share", eval_every=0,
               overrides={"group_size": 2, "prompts_per_round": 12, "batch_size": 8, "ppo_epochs": 2,
                          "max_new_tokens": 4, "eval_prompts": 20, "lr": 3e-3})
     # spread (seeds 0-2, the releases of constraints.txt): sampled reward 0.09-0.17 -> 0.74-0.80
@@ -290,7 +290,7 @@ def test_ppo_rlhf_resume_equals_an_uninterrupted_run(tmp_path):
     from offline_plugins.lightning.run import load_checkpoint, train_algorithm
 
     prompts = _letter_prompts(tmp_path, 120, seed=1)
-    kwargs = dict(seed=1, progress=False, threads=1, reward="test_online_train:digit_share", eval_every=0,
+    kwargs = dict(seed=1, progress=False, threads=1, reward="_text_rewards:digit_share", eval_every=0,
                   overrides={"group_size": 1, "prompts_per_round": 8, "batch_size": 4, "ppo_epochs": 2,
                              "max_new_tokens": 3, "eval_prompts": 10, "lr": 3e-3, "kl_target": 0.5})
     # 8 rollouts, batch 4, 2 epochs: 4 steps per round; step 6 is mid-round

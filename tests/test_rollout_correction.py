@@ -109,7 +109,7 @@ def test_a_grpo_run_with_the_correction_trains_and_logs_the_weights(tmp_path):
                                for _ in range(60)))
     config = {"group_size": 4, "prompts_per_round": 4, "batch_size": 8, "max_new_tokens": 3, "eval_prompts": 4,
               "rollout_correction": 2.0}
-    parts = opl.build("grpo", str(prompts), config=config, reward="test_online_train:digit_share")
+    parts = opl.build("grpo", str(prompts), config=config, reward="_text_rewards:digit_share")
     assert parts.module.parts.loss.rollout_correction == 2.0
     seen = []
 

@@ -21,7 +21,7 @@ _SMALL = {"group_size": 4, "prompts_per_round": 4, "batch_size": 8, "max_new_tok
 
 
 #: the dense reward of tests/test_online_train.py: the share of digits in a response
-_REWARD = "test_online_train:digit_share"
+_REWARD = "_text_rewards:digit_share"
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ random initialisation (a JSONL task with a built-in ``--model``: tiny, small).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 from offline_plugins.algorithms.preference import LoRAFields
 from offline_plugins.config import ROLLOUT_DEFAULTS as _D
@@ -409,62 +409,47 @@ def async_staleness(config: Any, generator: Optional[Any], name: str) -> Optiona
     return -1 if k is None else int(k)
 
 
-def build_grpo(config: GRPOConfig, data: Any):
-    return _parts(config, data, "grpo", "TextGRPOLoss", {"clip_epsilon": config.clip_epsilon, "beta": config.beta})
+def _builder(name: str, loss: str, kwargs: Callable[[Any], dict]) -> Callable[[Any, Any], Any]:
+    """``build(config, data)`` of an online algorithm whose loss takes ``kwargs(config)`` (and the shared
+    fields :func:`_parts` adds)."""
+    def build(config: Any, data: Any):
+        return _parts(config, data, name, loss, kwargs(config))
+
+    build.__name__ = build.__qualname__ = f"build_{name.replace('-', '_')}"
+    build.__doc__ = f"The parts of ``{name}``: :class:`{loss}` on a trainable copy of the reference."
+    return build
 
 
-def build_dapo(config: DAPOConfig, data: Any):
-    return _parts(config, data, "dapo", "DAPOLoss",
-                  {"clip_epsilon": (config.clip_low, config.clip_high), "beta": config.beta,
-                   "max_new_tokens": config.max_new_tokens, "overlong_cache": config.overlong_cache})
+def _one_clip(c: Any) -> dict:
+    return {"clip_epsilon": c.clip_epsilon, "beta": c.beta}
 
 
-def build_dr_grpo(config: DrGRPOConfig, data: Any):
-    return _parts(config, data, "dr-grpo", "DrGRPOLoss",
-                  {"clip_epsilon": config.clip_epsilon, "beta": config.beta,
-                   "length_normalizer": config.max_new_tokens})
+def _two_clips(c: Any) -> dict:
+    return {"clip_epsilon": (c.clip_low, c.clip_high), "beta": c.beta}
 
 
-def build_rloo(config: RLOOConfig, data: Any):
-    return _parts(config, data, "rloo", "RLOOLoss", {"clip_epsilon": config.clip_epsilon, "beta": config.beta})
-
-
-def build_cispo(config: CISPOConfig, data: Any):
-    return _parts(config, data, "cispo", "TextCISPOLoss",
-                  {"clip_epsilon": (config.clip_low, config.clip_high), "beta": config.beta})
-
-
-def build_gspo(config: GSPOConfig, data: Any):
-    return _parts(config, data, "gspo", "TextGSPOLoss",
-                  {"clip_epsilon": (config.clip_low, config.clip_high), "beta": config.beta})
-
-
-def build_sapo(config: SAPOConfig, data: Any):
-    return _parts(config, data, "sapo", "TextSAPOLoss",
-                  {"tau_pos": config.tau_pos, "tau_neg": config.tau_neg, "beta": config.beta})
-
-
-def build_gmpo(config: GMPOConfig, data: Any):
-    return _parts(config, data, "gmpo", "TextGMPOLoss",
-                  {"clip_epsilon": (config.clip_low, config.clip_high), "beta": config.beta})
-
-
-def build_dppo(config: DPPOConfig, data: Any):
-    return _parts(config, data, "dppo", "TextDPPOLoss",
-                  {"clip_epsilon": (config.tv_low, config.tv_high), "cap": config.cap, "beta": config.beta})
-
-
-def build_reinforce_pp(config: REINFORCEPPConfig, data: Any):
-    return _parts(config, data, "reinforce-pp", "REINFORCEPPLoss",
-                  {"clip_epsilon": config.clip_epsilon, "beta": config.beta})
-
-
-def build_reinforce_pp_baseline(config: REINFORCEPPConfig, data: Any):
-    return _parts(config, data, "reinforce-pp-baseline", "REINFORCEPPBaselineLoss",
-                  {"clip_epsilon": config.clip_epsilon, "beta": config.beta})
+build_grpo = _builder("grpo", "TextGRPOLoss", _one_clip)
+build_dapo = _builder("dapo", "DAPOLoss", lambda c: {**_two_clips(c), "max_new_tokens": c.max_new_tokens,
+                                                     "overlong_cache": c.overlong_cache})
+build_dr_grpo = _builder("dr-grpo", "DrGRPOLoss", lambda c: {**_one_clip(c), "length_normalizer": c.max_new_tokens})
+build_rloo = _builder("rloo", "RLOOLoss", _one_clip)
+build_cispo = _builder("cispo", "TextCISPOLoss", _two_clips)
+build_gspo = _builder("gspo", "TextGSPOLoss", _two_clips)
+build_sapo = _builder("sapo", "TextSAPOLoss", lambda c: {"tau_pos": c.tau_pos, "tau_neg": c.tau_neg, "beta": c.beta})
+build_gmpo = _builder("gmpo", "TextGMPOLoss", _two_clips)
+build_dppo = _builder("dppo", "TextDPPOLoss", lambda c: {"clip_epsilon": (c.tv_low, c.tv_high), "cap": c.cap,
+                                                         "beta": c.beta})
+build_reinforce_pp = _builder("reinforce-pp", "REINFORCEPPLoss", _one_clip)
+build_reinforce_pp_baseline = _builder("reinforce-pp-baseline", "REINFORCEPPBaselineLoss", _one_clip)
+build_maxrl = _builder("maxrl", "TextMaxRLLoss", _one_clip)
+build_luspo = _builder("luspo", "TextLUSPOLoss", _two_clips)
+build_vespo = _builder("vespo", "TextVESPOLoss", lambda c: {"k_pos": c.k_pos, "lam_pos": c.lam_pos, "k_neg": c.k_neg,
+                                                            "lam_neg": c.lam_neg, "beta": c.beta})
+build_expert_iteration = _builder("expert-iteration", "ExpertIterationLoss", lambda c: {"threshold": c.threshold})
 
 
 def build_gdpo(config: GDPOConfig, data: Any):
+    """The parts of ``gdpo``: :class:`TextGDPOLoss` over the run's several rewards, with their weights."""
     from offline_plugins.errors import UserError
 
     source = getattr(data, "source", None)
@@ -472,28 +457,9 @@ def build_gdpo(config: GDPOConfig, data: Any):
     if len(names) < 2:
         raise UserError("gdpo combines several rewards, each standardised on its own, and this run has one: give "
                         "two or more as --reward NAME=SPEC, e.g. --reward correct=task "
-                        "--reward format=offline_plugins.envs.word_problems:format_reward")
-    return _parts(config, data, "gdpo", "TextGDPOLoss", {"clip_epsilon": config.clip_epsilon, "beta": config.beta,
+                        "--reward format=offline_plugins.envs.word_problems:answer_format")
+    return _parts(config, data, "gdpo", "TextGDPOLoss", {**_one_clip(config),
                                                           "reward_weights": list(source.reward_weights)})
-
-
-def build_maxrl(config: MaxRLConfig, data: Any):
-    return _parts(config, data, "maxrl", "TextMaxRLLoss", {"clip_epsilon": config.clip_epsilon, "beta": config.beta})
-
-
-def build_luspo(config: LUSPOConfig, data: Any):
-    return _parts(config, data, "luspo", "TextLUSPOLoss",
-                  {"clip_epsilon": (config.clip_low, config.clip_high), "beta": config.beta})
-
-
-def build_vespo(config: VESPOConfig, data: Any):
-    return _parts(config, data, "vespo", "TextVESPOLoss",
-                  {"k_pos": config.k_pos, "lam_pos": config.lam_pos, "k_neg": config.k_neg, "lam_neg": config.lam_neg,
-                   "beta": config.beta})
-
-
-def build_expert_iteration(config: ExpertIterationConfig, data: Any):
-    return _parts(config, data, "expert-iteration", "ExpertIterationLoss", {"threshold": config.threshold})
 
 
 _SPECS = (
