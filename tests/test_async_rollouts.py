@@ -139,13 +139,10 @@ def test_a_killed_or_interrupted_run_loses_nothing_and_the_sampler_does_not_outl
     ({"async_rollouts": True, "max_staleness": -1}, "config key 'max_staleness' of GRPOConfig must be >= 0 "
                                                     r"\(async_rollouts: the most optimiser steps"),
     ({"max_staleness": 2}, "max_staleness bounds the overlapped rollouts of --set async_rollouts=true"),
-    ({"async_rollouts": True, "generator": "vllm"}, "the vLLM engine is not offered there yet"),
 ])
 def test_bad_async_settings_are_one_line(overrides, match, prompt_file, tmp_path):
     from offline_plugins.errors import UserError
 
-    if overrides.get("generator") == "vllm":
-        pytest.importorskip("vllm")
     with pytest.raises(UserError, match=match):
         _train(prompt_file, tmp_path / "r", steps=1, **overrides)
 

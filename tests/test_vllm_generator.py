@@ -380,6 +380,30 @@ def test_the_live_sync_check_passes_a_synced_engine_and_stops_one_that_skipped_a
 
 @pytest.mark.vllm
 @pytest.mark.slow
+def test_overlapped_rounds_sampled_by_an_engine_in_the_worker_repeat_bit_for_bit(vllm, prompt_file, tmp_path):
+    """async_rollouts with --generator vllm: the worker process runs the engine, loads each round's weights
+    before sampling it; a seeded run repeats bit for bit, each round after the first lags one round's
+    updates, and the sync check finds the engine holding the weights it was given."""
+    import csv
+
+    from offline_plugins.lightning.run import train_algorithm
+
+    settings = {**_SMALL, "lr": 3e-3, "generator": "vllm", "async_rollouts": True, "sync_check_every": 1}
+    runs = [train_algorithm("grpo", str(prompt_file), steps=9, seed=0, out_dir=tmp_path / name, progress=False,
+                            threads=1, reward="_text_rewards:digit_share", eval_every=0, overrides=settings)
+            for name in ("a", "b")]
+    assert all(r["steps"] == 9 for r in runs)
+    assert (tmp_path / "a" / "model" / "model.safetensors").read_bytes() == \
+        (tmp_path / "b" / "model" / "model.safetensors").read_bytes()
+    rows = list(csv.DictReader(open(tmp_path / "a" / "metrics.csv")))
+    lags = [float(r["rollout/sampler_lag_steps"]) for r in rows if r.get("rollout/sampler_lag_steps")]
+    gaps = [float(r["rollout/sync_logprob_gap"]) for r in rows if r.get("rollout/sync_logprob_gap")]
+    print(f"async vllm: lags {lags}, sync gaps {gaps}")
+    assert lags == [0.0, 3.0, 3.0] and len(gaps) == 3 and max(gaps) < 1e-4
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
 def test_a_resumed_vllm_run_equals_an_uninterrupted_one(vllm, prompt_file, tmp_path):
     """The engine restarts with the resumed fit (from the checkpoint's policy) and resamples the
     rounds exactly: per-row seeds, ``sync_every=1``."""

@@ -183,8 +183,9 @@ class _PolicyGradientFields(GeneratorFields, _RolloutFields):
         None, "DeepSeek-V3.2's off-policy sequence masking: leave out responses with a negative advantage whose "
               "mean log(pi_sample / pi) exceeds this (arXiv:2512.02556; unset: off)", bounds=">=0")
     async_rollouts: bool = config_field(
-        False, "sample the next round of rollouts in a worker process while the current one trains (generator "
-               "hf, one CPU device); turns the rollout correction on (2.0) unless set")
+        False, "sample the next round of rollouts in a worker process while the current one trains (one CPU "
+               "device; with generator=vllm the worker runs the engine); turns the rollout correction on (2.0) "
+               "unless set")
     max_staleness: Optional[int] = config_field(
         None, "async_rollouts: the most optimiser steps the sampling weights may lag the policy that trains on "
               "the round (0: no overlap); unset: one round's updates (the whole round overlapped)", bounds=">=0")
@@ -401,9 +402,6 @@ def async_staleness(config: Any, generator: Optional[Any], name: str) -> Optiona
             raise UserError(f"{name}: max_staleness bounds the overlapped rollouts of --set async_rollouts=true, "
                             "which this run does not use; add it or drop max_staleness")
         return None
-    if generator is not None:
-        raise UserError(f"{name}: async_rollouts samples with the policy's transformers generate in a worker "
-                        "process; the vLLM engine is not offered there yet: drop --generator vllm or async_rollouts")
     if getattr(config, "rollout_correction", None) is None:
         config.rollout_correction = VLLM_ROLLOUT_CORRECTION
     return -1 if k is None else int(k)

@@ -18,6 +18,9 @@ resumed run the same); the scheme applies weights in a receiver thread on an ins
 own, a second channel that could land in the middle of a round. What they do underneath is what
 is used here: the policy's parameters as a shared-memory TensorDict updated in place.
 
+With ``--generator vllm`` the worker starts its own vLLM engine from the first round's weights and
+loads each later round's into it before sampling (the trainer's process starts none).
+
 The worker ignores SIGINT (the trainer stops it at a step boundary) and exits when the trainer's
 process is gone (``kill -9``), when asked, or when its pipe closes. It needs the ``fork`` start
 method (Linux) and a CPU policy: a CUDA context does not survive a fork.
@@ -56,10 +59,14 @@ class AsyncSampler:
         dynamic_sampling: replace groups without signal by newly sampled ones (DAPO).
         after_fork: called first thing in the worker (the run closes its folder lock's inherited
             descriptor there, so a killed run's folder is free again once the worker exits).
+        generator: an engine with :class:`~offline_plugins.modules.vllm_engine.VLLMGenerator`'s contract
+            that samples in the worker instead of the copy's ``generate`` (``--generator vllm``): started in
+            the worker from the first round's weights, loaded with each later round's before it is sampled.
     """
 
     def __init__(self, collector: Any, policy: torch.nn.Module, *, signal: Optional[Callable] = None,
-                 dynamic_sampling: bool = False, after_fork: Optional[Callable[[], None]] = None) -> None:
+                 dynamic_sampling: bool = False, after_fork: Optional[Callable[[], None]] = None,
+                 generator: Optional[Any] = None) -> None:
         if "fork" not in mp.get_all_start_methods():
             raise AsyncSamplerError("async_rollouts samples in a forked process, and this platform cannot fork; "
                                     "train with --set async_rollouts=false")
@@ -76,7 +83,7 @@ class AsyncSampler:
         ctx = mp.get_context("fork")
         self._conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_work, args=(child, collector, self.model, signal, bool(dynamic_sampling),
-                                                       os.getpid(), after_fork),
+                                                       os.getpid(), after_fork, generator),
                                    daemon=True, name="offline-plugins-sampler")
         self.process.start()
         child.close()
@@ -140,13 +147,22 @@ class AsyncSampler:
 
 
 def _work(conn, collector, model, signal_fn, dynamic_sampling: bool, parent: int,
-          after_fork: Optional[Callable[[], None]]) -> None:
+          after_fork: Optional[Callable[[], None]], generator: Optional[Any]) -> None:
     """The worker's loop: sample the rounds asked for until told to stop or the trainer is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the trainer at a step boundary; it stops us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the trainer's graceful handler: a terminate() ends us
     if after_fork is not None:
         after_fork()
     torch.set_num_threads(1)
+    collector.generator = generator
+    try:
+        _serve(conn, collector, model, signal_fn, dynamic_sampling, parent, generator)
+    finally:
+        if generator is not None:
+            generator.close()
+
+
+def _serve(conn, collector, model, signal_fn, dynamic_sampling: bool, parent: int, generator: Optional[Any]) -> None:
     while True:
         try:
             if not conn.poll(1.0):
@@ -160,6 +176,8 @@ def _work(conn, collector, model, signal_fn, dynamic_sampling: bool, parent: int
             return
         _, round, rank = msg
         try:
+            if generator is not None:  # the engine samples from the weights just written to the shared copy
+                generator.start(model) if generator.engine is None else generator.sync(model)
             td, stats = collector.collect(model, round=round, rank=rank, process=signal_fn,
                                           dynamic_sampling=dynamic_sampling)
             reply = ("ok", td, stats)

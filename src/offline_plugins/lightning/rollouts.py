@@ -240,7 +240,7 @@ class RolloutDataModule(LightningDataModule):
 
             self.sampler = AsyncSampler(self.collector, self.model, signal=_signal_of(loss),
                                         dynamic_sampling=bool(self.plan.dynamic_sampling),
-                                        after_fork=RunFolderLock.close_inherited)
+                                        after_fork=RunFolderLock.close_inherited, generator=self.generator)
         got = None
         if self._prefetched is not None:
             kept, self._prefetched = self._prefetched, None
