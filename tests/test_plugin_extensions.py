@@ -1,6 +1,6 @@
 """What a third-party plugin adds beside algorithms, with nothing of the package edited: the example
-plugin (``examples/third_party_plugin``) registers a text task, a tool and a dataset recipe through
-the same hooks the built-in ones use, and each trains."""
+plugin (``examples/third_party_plugin``) registers a text task, a tool, a reward function and a dataset
+recipe through the same hooks the built-in ones use, and each trains."""
 
 from __future__ import annotations
 
@@ -64,3 +64,22 @@ def test_info_describes_a_text_task_and_a_tool_from_their_records(capsys):
     assert json.loads(capsys.readouterr().out)["aliases"] == ["reverse"]
     assert main(["info", "calculator"]) == 0
     assert capsys.readouterr().out.startswith("calculator (tool)")
+
+
+def test_a_plugins_reward_is_listed_and_trains_by_its_name_alone_and_among_others(tmp_path, capsys):
+    assert main(["list", "--json", "--all"]) == 0
+    listed = {r["name"]: r for r in json.loads(capsys.readouterr().out)["rewards"]}
+    assert listed["letter-overlap"]["plugin"] == "awr" and "answer-format" in listed
+    out = tmp_path / "grpo-overlap"
+    assert main(["train", "grpo", "--dataset", "reverse", "--reward", "letter-overlap", "--out", str(out),
+                 "--set", "reference_sft_steps=5", *SMALL]) == 0, capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 2 and 0.0 <= summary["reward_mean"] <= 1.0
+    out = tmp_path / "gdpo-overlap"
+    assert main(["train", "gdpo", "--dataset", "reverse", "--reward", "exact=task", "--reward", "overlap=letter-overlap",
+                 "--out", str(out), "--set", "reference_sft_steps=5", *SMALL]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["train", "grpo", "--dataset", "reverse", "--reward", "letter-overlp", "--out", str(tmp_path / "x"),
+                 *SMALL]) != 0
+    err = capsys.readouterr().err
+    assert "did you mean 'letter-overlap'" in err and "Traceback" not in err

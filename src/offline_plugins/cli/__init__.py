@@ -56,6 +56,7 @@ def cmd_list(args) -> int:
             "sandboxes": [{**x.to_dict(), "here": _sandbox_here(x)} for _, x in sorted(registry.sandboxes.items())],
             "text_tasks": [t.to_dict() for _, t in sorted(registry.text_tasks.items())],
             "tools": [t.to_dict() for _, t in sorted(registry.tools.items())],
+            "rewards": [r.to_dict() for _, r in sorted(registry.rewards.items())],
             "broken": [b.to_dict() for b in registry.broken],
         }
         _print_json(payload if args.all else out)
@@ -84,6 +85,8 @@ def cmd_list(args) -> int:
     _section(registry.tools, "tools (what a multi-turn task's policy may call; text tasks: 'offline-plugins data list')")
     _section(registry.sandboxes, "sandboxes (where the python tool of tool-python runs model-written code: --set "
              "tool_sandbox=NAME, default bwrap)", mark=lambda x: f"[{_sandbox_here(x)}] ")
+    _section(registry.rewards, "rewards (--reward NAME, or --reward KEY=NAME among several, for the algorithms "
+             "trained on their own rollouts)")
     if registry.broken:
         print("\nplugins that failed to load (the others work):")
         for b in registry.broken:
@@ -154,6 +157,12 @@ def cmd_info(args) -> int:
         info = registry.tool(args.name).to_dict()
         return _describe(args, info, "tool", [
             ("tool", info["tool"]), ("use", f"a multi-turn task's tools setting: --set tools={info['name']}")])
+    if args.name not in registry.algorithms and name in registry.rewards:
+        info = registry.reward(args.name).to_dict()
+        return _describe(args, info, "reward", [
+            ("function", info["function"]),
+            ("use", f"offline-plugins train grpo --dataset TASK --reward {info['name']} (or --reward KEY={info['name']} "
+                    "beside other rewards, as gdpo takes them)")])
     spec = registry.algorithm(args.name)
     info = spec.to_dict()
     if args.json:

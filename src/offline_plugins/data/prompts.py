@@ -213,9 +213,11 @@ def load_reward_function(spec: str) -> Callable[..., Sequence[float]]:
             _folder(spec)  # raises, naming what the folder lacks
         return reward_model_function(spec)
     module_name, sep, attr = str(spec).partition(":")
-    if not sep or not module_name or not attr:
+    if not sep:  # a registered reward function's name ('offline-plugins list', "rewards")
+        return _registered_reward(str(spec))
+    if not module_name or not attr:
         raise RolloutError(f"--reward {spec!r} must be 'module:function' (e.g. mytask.rewards:score), a Python "
-                           "callable (prompts, responses, **columns) -> list[float]")
+                           "callable (prompts, responses, **columns) -> list[float], or a registered reward's name")
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - any import failure is the user's module
@@ -231,6 +233,26 @@ def load_reward_function(spec: str) -> Callable[..., Sequence[float]]:
         raise RolloutError(f"--reward {spec!r} is a {type(fn).__name__}, not a callable; name a function "
                            "(prompts, responses, **columns) -> list[float]")
     return fn
+
+
+def _registered_reward(name: str) -> Callable[..., Sequence[float]]:
+    """The function of the reward registered as ``name``; a :class:`RolloutError` naming the registered ones
+    and the other forms ``--reward`` takes."""
+    from offline_plugins.plugins import UnknownNameError, shared_registry
+
+    registry = shared_registry()
+    try:
+        spec = registry.reward(name)
+    except UnknownNameError as exc:
+        raise RolloutError(f"--reward {name!r}: {exc}; give a registered reward ('offline-plugins list' names them: "
+                           f"{', '.join(sorted(registry.rewards)) or 'none'}), a module:function (e.g. "
+                           "mytask.rewards:score), a reward-model folder or a reward server's http://HOST:PORT") from None
+    try:
+        return spec.load()
+    except Exception as exc:  # noqa: BLE001 - a plugin's broken import path: named with its plugin
+        raise RolloutError(f"--reward {name!r}: the reward registered by {spec.provider or 'a plugin'} (plugin "
+                           f"{spec.plugin!r}) cannot be loaded from {spec.to_dict()['function']!r} "
+                           f"({type(exc).__name__}: {exc})") from None
 
 
 @dataclass

@@ -86,3 +86,13 @@ def offline_plugins_register_tools(registry):
     Args:
         registry: a registrar; call ``registry.add(spec)`` once per tool.
     """
+
+
+@hookspec
+def offline_plugins_register_rewards(registry):
+    """Add :class:`~offline_plugins.plugins.registry.RewardSpec` records: reward functions ``--reward NAME``
+    takes for the algorithms trained on their own rollouts (``grpo`` ...), listed by ``list``.
+
+    Args:
+        registry: a registrar; call ``registry.add(spec)`` once per reward function.
+    """

@@ -203,7 +203,7 @@ def load_registry(
     hook_names = ("offline_plugins_register_data_kinds", "offline_plugins_register_algorithms",
                   "offline_plugins_register_datasets", "offline_plugins_register_judges",
                   "offline_plugins_register_sandboxes", "offline_plugins_register_text_tasks",
-                  "offline_plugins_register_tools")
+                  "offline_plugins_register_tools", "offline_plugins_register_rewards")
     for name in list(host.order):
         plugin = host.pm.get_plugin(name)
         if plugin is None:

@@ -42,6 +42,7 @@ __all__ = [
     "SandboxSpec",
     "TextTaskSpec",
     "ToolSpec",
+    "RewardSpec",
     "Registry",
     "ScopedRegistrar",
     "BrokenPlugin",
@@ -465,6 +466,37 @@ class ToolSpec:
 
 
 @dataclass(frozen=True)
+class RewardSpec:
+    """A reward function a plugin provides: ``--reward NAME`` (or ``--reward KEY=NAME`` among several)
+    scores the responses of the algorithms trained on their own rollouts with it.
+
+    Attributes:
+        name: what ``--reward`` takes, a lower-case word without ':'.
+        summary: one line: what it rewards.
+        function: ``f(prompts, responses, **columns) -> list[float]`` (or its import path).
+        provider, version, plugin: filled in by the host.
+    """
+
+    name: str
+    summary: str
+    function: Union[str, Callable]
+    provider: str = ""
+    version: str = ""
+    plugin: str = ""
+
+    def __post_init__(self) -> None:
+        _check_word("RewardSpec", "reward", self.name)
+
+    def load(self) -> Callable:
+        """The reward function."""
+        return resolve(self.function)
+
+    def to_dict(self) -> dict[str, Any]:
+        fn = self.function if isinstance(self.function, str) else f"{self.function.__module__}:{self.function.__qualname__}"
+        return {"name": self.name, "summary": self.summary, "function": fn, **provenance(self)}
+
+
+@dataclass(frozen=True)
 class SandboxSpec:
     """A sandbox a plugin provides for tools that run model-written code: ``--set tool_sandbox=NAME``.
 
@@ -520,6 +552,7 @@ class Registry:
     sandboxes: dict[str, SandboxSpec] = field(default_factory=dict)
     text_tasks: dict[str, TextTaskSpec] = field(default_factory=dict)
     tools: dict[str, ToolSpec] = field(default_factory=dict)
+    rewards: dict[str, RewardSpec] = field(default_factory=dict)
     broken: list[BrokenPlugin] = field(default_factory=list)
     plugins: dict[str, tuple[str, str]] = field(default_factory=dict)  # plugin -> (provider, version)
     disabled: set[str] = field(default_factory=set)  # plugin names switched off by the user
@@ -547,6 +580,8 @@ class Registry:
                     f"uninstall one, or switch one plugin off with OFFLINE_PLUGINS_DISABLE={spec.plugin}")
         elif isinstance(spec, ToolSpec):
             table, kind = self.tools, "tool"
+        elif isinstance(spec, RewardSpec):
+            table, kind = self.rewards, "reward"
         elif isinstance(spec, DataKind):
             table, kind = self.data_kinds, "data kind"
             if not spec.name or spec.name != spec.name.strip().lower() or " " in spec.name:
@@ -555,7 +590,7 @@ class Registry:
         else:
             raise TypeError(
                 "registry.add expects an AlgorithmSpec, a DatasetSpec, a JudgeSpec, a SandboxSpec, a TextTaskSpec, a "
-                "ToolSpec or a DataKind, got "
+                "ToolSpec, a RewardSpec or a DataKind, got "
                 f"{type(spec).__name__}"
             )
         old = table.get(spec.name)
@@ -597,6 +632,10 @@ class Registry:
     def tool(self, name: str) -> ToolSpec:
         """The :class:`ToolSpec` called ``name``; an unknown name raises with close matches."""
         return self._lookup(self.tools, name, "tool")
+
+    def reward(self, name: str) -> RewardSpec:
+        """The :class:`RewardSpec` called ``name``; an unknown name raises with close matches."""
+        return self._lookup(self.rewards, name, "reward")
 
     def data_kind(self, name: str):
         """The :class:`~offline_plugins.kinds.DataKind` called ``name``; an unknown name raises."""
@@ -686,6 +725,8 @@ class ScopedRegistrar:
                 table = self.registry.text_tasks
             elif isinstance(spec, ToolSpec):
                 table = self.registry.tools
+            elif isinstance(spec, RewardSpec):
+                table = self.registry.rewards
             else:
                 table = self.registry.data_kinds
             if table.get(spec.name) is spec:

@@ -1,12 +1,12 @@
-"""The built-in text tasks and tools (``offline-plugins data list``, "text tasks"; ``list``, "tools"),
-registered through the hooks a third-party plugin uses, and named by import path so listing imports
-nothing.
+"""The built-in text tasks, tools and reward functions (``offline-plugins data list``, "text tasks";
+``list``, "tools" and "rewards"), registered through the hooks a third-party plugin uses, and named by
+import path so listing imports nothing.
 """
 
 from __future__ import annotations
 
 from offline_plugins.plugins.hookspecs import hookimpl
-from offline_plugins.plugins.registry import TextTaskSpec, ToolSpec
+from offline_plugins.plugins.registry import RewardSpec, TextTaskSpec, ToolSpec
 
 
 def _task(name: str, summary: str, factory: str, **settings) -> TextTaskSpec:
@@ -44,6 +44,14 @@ TOOLS = (
 )
 
 
+REWARDS = (
+    RewardSpec("answer-format", "1 where a response ends with a '#### N' line, else 0 (the word problems' answer "
+               "form; a second reward beside the verifier's)", "offline_plugins.envs.word_problems:answer_format"),
+    RewardSpec("step-accuracy", "the share of a response's 'a op b = c' lines whose arithmetic holds (the working, "
+               "not the answer)", "offline_plugins.envs.word_problems:step_accuracy"),
+)
+
+
 @hookimpl
 def offline_plugins_register_text_tasks(registry):
     for spec in TEXT_TASKS:
@@ -53,4 +61,10 @@ def offline_plugins_register_text_tasks(registry):
 @hookimpl
 def offline_plugins_register_tools(registry):
     for spec in TOOLS:
+        registry.add(spec)
+
+
+@hookimpl
+def offline_plugins_register_rewards(registry):
+    for spec in REWARDS:
         registry.add(spec)

@@ -1,4 +1,5 @@
-"""Registers ``awr``, the ``arith`` judge and the ``bwrap-logged`` tool sandbox with offline-plugins.
+"""Registers ``awr``, the ``arith`` judge, the ``bwrap-logged`` tool sandbox, the ``reverse`` text task and
+tool, the ``letter-overlap`` reward and the ``awr/pendulum-still-v0`` recipe with offline-plugins.
 
 No torch import here: listing stays fast."""
 
@@ -124,6 +125,14 @@ def offline_plugins_register_tools(registry):
     from offline_plugins.plugins import ToolSpec
 
     registry.add(ToolSpec("reverse", "writes its argument backwards", "offline_plugins_awr.tasks:ReverseTool"))
+
+
+@hookimpl
+def offline_plugins_register_rewards(registry):
+    from offline_plugins.plugins import RewardSpec
+
+    registry.add(RewardSpec("letter-overlap", "the share of the reversed word's letters the response uses (the "
+                            "reverse task's dense reward)", "offline_plugins_awr.tasks:letter_overlap"))
 
 
 @hookimpl

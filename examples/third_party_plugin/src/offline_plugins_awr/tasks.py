@@ -1,7 +1,10 @@
-"""A text task, a tool and a dataset recipe of this plugin: what a third party adds beside algorithms.
+"""A text task, a tool, a reward function and a dataset recipe of this plugin: what a third party adds
+beside algorithms.
 
 - ``ReverseTask`` (``awr/reverse/v0``, short ``reverse``): ``rev abc=`` -> ``cba``, exact match.
 - ``ReverseTool`` (``reverse``): a tool a multi-turn policy may call, answering its argument backwards.
+- ``letter_overlap`` (``--reward letter-overlap``): the share of the prompt's letters the response uses,
+  a dense reward for the reverse task.
 - ``make_still_pendulum`` (``awr/pendulum-still-v0``): Pendulum-v1 under zero torque, a Minari dataset
   made locally.
 
@@ -84,6 +87,15 @@ class ReverseTool(Tool):
 
     def run(self, argument: str) -> ToolResult:
         return ToolResult(self.name, argument.strip()[::-1])
+
+
+def letter_overlap(prompts: Sequence[str], responses: Sequence[str], **columns) -> list[float]:
+    """The share of the letters after ``rev `` in each prompt that its response contains (0 to 1)."""
+    out = []
+    for prompt, response in zip(prompts, responses):
+        word = prompt.removeprefix("rev ").rstrip("=")
+        out.append(sum(c in response for c in word) / max(len(word), 1))
+    return out
 
 
 def make_still_pendulum(spec, *, seed: int = 0, progress: bool = True, episodes=None, steps=None,
