@@ -1,4 +1,5 @@
-"""Text environments (prompt = state, response = action) and built-in verifiable tasks.
+"""Text environments (prompt = state, response = action), the built-in verifiable tasks (arithmetic,
+word problems, step chains, tool tasks), tools and their sandboxes, and the maze environment.
 
 Importing this package imports neither torch nor gymnasium; :class:`TextEnv` (the TorchRL
 environment the rollout collector steps every round) lives in :mod:`offline_plugins.envs.text`,

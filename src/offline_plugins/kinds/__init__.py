@@ -1,8 +1,9 @@
 """Data kinds: one object per kind of training data, asked by the training shell.
 
 The built-in kinds are ``transitions`` and ``trajectories`` (Minari datasets of an
-environment's steps) and ``preference-pairs`` and ``unpaired-feedback`` (text with
-preference labels). A plugin adds a kind with the ``offline_plugins_register_data_kinds``
+environment's steps), ``preference-pairs`` and ``unpaired-feedback`` (text with
+preference labels), ``text-rollouts`` (prompts the policy answers while it trains) and
+``text-completions`` (prompt/completion rows for SFT), and ``step-labels`` (PRM steps). A plugin adds a kind with the ``offline_plugins_register_data_kinds``
 hook; see :class:`DataKind` for the contract and docs/plugins.md for an example.
 
 >>> from offline_plugins.plugins import load_registry

@@ -1,4 +1,9 @@
-"""Preference optimisation and reward modelling as TorchRL loss modules.
+"""The language-model losses as TorchRL loss modules: preference optimisation and reward modelling
+(``preference``, ``reward``, ``functional``), online RL on text (``grpo``, ``reinforce``, ``sft``,
+``online_variants``, ``online_dpo``, ``ppo_rlhf``, ``text_dt``, over the shared ``rollout`` base and the
+``estimators``; ``online`` re-exports the first ones), distillation (``distill``) and process reward
+models (``prm``, ``prm_rl``). This package imports the preference and reward losses; the others are
+imported from their modules or from :mod:`offline_plugins.objectives`.
 
 Paired losses read a ``[B, 2]`` batch (index 0 chosen, 1 rejected); :class:`KTOLoss`
 reads ``[B]`` rows with a boolean ``label``. The formulas, as plain functions of
