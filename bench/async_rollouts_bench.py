@@ -86,7 +86,7 @@ def main(argv=None) -> None:
         quarters = [statistics.fmean(r["quarters"][i] for r in rs) for i in range(len(rs[0]["quarters"]))]
         rows.append(f"| {label} | {statistics.fmean(r['steps_per_s'] for r in rs):.2f} | "
                     + ", ".join(f"{r['steps_per_s']:.2f}" for r in rs) + " | "
-                    + " / ".join(f"{q:.3f}" for q in quarters) + f" | "
+                    + " / ".join(f"{q:.3f}" for q in quarters) + " | "
                     + f"{statistics.fmean(r['rewards'][-1] for r in rs):.3f} | {max(r['max_lag'] for r in rs):.0f} |")
     ratio = statistics.fmean(r["steps_per_s"] for r in results["async"]) / statistics.fmean(
         r["steps_per_s"] for r in results["sync"])

@@ -160,7 +160,7 @@ def make_grouping_buffer(name: str, group_size: int, capacity: int, bridge: From
 def sft_policy(task, *, steps: int, seed: int = 0, model: str = "tiny", cache_dir=None):
     """``model`` after ``steps`` of SFT on the task (the reference and the policy's start; OPD's teacher)."""
     from offline_plugins.data.rollouts import sft_reference
-    from offline_plugins.lightning.sft import supervised_finetune
+    from offline_plugins.kinds.sft import supervised_finetune
 
     return sft_reference(task, model=model, steps=steps, seed=seed, batch_size=32, cache_dir=cache_dir,
                          finetune=supervised_finetune)

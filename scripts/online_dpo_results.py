@@ -86,7 +86,7 @@ def _fixed_eval(out: Path) -> dict:
     from offline_plugins.modules.tiny_lm import load_causal_lm
 
     torch.set_num_threads(1)
-    from offline_plugins.lightning.sft import supervised_finetune
+    from offline_plugins.kinds.sft import supervised_finetune
 
     data = load_rollout_data("arithmetic", model="tiny", finetune=supervised_finetune)
     model, _ = load_causal_lm(out / "model")

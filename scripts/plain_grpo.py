@@ -36,7 +36,7 @@ def main() -> None:
     from offline_plugins.tokens import prompt_token_ids
 
     task = ArithmeticTask(digits=2, ops="+")
-    from offline_plugins.lightning.sft import supervised_finetune
+    from offline_plugins.kinds.sft import supervised_finetune
 
     ref, tok = sft_reference(task, cache_dir=cache_root() / "preference", finetune=supervised_finetune)
     ref.eval()

@@ -56,7 +56,7 @@ def best_of_n(rm_dir: Path, *, seed: int, n_max: int, max_new_tokens: int, promp
     from offline_plugins.data.text_tasks import generate
     from offline_plugins.envs.tasks import LengthTask
     from offline_plugins.eval.overoptimization import fit_gao
-    from offline_plugins.lightning.sft import supervised_finetune
+    from offline_plugins.kinds.sft import supervised_finetune
 
     torch.set_num_threads(1)
     data = load_rollout_data(DATASET, max_new_tokens=max_new_tokens, group_size=1, eval_prompts=prompts,

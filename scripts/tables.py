@@ -109,7 +109,7 @@ def reference_folder(dataset: str, budget: dict) -> Path:
     from offline_plugins.config import cache_root
     from offline_plugins.data.rollouts import _task_of
     from offline_plugins.data.text_tasks import reference_dir, sft_reference
-    from offline_plugins.lightning.sft import supervised_finetune
+    from offline_plugins.kinds.sft import supervised_finetune
 
     task = _task_of(dataset, "")[1]
     settings = dict(model="small", seed=0, steps=int(budget["reference_sft_steps"]), cache_dir=cache_root() / "preference")

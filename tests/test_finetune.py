@@ -12,7 +12,7 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 from offline_plugins.cli import main
 from offline_plugins.lightning import build
 from offline_plugins.lightning.data import ReplayBufferStream
-from offline_plugins.lightning.finetune import FineTuneDataModule, OnlineError, exploration_policy
+from offline_plugins.kinds.environment.finetune import FineTuneDataModule, OnlineError, exploration_policy
 from offline_plugins.lightning.run import load_checkpoint, train_algorithm
 
 torch.set_num_threads(1)
@@ -161,7 +161,7 @@ def test_a_run_resumed_in_the_offline_phase_or_after_it_goes_on_online_as_a_stra
     assert resumed["online_history"] == straight["online_history"]
 
 def test_what_cannot_fine_tune_online_is_refused_by_name(store, tmp_path, capsys):
-    with pytest.raises(OnlineError, match=r"'bc' has no online phase; fine-tune online with one of iql, awac"):
+    with pytest.raises(OnlineError, match=r"'bc' has no online phase; fine-tune online with one of awac, cal-ql, iql, rebrac \("):
         build("bc", DATA, online_steps=10, offline_steps=5)
     assert main(["train", "td3-bc", "--dataset", DATA, "--steps", "5", "--online-steps", "5", "--out",
                  str(tmp_path / "x"), "--no-progress"]) != 0

@@ -54,7 +54,7 @@ def test_a_set_reference_sft_steps_wins_over_the_tasks_own(tmp_path, capsys):
 
 def test_the_reference_progress_bar_counts_its_steps(tmp_path, capsys):
     from offline_plugins.envs.tasks import ArithmeticTask
-    from offline_plugins.lightning.sft import supervised_finetune
+    from offline_plugins.kinds.sft import supervised_finetune
     from offline_plugins.modules.tiny_lm import load_causal_lm
 
     model, tok = load_causal_lm("tiny", seed=0)

@@ -63,7 +63,7 @@ def test_gold_pairs_agree_with_gold_and_drop_ties(vary_length):
 
 def test_builtin_gold_pairs_load_for_reward_model_training(monkeypatch, tmp_path):
     from offline_plugins.data.preference_sources import BUILTIN_PREFERENCE_DATASETS, load_preference_source
-    from offline_plugins.lightning.sft import supervised_finetune
+    from offline_plugins.kinds.sft import supervised_finetune
 
     key = "offline-plugins/arithmetic-length/preference-v0"
     summary, task_settings, data_settings = BUILTIN_PREFERENCE_DATASETS[key]
@@ -103,7 +103,7 @@ def test_held_out_gold_is_the_task_verifier_beside_the_reward_model_proxy(tmp_pa
     from offline_plugins.data.prompts import greedy_responses
     from offline_plugins.data.rollouts import load_rollout_data
     from offline_plugins.kinds.rollouts import TextRollouts
-    from offline_plugins.lightning.sft import supervised_finetune
+    from offline_plugins.kinds.sft import supervised_finetune
 
     rm = _reward_dir(tmp_path)
     data = load_rollout_data("arithmetic-length", reward=str(rm), cache_dir=tmp_path / "cache",

@@ -141,7 +141,7 @@ def test_a_user_trainer_trains_dpo(tmp_path):
 def test_a_user_trainer_trains_grpo_on_its_rollouts_and_refuses_without_its_data_module(tmp_path):
     from lightning.pytorch import LightningDataModule
 
-    from offline_plugins.lightning.rollouts import RolloutDataModule
+    from offline_plugins.kinds.rollouts.rounds import RolloutDataModule
 
     rng = random.Random(0)
     prompts = tmp_path / "prompts.jsonl"

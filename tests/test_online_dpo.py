@@ -114,7 +114,7 @@ def test_inner_ipo_builds_ipo_with_its_own_hyperparameters(prompt_file):
     from offline_plugins.algorithms.online_dpo import IterativeDPOConfig, OnlineDPOConfig, build_online_dpo
     from offline_plugins.config import apply_overrides
     from offline_plugins.data.rollouts import load_rollout_data
-    from offline_plugins.lightning.rollouts import RolloutDataModule
+    from offline_plugins.kinds.rollouts.rounds import RolloutDataModule
     from offline_plugins.objectives.llm import IPOLoss, SimPOLoss
 
     def data():

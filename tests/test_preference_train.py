@@ -33,7 +33,7 @@ def small_task_data(tmp_path_factory):
     from offline_plugins.data.text_tasks import task_preference_data
     from offline_plugins.envs.tasks import ArithmeticTask
 
-    from offline_plugins.lightning.sft import supervised_finetune
+    from offline_plugins.kinds.sft import supervised_finetune
 
     kw = dict(sft_rows_count=200, sft_steps=30, sft_batch_size=16, n_train=48, n_test=24, num_samples=2,
               cache_dir=tmp_path_factory.mktemp("pref-cache"), finetune=supervised_finetune)

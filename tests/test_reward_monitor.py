@@ -14,7 +14,7 @@ from _lightning_fixtures import TINY_SPEC, FakeOfflineData  # noqa: E402
 
 from offline_plugins.eval.overoptimization import fit_gao  # noqa: E402
 from offline_plugins.lightning.callbacks import ScheduledEvaluation  # noqa: E402
-from offline_plugins.lightning.monitor import RewardHackingMonitor, RewardHackingWarning  # noqa: E402
+from offline_plugins.kinds.rollouts.monitor import RewardHackingMonitor, RewardHackingWarning  # noqa: E402
 from offline_plugins.lightning.run import load_checkpoint, train_algorithm  # noqa: E402
 
 torch.set_num_threads(1)

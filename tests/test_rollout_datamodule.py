@@ -128,7 +128,7 @@ def test_a_round_is_sampled_by_the_policy_after_every_earlier_update(prompt_file
 
 def test_the_kind_has_no_callbacks_and_its_module_refuses_a_round_that_batch_size_does_not_divide(prompt_file):
     from offline_plugins.kinds.rollouts import TextRollouts
-    from offline_plugins.lightning.rollouts import RolloutDataModule
+    from offline_plugins.kinds.rollouts.rounds import RolloutDataModule
 
     parts = opl.build("grpo", str(prompt_file), config=_SMALL, reward=_REWARD)
     assert TextRollouts().callbacks(parts.plan.data, parts.module.parts, seed=0) == []

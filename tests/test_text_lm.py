@@ -13,7 +13,7 @@ from offline_plugins.data.text_tasks import (
     sft_rows,
     unpaired_rows,
 )
-from offline_plugins.lightning.sft import supervised_finetune
+from offline_plugins.kinds.sft import supervised_finetune
 from offline_plugins.envs.tasks import ArithmeticTask, TaskError
 from offline_plugins.errors import UserError
 from offline_plugins.modules.causal_lm import CausalLMLogProbs, CausalLMReward

@@ -324,7 +324,7 @@ def _read_rows(dataset: Union[str, Sequence[Mapping]], *, base_model: str, progr
         load_preference_source,
         resolve_preference_id,
     )
-    from offline_plugins.lightning.sft import supervised_finetune
+    from offline_plugins.kinds.sft import supervised_finetune
 
     notes: dict = {}
     if not isinstance(dataset, (str, os.PathLike)):
@@ -460,7 +460,7 @@ def _load_scorer(model: Union[str, os.PathLike], *, registry: Any, device: str, 
     from offline_plugins.data.preference_sources import PAIR_LENGTH_CAP
     from offline_plugins.kinds.preference import PreferenceText
     from offline_plugins.modules.generation import model_context
-    from offline_plugins.lightning.guards import algorithm_of_checkpoint
+    from offline_plugins.lightning.checkpoint_files import algorithm_of_checkpoint
     from offline_plugins.lightning.checkpoints import load_checkpoint, load_trained_run
 
     path = _checkpoint_of(model)

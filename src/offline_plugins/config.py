@@ -464,7 +464,7 @@ class TransitionConfig:
 class FineTuneConfig:
     """The online phase of offline-to-online fine-tuning (``train --online-steps N``), in the configs of
     the algorithms that have one (``iql``, ``awac``, ``cal-ql``, ``rebrac``); see
-    :mod:`offline_plugins.lightning.finetune`. Mixed in before :class:`TDConfig`."""
+    :mod:`offline_plugins.kinds.environment.finetune`. Mixed in before :class:`TDConfig`."""
 
     online_ratio: float = config_field(
         0.5, "online phase: fraction of each batch drawn from the transitions collected online, the rest from "

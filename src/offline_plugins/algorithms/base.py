@@ -66,7 +66,7 @@ class OptimizerGroup:
         """This group's optimiser: Adam with the group's learning rate and weight decay.
 
         A subclass may return another optimiser; the Lightning shell then steps the
-        groups' own optimisers (:class:`~offline_plugins.lightning.module.OptimizerChain`)
+        groups' own optimisers (:class:`~offline_plugins.lightning.optimizers.OptimizerChain`)
         instead of one grouped Adam.
         """
         params = self.trainable()
@@ -119,7 +119,7 @@ class RolloutPlan:
 
     ``build(config, data)`` returns it and leaves the data as it was loaded; the
     ``text-rollouts`` kind's data module
-    (:class:`~offline_plugins.lightning.rollouts.RolloutDataModule`) runs the rounds from it.
+    (:class:`~offline_plugins.kinds.rollouts.rounds.RolloutDataModule`) runs the rounds from it.
 
     Attributes:
         process: ``process(rollouts) -> rollouts`` with ``"advantage"`` (and ``"has_signal"``)

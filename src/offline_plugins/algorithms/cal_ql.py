@@ -3,7 +3,7 @@
 Nakamoto, Zhai, Singh, Sobol Mark, Ma, Finn, Kumar & Levine 2023, "Cal-QL: Calibrated
 Offline RL Pre-Training for Efficient Online Fine-Tuning", arXiv:2303.05479. The offline
 phase here; ``train --online-steps`` fine-tunes online after it
-(:mod:`offline_plugins.lightning.finetune`). Defaults are our
+(:mod:`offline_plugins.kinds.environment.finetune`). Defaults are our
 ``cql``'s (Kumar et al.'s Gym settings: weight 5, 10 sampled actions, policy lr 1e-4,
 critic lr 3e-4), so the two differ only by the bound; the Cal-QL paper uses weight 5 on
 AntMaze and Kitchen, CORL's ``algorithms/finetune/cal_ql.py`` 10 and a policy lr of 3e-5.

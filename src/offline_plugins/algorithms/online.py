@@ -6,7 +6,7 @@ Each ``build(config, data)`` takes a :class:`~offline_plugins.data.rollouts.Roll
 policy starts at the reference), with the round's
 :class:`~offline_plugins.algorithms.base.RolloutPlan` (``AlgorithmParts.rollout``). The
 rollouts are sampled while training, by the ``text-rollouts`` kind's data module
-(:class:`~offline_plugins.lightning.rollouts.RolloutDataModule`).
+(:class:`~offline_plugins.kinds.rollouts.rounds.RolloutDataModule`).
 
 The config fields the kind reads (``group_size``, ``prompts_per_round``, ``ppo_epochs``,
 ``max_new_tokens``, ``temperature``, ``top_p``, ``batch_size``, ``reference_sft_steps``,

@@ -344,7 +344,7 @@ def load_preference_source(
         progress: show a progress bar while the SFT reference trains.
         reference_sft_steps: the built-in datasets: SFT steps of their reference (None: the task's own).
         finetune: the built-in datasets: how their SFT reference is trained when it is not cached
-            (:func:`offline_plugins.lightning.sft.supervised_finetune`, the ``sft`` algorithm).
+            (:func:`offline_plugins.kinds.sft.supervised_finetune`, the ``sft`` algorithm).
 
     Returns:
         A :class:`~offline_plugins.data.preference.PreferenceData`.

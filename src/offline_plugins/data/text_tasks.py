@@ -4,7 +4,7 @@ The offline preference pipeline on a built-in task, with no network:
 
 1. :func:`sft_rows` gives (prompt, completion) rows with the exact answers;
    the ``sft`` algorithm trains a model on them
-   (:func:`offline_plugins.lightning.sft.supervised_finetune`, passed in as ``finetune``): that
+   (:func:`offline_plugins.kinds.sft.supervised_finetune`, passed in as ``finetune``): that
    model is the reference.
 2. :func:`sample_responses` samples answers from a model; :func:`preference_rows`
    pairs a correct answer (chosen) with an incorrect one (rejected) per prompt, and
@@ -233,7 +233,7 @@ def require_finetune(finetune: Any, what: str) -> None:
         from offline_plugins.errors import UserError
 
         raise UserError(f"{what} is not cached and no finetune was given to train it; pass "
-                        "finetune=offline_plugins.lightning.sft.supervised_finetune (the sft algorithm), as the "
+                        "finetune=offline_plugins.kinds.sft.supervised_finetune (the sft algorithm), as the "
                         "data kinds do")
 
 
@@ -257,7 +257,7 @@ def check_task_fits(task: Any, model: Any, tokenizer: Any, *, model_name: Any = 
 
 #: the source files a reference goes through (the SFT step, its loss, the tokenisation of the rows,
 #: the tasks): their bytes are part of the cache key, so a change to any of them makes a new reference
-_REFERENCE_CODE = ("lightning/sft.py", "objectives/llm/sft.py", "objectives/llm/rollout.py", "data/preference.py",
+_REFERENCE_CODE = ("kinds/sft.py", "objectives/llm/sft.py", "objectives/llm/rollout.py", "data/preference.py",
                    "data/text_tasks.py")
 #: a reference is made on the CPU with one thread whatever the machine has: the same pins then give
 #: the same weights on any machine (two threads split the sums differently: 77.5 % against 74.5 %
@@ -356,7 +356,7 @@ def sft_reference(task: Any, *, model: Any = "tiny", seed: int = 0, steps: int =
                   lr: float = 3e-3, rows: int = 8000, max_length: int = 24, cache_dir: Optional[Any] = None,
                   progress: bool = False, finetune: Optional[Any] = None):
     """``(model, tokenizer)``: ``model`` after ``steps`` steps of SFT on ``rows`` of the task's exact
-    answers (``finetune``: :func:`offline_plugins.lightning.sft.supervised_finetune`), saved under
+    answers (``finetune``: :func:`offline_plugins.kinds.sft.supervised_finetune`), saved under
     ``cache_dir`` (``save_pretrained``) and loaded from there next time: the one reference the
     online and the preference results start from.
 
@@ -449,7 +449,7 @@ def task_preference_data(
     SFT on the task's exact answers makes the reference (``model="tiny"`` starts from
     the built-in tiny LM; a path or hub id starts from that model) with ``finetune`` (the
     ``sft`` algorithm in the training shell,
-    :func:`offline_plugins.lightning.sft.supervised_finetune`; the data layer does not import
+    :func:`offline_plugins.kinds.sft.supervised_finetune`; the data layer does not import
     the shell, so its caller passes it); preference pairs
     (or, with ``kind="unpaired-feedback"``, their halves labelled by exact match) are
     sampled from the reference on train prompts, and held-out pairs on test prompts;

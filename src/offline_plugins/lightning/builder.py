@@ -40,7 +40,7 @@ class LightningParts:
             loss, optimiser groups, target updater; ``module.parts`` is its ``AlgorithmParts``).
         datamodule: the :class:`~offline_plugins.lightning.data.ReplayDataModule` streaming batches
             from the dataset's replay buffer, or the data kind's own (text rollouts:
-            :class:`~offline_plugins.lightning.rollouts.RolloutDataModule`, which samples each round
+            :class:`~offline_plugins.kinds.rollouts.rounds.RolloutDataModule`, which samples each round
             from the policy being trained); fit with ``datamodule=parts.datamodule``.
         callbacks: pass them all to the ``Trainer`` (with any of your own). In order: the
             :class:`~offline_plugins.lightning.callbacks.NonFiniteGuard`, the
@@ -120,7 +120,8 @@ def build(
         run: further run settings to save in the checkpoint's ``run`` record (``train`` saves its own).
         online_steps: offline-to-online fine-tuning: after ``offline_steps`` steps on the dataset, this
             many more while acting in its environment
-            (:class:`~offline_plugins.lightning.finetune.FineTuneDataModule`; fit with
+            (the kind's ``online_datamodule``: the environment kinds'
+            :class:`~offline_plugins.kinds.environment.finetune.FineTuneDataModule`; fit with
             ``max_steps=offline_steps + online_steps``). 0 (default): offline only.
         offline_steps: the offline phase's steps (needed with ``online_steps``).
 
@@ -142,9 +143,7 @@ def build(
                         progress=progress, model=model, drop_nonfinite=drop_nonfinite, drop_empty=drop_empty,
                         reward=reward)
     if online_steps:
-        from offline_plugins.lightning.finetune import check_online
-
-        check_online(plan.spec, plan.config, plan.data, online_steps=online_steps)
+        plan.kind.check_online(plan.spec, plan.config, plan.data, online_steps=online_steps)
         if offline_steps is None or int(offline_steps) < 0:
             from offline_plugins.errors import UserError
 
@@ -181,13 +180,11 @@ def build(
     # a kind whose data is made while training streams it itself (text rollouts); the module refuses a fit
     # without it, as it refuses one without a required callback
     datamodule = plan.kind.datamodule(plan.data, parts, batch_size=plan.batch_size, seed=seed)
-    if online_steps:
-        from offline_plugins.lightning.finetune import FineTuneDataModule
-
-        datamodule = FineTuneDataModule(plan.data, parts, batch_size=plan.batch_size, seed=seed,
-                                        offline_steps=int(offline_steps), online_steps=int(online_steps),
-                                        config=plan.config)
-        module.required_datamodule = FineTuneDataModule
+    if online_steps:  # the kind's offline-to-online stream (the environment kinds': its FineTuneDataModule)
+        datamodule = plan.kind.online_datamodule(plan.data, parts, batch_size=plan.batch_size, seed=seed,
+                                                 offline_steps=int(offline_steps), online_steps=int(online_steps),
+                                                 config=plan.config)
+        module.required_datamodule = type(datamodule)
     elif datamodule is None:
         datamodule = ReplayDataModule(plan.data, batch_size=plan.batch_size, seed=seed, sampler=plan.sampler,
                                       slice_len=plan.slice_len)

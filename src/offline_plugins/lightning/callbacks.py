@@ -4,10 +4,9 @@
   ``HardUpdate`` after the optimiser step (required where the algorithm has target networks).
 - :class:`NonFiniteGuard` stops the run at the first NaN/inf loss term, naming the
   step and the term, without a host sync on every step.
-- :class:`PolicyEvaluation` rolls the deterministic policy out in the dataset's
-  environment every ``every`` steps and at the end.
-- :class:`PreferenceEvaluation` scores a preference-trained model on held-out data
-  (pairwise accuracy, KL to the reference, the task's exact match) on the same schedule.
+- :class:`ScheduledEvaluation` is the base of a data kind's evaluation: every ``every`` steps and at
+  the end, its history kept in checkpoints (each kind's own lives with it:
+  ``kinds/environment/evaluation.py``, ``kinds/preference/evaluation.py``, ...).
 - :class:`InterruptCheckpoint` saves ``last.ckpt`` where SIGINT/SIGTERM stops a run.
 - :class:`StepProgressBar` is Lightning's tqdm bar counting gradient steps.
 
@@ -20,7 +19,7 @@ calls end on their multiples (:func:`~offline_plugins.lightning.data.schedule_pe
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 from lightning.pytorch import Callback
@@ -35,8 +34,6 @@ __all__ = [
     "NonFiniteGuard",
     "TokenThroughput",
     "ScheduledEvaluation",
-    "PolicyEvaluation",
-    "PreferenceEvaluation",
     "StepProgressBar",
     "FinalCheckpoint",
     "InterruptCheckpoint",
@@ -245,183 +242,6 @@ class ScheduledEvaluation(Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.history = list(state_dict.get("history", []))
-
-
-class PolicyEvaluation(ScheduledEvaluation):
-    """Evaluate the deterministic policy in the dataset's environment.
-
-    Runs every ``every`` gradient steps (0: only at the end) and when training ends,
-    on global rank 0; logs ``eval/return_mean``, ``eval/return_std`` and
-    ``eval/normalized_score`` against the step. The evaluation history is saved in
-    checkpoints, so a resumed run's learning curve continues.
-
-    Args:
-        make_env: builds one Gymnasium environment.
-
-    Keyword Args:
-        every: evaluate every this many gradient steps (0: only at the end).
-        episodes: episodes per evaluation.
-        seed: first environment reset seed.
-        normalize: the training data's observation normalisation.
-        score: per-episode normalised score from returns (None: not reported).
-    """
-
-    def __init__(
-        self,
-        make_env: Callable[[], Any],
-        *,
-        every: int = 0,
-        episodes: int = 10,
-        seed: int = 0,
-        normalize: Optional[Callable] = None,
-        score: Optional[Callable] = None,
-    ) -> None:
-        self.make_env = make_env
-        self.every = int(every)
-        self.episodes = int(episodes)
-        self.seed = int(seed)
-        self.normalize = normalize
-        self.score = score
-        self.history: list[dict] = []
-        self.last = None
-
-    @property
-    def state_key(self) -> str:
-        return "PolicyEvaluation"
-
-    def _score(self, trainer, pl_module) -> tuple[dict, dict]:
-        from offline_plugins.eval.rollout import evaluate_policy
-
-        result = evaluate_policy(
-            pl_module.policy,
-            self.make_env,
-            episodes=self.episodes,
-            seed=self.seed,
-            normalize=self.normalize,
-            device=pl_module.device,
-            score=self.score,
-        )
-        self.last = result
-        metrics = {"eval/return_mean": result.return_mean, "eval/return_std": result.return_std}
-        if result.normalized_score is not None:
-            metrics["eval/normalized_score"] = result.normalized_score
-        # what the env adds of its own (a benchmark's success rate), logged beside the return
-        metrics.update({f"eval/{k}": v for k, v in result.extra.items() if isinstance(v, (int, float))})
-        return {k: v for k, v in result.to_dict().items() if k != "returns"}, metrics
-
-
-class PreferenceEvaluation(ScheduledEvaluation):
-    """Score a preference-trained model on the held-out data every ``every`` steps and at the end.
-
-    Logs ``eval/preference_accuracy``, ``eval/likelihood_accuracy``,
-    ``eval/kl_to_reference`` and ``eval/exact_match`` (those that apply; see
-    :func:`offline_plugins.eval.preference.evaluate_preference_model`), and
-    ``eval/train_preference_accuracy``: the same pairwise accuracy on a fixed sample of
-    training pairs (as many as are held out, at least 100), so a model that memorises
-    its training pairs without generalising shows as a gap between the two. ``before``
-    holds the reference model's scores, measured once when training starts (the
-    starting point every number is compared to); both are saved in checkpoints.
-
-    Args:
-        data: the run's :class:`~offline_plugins.data.preference.PreferenceData`.
-
-    Keyword Args:
-        every: evaluate every this many gradient steps (0: only at the end).
-        exact_match_n: held-out task prompts scored by exact match.
-        train_sample: training pairs scored for ``train_preference_accuracy`` (None: as
-            many as are held out, at least 100); 0 disables it.
-    """
-
-    def __init__(self, data: Any, *, every: int = 0, exact_match_n: int = 500,
-                 train_sample: Optional[int] = None) -> None:
-        self.data = data
-        self.every = int(every)
-        self.exact_match_n = int(exact_match_n)
-        self.history: list[dict] = []
-        self.before: Optional[dict] = None
-        if train_sample is not None and int(train_sample) < 0:
-            raise UserError(f"train_sample must be 0 (off) or positive, got {train_sample}")
-        self.train_sample = train_sample
-        self._train_subset = None
-
-    @property
-    def state_key(self) -> str:
-        return "PreferenceEvaluation"
-
-    @staticmethod
-    def _count(td) -> int:
-        return int(td.batch_size[0]) if td is not None else 0
-
-    def _training_pairs(self):
-        """A fixed sample of the training pairs (the same rows at every evaluation)."""
-        if self._train_subset is None:
-            pairs = getattr(self.data, "train_pairs", None)
-            n_train = self._count(pairs)
-            want = self.train_sample
-            if want is None:
-                want = max(self._count(getattr(self.data, "test_pairs", None)), 100)
-            want = min(int(want), n_train)
-            if want == 0:
-                return None
-            order = torch.randperm(n_train, generator=torch.Generator().manual_seed(0))[:want]
-            self._train_subset = pairs[order.to(pairs.device) if pairs.device is not None else order]
-        return self._train_subset
-
-    def _reference_scores(self, pl_module) -> dict:
-        from offline_plugins.eval.preference import evaluate_preference_model
-        from offline_plugins.modules.causal_lm import CausalLMLogProbs
-
-        reference = self.data.reference
-        scores = evaluate_preference_model(CausalLMLogProbs(reference), self.data, model=reference,
-                                           exact_match_n=self.exact_match_n, kl=False)
-        # the reference's implicit reward is 0 on every response, and its KL to itself 0
-        return {"exact_match": scores["exact_match"], "likelihood_accuracy": scores["likelihood_accuracy"]}
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        # a reward model (no language model to generate with) has no "before" to compare to
-        if self.before is None and pl_module.parts.model is not None:
-            from offline_plugins.lightning.fsdp import is_sharded
-
-            # a LoRA reference is the policy with its adapters off: sharded, it scores on every rank
-            if trainer.global_rank == 0 or is_sharded(self.data.reference):
-                before = self._reference_scores(pl_module)
-                self.before = before if trainer.global_rank == 0 else None
-
-    def _score(self, trainer, pl_module) -> tuple[dict, dict]:
-        from offline_plugins.eval.preference import evaluate_preference_model, pairwise_scores
-
-        scores = evaluate_preference_model(pl_module.policy, self.data, model=pl_module.parts.model,
-                                           exact_match_n=self.exact_match_n)
-        train_pairs = self._training_pairs()
-        scores["train_preference_accuracy"] = None
-        if train_pairs is not None:
-            policy = pl_module.policy
-            was_training = policy.training
-            policy.eval()
-            try:
-                scores["train_preference_accuracy"] = pairwise_scores(policy, train_pairs)["preference_accuracy"]
-            finally:
-                policy.train(was_training)
-        return scores, {f"eval/{k}": v for k, v in scores.items() if v is not None}
-
-    def summary_extra(self) -> dict[str, Any]:
-        """What ``summary.json`` adds for a preference run: split sizes and the training-pair accuracy."""
-        last = self.history[-1] if self.history else {}
-        train_pairs = getattr(self.data, "train_pairs", None)
-        return {
-            "train_preference_accuracy": last.get("train_preference_accuracy"),
-            "train_pairs": self._count(train_pairs) if train_pairs is not None else None,
-            "train_rows": self._count(getattr(self.data, "train", None)),
-            "heldout_pairs": self._count(getattr(self.data, "test_pairs", None)),
-            "train_accuracy_pairs": self._count(self._train_subset),
-        }
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "before": self.before}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict(state_dict)
-        self.before = state_dict.get("before")
 
 
 class FinalCheckpoint(Callback):

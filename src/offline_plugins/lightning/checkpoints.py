@@ -1,8 +1,8 @@
 """A run's checkpoints: reading them, resuming from them, rebuilding and evaluating their policy.
 
-:func:`load_checkpoint` reads a checkpoint written by
-:func:`~offline_plugins.lightning.run.train` (``weights_only=True`` only, its metadata
-checked); :class:`ResumedRun` is what a checkpoint says about the run it belongs to, which
+:func:`load_checkpoint` (:mod:`offline_plugins.lightning.checkpoint_files`, where every checkpoint
+read and check lives) reads a checkpoint written by :func:`~offline_plugins.lightning.run.train`
+(``weights_only=True`` only, its metadata checked); :class:`ResumedRun` is what a checkpoint says about the run it belongs to, which
 a bare ``--resume`` continues; :func:`load_trained_run` and :func:`evaluate_checkpoint`
 rebuild a run's trained policy (``offline-plugins eval``). The metrics of a resumed run
 are cut at its checkpoint here too (:func:`trim_metrics`); a checkpoint whose tensors do
@@ -16,14 +16,15 @@ import os
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from offline_plugins.lightning.guards import (
-    RunError,
+from offline_plugins.lightning.checkpoint_files import (  # noqa: F401 - load_checkpoint, resume_path: re-exported
     algorithm_of_checkpoint,
     check_checkpoint,
-    is_sharded_checkpoint,
+    load_checkpoint,
     read_checkpoint,
+    resume_path,
     state_dict_mismatch,
 )
+from offline_plugins.lightning.guards import RunError
 from offline_plugins.lightning.plan import RunPlan, _as_overrides, build_parts, plan_run
 
 __all__ = [
@@ -38,29 +39,6 @@ __all__ = [
     "merge_metrics",
     "trim_metrics",
 ]
-
-
-def load_checkpoint(path: Union[str, os.PathLike], *, for_resume: bool = False) -> dict[str, Any]:
-    """Read a checkpoint written by :func:`~offline_plugins.lightning.run.train` (a Lightning
-    checkpoint with our extras).
-
-    Opened with ``torch.load(weights_only=True)``: a file carrying pickled code is refused
-    (:class:`RunError`) and nothing in it runs. Its metadata is checked before use.
-    """
-    ckpt = read_checkpoint(path, tensors=not for_resume)
-    check_checkpoint(ckpt, path, for_resume=for_resume)
-    return ckpt
-
-
-def resume_path(resume, out: Path) -> Optional[Path]:
-    """The checkpoint ``resume`` names (``True``: ``out/checkpoints/last.ckpt``; a path), or None
-    when not resuming; a ``RunError`` when it does not exist."""
-    if resume in (None, False, ""):
-        return None
-    path = out / "checkpoints" / "last.ckpt" if resume is True else Path(resume)
-    if not (path.is_file() or is_sharded_checkpoint(path)):
-        raise RunError(f"cannot resume: checkpoint {str(path)!r} does not exist; train without --resume first")
-    return path
 
 
 @dataclasses.dataclass
@@ -83,7 +61,7 @@ class ResumedRun:
 
     @classmethod
     def read(cls, path: Union[str, os.PathLike]) -> "ResumedRun":
-        from offline_plugins.lightning.run import RUN_DEFAULTS
+        from offline_plugins.config import RUN_DEFAULTS
 
         ckpt = read_checkpoint(path, tensors=False)
         info = check_checkpoint(ckpt, path, for_resume=True)

@@ -20,8 +20,9 @@ from typing import Any, Optional, Sequence
 import torch
 from lightning.pytorch import LightningModule
 
-from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup, adam_kernel, compute_terms
+from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup, compute_terms
 from offline_plugins.lightning.data import LOSS_STREAM, StepBatches, step_seed
+from offline_plugins.lightning.optimizers import OptimizerChain, make_grouped_adam, make_shell_optimizer
 
 __all__ = [
     "AlgorithmModule",
@@ -68,90 +69,6 @@ def resolve_steps_per_call(steps_per_call: Optional[int], callbacks: Sequence[An
     return int(steps_per_call)
 
 
-def make_grouped_adam(groups: Sequence[OptimizerGroup]) -> torch.optim.Adam:
-    """One Adam whose parameter groups are the algorithm's optimiser groups.
-
-    One optimiser (not one per group) keeps Lightning's ``global_step`` equal to the
-    number of gradient steps. It is equivalent to one Adam per group: Adam's state
-    is per parameter, and a group that sits a step out (``every > 1``) has no
-    gradient, so Adam leaves its parameters and moments alone.
-    """
-    param_groups = [
-        {"params": g.trainable(), "lr": g.lr, "weight_decay": g.weight_decay, "name": g.name,
-         "betas": tuple(g.betas), "decoupled_weight_decay": g.decoupled_weight_decay} for g in groups
-    ]
-    return torch.optim.Adam(param_groups, **adam_kernel([p for pg in param_groups for p in pg["params"]]))
-
-
-class OptimizerChain(torch.optim.Optimizer):
-    """Several optimisers stepped, zeroed and saved as one.
-
-    Lightning counts every ``step()`` of every optimiser in ``global_step``; the shell
-    hands it this one optimiser so that a step stays one gradient step. Its
-    ``param_groups`` are the members' own group dicts, so a learning-rate scheduler
-    on the chain sets the members' rates.
-
-    >>> a, b = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
-    >>> chain = OptimizerChain([torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.Adam(b.parameters(), lr=1e-3)])
-    >>> (a(torch.ones(1, 2)) + b(torch.ones(1, 2))).sum().backward()
-    >>> chain.step(); [g["lr"] for g in chain.param_groups]
-    [0.1, 0.001]
-    """
-
-    def __init__(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
-        self.optimizers = list(optimizers)
-        if not self.optimizers:
-            raise ValueError("OptimizerChain needs at least one optimiser")
-        params = [p for o in self.optimizers for g in o.param_groups for p in g["params"]]
-        super().__init__(params, {})
-        self.param_groups = [g for o in self.optimizers for g in o.param_groups]
-
-    @property
-    def state(self) -> dict:
-        """The members' per-parameter states (their own dicts: changes to a value reach them)."""
-        merged: dict = {}
-        for o in getattr(self, "optimizers", ()):
-            merged.update(o.state)
-        return merged
-
-    @state.setter
-    def state(self, value) -> None:  # torch.optim.Optimizer.__init__ assigns an empty state
-        pass
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for o in self.optimizers:
-            o.step()
-        return loss
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for o in self.optimizers:
-            o.zero_grad(set_to_none=set_to_none)
-
-    def state_dict(self) -> dict:
-        return {"optimizers": [o.state_dict() for o in self.optimizers]}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        saved = state_dict["optimizers"]
-        if len(saved) != len(self.optimizers):
-            raise ValueError(f"the state holds {len(saved)} optimisers, this chain has {len(self.optimizers)}")
-        for o, s in zip(self.optimizers, saved):
-            o.load_state_dict(s)
-
-
-def make_shell_optimizer(groups: Sequence[OptimizerGroup]) -> torch.optim.Optimizer:
-    """The shell's one optimiser: :func:`make_grouped_adam` when every group is a plain
-    :class:`OptimizerGroup`, else an :class:`OptimizerChain` of each group's own
-    ``make_optimizer()`` (a group that overrides it gets the optimiser it asks for)."""
-    if all(type(g).make_optimizer is OptimizerGroup.make_optimizer for g in groups):
-        return make_grouped_adam(groups)
-    return OptimizerChain([g.make_optimizer() for g in groups])
-
-
 def compile_terms(loss):
     """:func:`~offline_plugins.algorithms.base.compute_terms` of ``loss`` through ``torch.compile``.
 
@@ -191,7 +108,7 @@ class AlgorithmModule(LightningModule):
     (:class:`~offline_plugins.lightning.callbacks.TargetNetworkUpdate` for an algorithm with
     target networks; :func:`~offline_plugins.lightning.builder.build` adds the data kind's own),
     or fitted without the data module in ``required_datamodule`` (a data kind's own, such as the
-    online rounds' :class:`~offline_plugins.lightning.rollouts.RolloutDataModule`), naming the fix. It trains offline and online methods alike, hence no "Offline" in its
+    online rounds' :class:`~offline_plugins.kinds.rollouts.rounds.RolloutDataModule`), naming the fix. It trains offline and online methods alike, hence no "Offline" in its
     name (it was ``OfflineAlgorithmModule``; that name remains as an alias).
 
     Args:

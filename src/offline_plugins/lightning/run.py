@@ -42,8 +42,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
-from offline_plugins.config import RUN_DEFAULTS as _NEW_RUN
-from offline_plugins.data.files import WriteError, atomic_path, atomic_write_text
+from offline_plugins.data.files import WriteError, atomic_write_text
 from offline_plugins.errors import UserError
 from offline_plugins.lightning.checkpoints import (
     ResumedRun,
@@ -58,20 +57,27 @@ from offline_plugins.lightning.checkpoints import (
 from offline_plugins.lightning.guards import (
     GracefulInterrupt,
     RunError,
-    RunFolderLock,
     RunInterrupted,
-    check_devices,
-    check_out_dir,
-    check_precision,
-    check_resume,
-    check_strategy,
-    data_fingerprint,
     held_state_mb,
     peak_memory_mb,
     quiet_lightning,
     restored_process_state,
 )
+from offline_plugins.lightning.checkpoint_files import check_resume, data_fingerprint
+from offline_plugins.lightning.launch import _is_launched_rank, _scale_device, _stop_launched_ranks, _strategy
+from offline_plugins.lightning.outputs import (
+    _check_fresh,
+    _finished_summary,
+    _interrupted_message,
+    _lock_run_folder,
+    _check_inputs_outside,
+    _default_out_dir,
+    _run_inputs,
+    check_run_inputs,
+    plot_learning_curve,
+)
 from offline_plugins.lightning.plan import RunPlan, plan_run
+from offline_plugins.lightning.settings import RUN_DEFAULTS, RunSettings, _resolve_run_options
 from offline_plugins.plugins.datakind import BatchLayout
 
 __all__ = [
@@ -93,176 +99,6 @@ __all__ = [
     "RunInterrupted",
     "WriteError",
 ]
-
-
-def _resumable(default: Any) -> Any:
-    """A run option a resumed run takes from its checkpoint when it is left at None; ``default``
-    is a new run's value (:data:`RUN_DEFAULTS`)."""
-    return dataclasses.field(default=None, metadata={"new_run": default})
-
-
-@dataclasses.dataclass(frozen=True)
-class RunSettings:
-    """How a plan is trained: the run's options, checked when they are made (before any data loads).
-
-    The first eleven (``steps`` to ``online_steps``) default to None: a new run takes
-    :data:`RUN_DEFAULTS`, a resumed run the value its checkpoint recorded, and a value given
-    overrides the checkpoint's (the summary's ``resume`` records which were kept and which
-    overridden).
-
-    Attributes:
-        steps: gradient steps in total (new run: 10,000; a resumed run trains up to this many).
-        seed: seeds network initialisation, batches, loss noise and evaluation resets (new run: 0).
-        eval_every: evaluate every this many steps (new run: ``steps // 5``; 0: only at the end).
-        eval_episodes: episodes per evaluation (new run: 10).
-        checkpoint_every: save ``last.ckpt`` every this many steps (new run: at each evaluation).
-        log_every: log training metrics every this many steps (new run: 50).
-        precision: Lightning's precision: ``32-true`` (new run), ``bf16-mixed``, ``bf16-true``,
-            ``64-true``, and on CUDA ``16-mixed``/``16-true`` (or ``32``, ``64``, ``bf16``, ``16``).
-            Cached reference log-probs stay as computed at load (fp32) whatever it is.
-        accumulate: split each step's batch into this many micro-batches, one backward each,
-            one optimiser step (gradient accumulation: the memory of a micro-batch, the
-            gradient of the batch). ``batch_size`` stays the elements per optimiser step (new run: 1).
-        steps_per_call: gradient steps per Lightning ``training_step`` (the same run bit for bit,
-            with Lightning's cost per call spread over them; new run: ``DEFAULT_STEPS_PER_CALL`` of
-            :mod:`offline_plugins.lightning.module`, or 1 when one of ``callbacks`` hooks every batch).
-        logger: loggers beside the CSV one, which always writes ``metrics.csv``: ``"tensorboard"``,
-            ``"mlflow"``, ``"wandb"``, or several (a list or ``"a,b"``); see
-            :mod:`offline_plugins.lightning.loggers`. A missing package is refused here.
-        online_steps: offline-to-online fine-tuning: after the ``steps`` on the dataset, this many
-            more while acting in the dataset's environment (new run: 0, offline only; the algorithms
-            whose config has the ``online_*`` fields; :mod:`offline_plugins.lightning.finetune`).
-        out_dir: output folder (default ``runs/<algorithm>-<dataset>-s<seed>``); it must not
-            hold another run unless resuming.
-        resume: ``True`` for ``out_dir/checkpoints/last.ckpt``, a checkpoint path, or a
-            :class:`~offline_plugins.lightning.checkpoints.ResumedRun` already read. A resumed
-            run finishes the run it resumes; plan it with ``plan_run(..., resumed=settings.resumed_run())``
-            so that its config, model, reward function and drop flags are the checkpoint's too.
-        overwrite: replace the earlier run in ``out_dir`` (its summary, metrics, plot,
-            checkpoints and exported model; nothing else in the folder is touched) instead
-            of refusing it. Not with ``resume``.
-        keep_checkpoints: also keep ``checkpoints/step=N.ckpt`` each time ``last.ckpt`` is saved
-            (every ``checkpoint_every`` steps), to pick among them later (``eval --ope fqe``).
-        devices, accelerator, num_nodes, strategy: as Lightning's ``Trainer``; more
-            than one device trains with DDP. ``strategy`` may be a Lightning strategy object or
-            a name (``ddp``, ``ddp_spawn``, ``deepspeed``, ``fsdp``: shards a transformers
-            policy layer by layer; CUDA only).
-        progress: show the progress bar.
-        threads: CPU threads per process for torch (None: torch's default). Small
-            networks on a busy machine train several times faster with 1.
-        compile: run the loss through ``torch.compile`` (opt-in: the first steps wait for
-            the compilation, about a minute on a CPU; see docs/benchmarks.md for the gain).
-        callbacks: extra Lightning callbacks.
-        verbose: show Lightning's own info lines (accelerator banner and the like).
-
-    >>> RunSettings(steps=0)
-    Traceback (most recent call last):
-    ...
-    offline_plugins.lightning.guards.RunError: --steps must be at least 1, got 0
-    >>> RunSettings(precision="bf16").precision
-    'bf16-mixed'
-    """
-
-    steps: Optional[int] = _resumable(_NEW_RUN['steps'])
-    seed: Optional[int] = _resumable(_NEW_RUN['seed'])
-    eval_every: Optional[int] = _resumable(_NEW_RUN['eval_every'])
-    eval_episodes: Optional[int] = _resumable(_NEW_RUN['eval_episodes'])
-    checkpoint_every: Optional[int] = _resumable(_NEW_RUN['checkpoint_every'])
-    log_every: Optional[int] = _resumable(_NEW_RUN['log_every'])
-    precision: Optional[str] = _resumable(_NEW_RUN['precision'])
-    accumulate: Optional[int] = _resumable(_NEW_RUN['accumulate'])
-    steps_per_call: Optional[int] = _resumable(_NEW_RUN['steps_per_call'])
-    logger: Union[None, str, Sequence[str]] = _resumable(_NEW_RUN['logger'])
-    online_steps: Optional[int] = _resumable(_NEW_RUN['online_steps'])
-    out_dir: Union[None, str, os.PathLike] = None
-    resume: Union[None, bool, str, os.PathLike, ResumedRun] = None
-    overwrite: bool = False
-    keep_checkpoints: bool = False
-    devices: Union[int, str, Sequence[int]] = 1
-    accelerator: str = "auto"
-    num_nodes: int = 1
-    strategy: Any = None
-    progress: bool = True
-    threads: Optional[int] = None
-    compile: bool = False
-    callbacks: Sequence[Any] = ()
-    verbose: bool = False
-    _resumed: Optional[ResumedRun] = dataclasses.field(default=None, init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if self.overwrite and self.resume not in (None, False, ""):
-            raise RunError("--overwrite and --resume contradict each other: --resume continues the run in --out, "
-                           "--overwrite replaces it; pass one")
-        for key in RUN_DEFAULTS:
-            value = getattr(self, key)
-            if value is not None:
-                object.__setattr__(self, key, _checked_option(key, value, self.accelerator))
-        # what the machine and the file system can refuse, before a dataset is loaded or made
-        check_devices(self.devices, self.accelerator, self.num_nodes)
-        check_strategy(self.strategy, self.accelerator)
-        if self.out_dir is not None:
-            check_out_dir(self.out_dir)
-
-    def resumed_run(self) -> Optional[ResumedRun]:
-        """The run ``resume`` continues, read and checked once (on the first call); None for a new
-        run, or for ``resume=True`` without an ``out_dir`` (the default folder is chosen by ``train``)."""
-        if self._resumed is None and self.resume not in (None, False, ""):
-            object.__setattr__(self, "_resumed", ResumedRun.find(self.resume, self.out_dir))
-        return self._resumed
-
-
-#: the run options a resumed run takes from its checkpoint, with a new run's defaults
-#: (:class:`RunSettings`' fields that default to None)
-RUN_DEFAULTS: dict[str, Any] = {f.name: f.metadata["new_run"] for f in dataclasses.fields(RunSettings)
-                                if "new_run" in f.metadata}
-assert RUN_DEFAULTS == _NEW_RUN, "RunSettings' resumable fields and config.RUN_DEFAULTS must list the same options"
-
-
-def _checked_option(key: str, value: Any, accelerator: str) -> Any:
-    """``value`` of the run option ``key`` (given, or a resumed run's), checked; a ``RunError`` if it is bad."""
-    if key == "steps" and value < 1:
-        raise RunError(f"--steps must be at least 1, got {value}")
-    if key == "seed" and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2 ** 32 - 1):
-        raise RunError(f"--seed must be a whole number from 0 to {2 ** 32 - 1} (numpy's seed range), got {value!r}")
-    if key == "eval_episodes" and value < 1:
-        raise RunError(f"--eval-episodes must be at least 1, got {value}")
-    if key == "eval_every" and value < 0:
-        raise RunError(f"--eval-every must be 0 (only at the end) or positive, got {value}")
-    if key == "precision":
-        return check_precision(value, accelerator)
-    if key == "online_steps" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise RunError(f"--online-steps must be a whole number >= 0, got {value!r}")
-    if key == "accumulate" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise RunError(f"--accumulate must be a whole number >= 1, got {value!r}")
-    if key == "steps_per_call":
-        from offline_plugins.lightning.module import resolve_steps_per_call
-
-        return resolve_steps_per_call(value)
-    if key == "logger":
-        from offline_plugins.lightning.loggers import logger_names
-
-        logger_names(value)  # an unknown logger, or one whose package is missing
-    return value
-
-
-def _resolve_run_options(settings: RunSettings, resumed: Optional[ResumedRun]) -> tuple[dict, Optional[dict]]:
-    """Each run option: the settings', else the resumed run's (checked here), else the default; and the
-    record of which came from where for the summary (None for a new run)."""
-    options, record = {}, None
-    if resumed is not None:
-        record = {"from": str(resumed.path), "kept": {}, "overridden": {}}
-    for key, default in RUN_DEFAULTS.items():
-        value = getattr(settings, key)
-        if value is not None:
-            options[key] = value
-            if resumed is not None and key in resumed.options and resumed.options[key] != value:
-                record["overridden"][key] = {"checkpoint": resumed.options[key], "now": value}
-        elif resumed is not None and key in resumed.options:
-            options[key] = _checked_option(key, resumed.options[key], settings.accelerator)
-            record["kept"][key] = resumed.options[key]
-        else:
-            options[key] = default
-    return options, record
 
 
 @contextlib.contextmanager
@@ -382,10 +218,8 @@ def train(plan: RunPlan, settings: Optional[RunSettings] = None, *,
     options, resume_record = _resolve_run_options(settings, resumed)
     steps, seed, accumulate = options["steps"], options["seed"], options["accumulate"]
     online_steps = int(options["online_steps"] or 0)
-    if online_steps:
-        from offline_plugins.lightning.finetune import check_online
-
-        check_online(plan.spec, plan.config, plan.data, online_steps=online_steps)
+    if online_steps:  # the data's kind says whether the run can act online after its offline steps
+        plan.kind.check_online(plan.spec, plan.config, plan.data, online_steps=online_steps)
     steps_per_call = resolve_steps_per_call(options["steps_per_call"], settings.callbacks)
     loggers = logger_names(options["logger"])
     if accumulate > 1 and plan.sampler == "slice" and (plan.batch_size // plan.slice_len) % accumulate:
@@ -438,42 +272,6 @@ def train(plan: RunPlan, settings: Optional[RunSettings] = None, *,
         finally:
             if lock is not None:
                 lock.release()
-
-
-def _finished_summary(out: Path, ckpt: Mapping[str, Any], total: int) -> Optional[dict]:
-    """The summary of the run in ``out`` when it already finished ``total`` steps (its checkpoint is at or
-    past them and its ``summary.json`` is a finished run's), with ``"already_complete": True``; else None."""
-    done = int(ckpt.get("global_step", 0) or 0)
-    path = out / "summary.json"
-    if done < total or not path.is_file():
-        return None
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(summary, dict) or summary.get("interrupted") or summary.get("steps") != done:
-        return None
-    return {**summary, "already_complete": True}
-
-
-def _scale_device(accelerator: str) -> str:
-    """Where the run's batches will live, for the memory check: the GPU when it will use one."""
-    import torch
-
-    return "cuda" if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available() else "cpu"
-
-
-def _lock_run_folder(out: Path, *, default: Optional[tuple]) -> RunFolderLock:
-    """Lock ``out``; when ``out`` is the default folder (``default``: its algorithm, dataset, seed)
-    and another run holds it, take the next free number instead."""
-    for _ in range(100):
-        try:
-            return RunFolderLock(out).acquire()
-        except RunError:
-            if default is None:
-                raise
-            out = _default_out_dir(*default)  # the held folder is not empty (its lock file), so it is skipped
-    return RunFolderLock(out).acquire()
 
 
 def _fit(plan: RunPlan, settings: RunSettings, out: Path, ckpt_path: Optional[Path], ckpt: Optional[dict], *,
@@ -674,233 +472,3 @@ def _fit(plan: RunPlan, settings: RunSettings, out: Path, ckpt_path: Optional[Pa
     if interrupted:
         raise RunInterrupted(_interrupted_message(summary, plan, out))
     return summary
-
-
-def _interrupted_message(summary: dict, plan: RunPlan, out: Path) -> str:
-    where = (f"saved {summary['checkpoint']} at step {summary['steps']}" if summary.get("checkpoint")
-             else "no checkpoint was saved")
-    again = f"offline-plugins train {plan.spec.name} --dataset {plan.dataset_id} --steps {summary['steps_requested']} " \
-            f"--out {out} --resume"
-    if not summary.get("checkpoint"):
-        return (f"interrupted by {summary['interrupted_by']} at step {summary['steps']}; {where}; wrote a partial "
-                f"{out / 'summary.json'}; start again without --resume")
-    return (f"interrupted by {summary['interrupted_by']} at step {summary['steps']} of {summary['steps_requested']}; "
-            f"{where} and a partial {out / 'summary.json'}; continue with: {again} (and the same --config/--set)")
-
-
-#: what a run writes in its folder: what ``overwrite=True`` removes, and nothing else
-_RUN_FILES = ("summary.json", "metrics.csv", "metrics.before-resume.csv", "learning_curve.png", "hparams.yaml",
-              "checkpoints", "model", "adapter", "reward_model")
-
-
-def check_run_inputs(settings: RunSettings, inputs: Mapping[str, Any]) -> None:
-    """Refuse, before any data or model is loaded, a run with ``settings.out_dir`` one of whose
-    ``inputs`` (flag -> path: ``--config``, ``--model``, ``--reward``, ``--dataset``) lies inside what
-    the run replaces or ``--overwrite`` removes; :func:`train` checks again with the plan's paths."""
-    if settings.out_dir is not None:
-        _check_inputs_outside(Path(settings.out_dir), _existing_inputs(inputs), overwrite=settings.overwrite)
-
-
-def _run_inputs(plan: RunPlan, given: Optional[Mapping[str, Any]]) -> dict[str, Path]:
-    """The files and folders the run reads, by flag: ``given`` (the ``--config`` file) and what the plan
-    names as a path (``--model`` and ``--reward`` folders, a ``--dataset`` file)."""
-    return _existing_inputs({**(given or {}), "--model": plan.options.model, "--reward": plan.options.reward,
-                             "--dataset": plan.dataset_id})
-
-
-def _existing_inputs(candidates: Mapping[str, Any]) -> dict[str, Path]:
-    """Those of ``candidates`` (flag -> value) that name an existing file or folder."""
-    found: dict[str, Path] = {}
-    expanded: dict[str, Any] = {}
-    for flag, value in candidates.items():  # several --reward NAME=SPEC: each spec that names a path
-        if isinstance(value, (list, tuple)):
-            expanded.update({f"{flag} {str(v).partition('=')[0]}": str(v).partition("=")[2] or str(v) for v in value})
-        else:
-            expanded[flag] = value
-    for flag, value in expanded.items():
-        if isinstance(value, (str, os.PathLike)) and str(value) and os.path.lexists(value):
-            path = Path(value)
-            if flag.startswith("--reward") and path.is_dir() and (path / "reward_model").is_dir():
-                path = path / "reward_model"  # a reward-model run's OUT names the reward model inside it
-            found[flag] = path
-    return found
-
-
-def _within(path: Path, folder: Path) -> bool:
-    """Whether ``path`` is ``folder`` or lies inside it, by the path as written and through symlinks."""
-    ways = [(os.path.abspath(path), os.path.abspath(folder))]
-    if not folder.is_symlink():  # a symlinked run file is unlinked, not followed, by --overwrite
-        ways.append((os.path.realpath(path), os.path.realpath(folder)))
-    return any(p == f or p.startswith(f.rstrip(os.sep) + os.sep) for p, f in ways)
-
-
-#: what any run replaces in its folder (the exported folders are swapped in whole)
-_RUN_WRITES = ("summary.json", "metrics.csv", "learning_curve.png", "hparams.yaml", "checkpoints/last.ckpt", "model",
-               "adapter", "reward_model")
-
-
-def _check_inputs_outside(out: Path, inputs: Mapping[str, Path], *, overwrite: bool) -> None:
-    """Refuse a run one of whose ``inputs`` lies inside a file or folder of ``out`` that the run replaces
-    (:data:`_RUN_WRITES`: its exported model, summary, metrics...) or ``--overwrite`` removes (:data:`_RUN_FILES`)."""
-    for flag, path in inputs.items():
-        for name in (_RUN_FILES if overwrite else _RUN_WRITES):
-            target = out / name
-            if not _within(path, target):
-                continue
-            doing = "--overwrite removes with the earlier run" if overwrite else "this run replaces with its own"
-            raise RunError(
-                f"{flag} {str(path)!r} lies inside {str(target)!r}, which {doing}: the run would destroy its own "
-                f"input; copy it elsewhere (cp -r {str(path)!r} OTHER) and pass {flag} OTHER, or choose another --out"
-            )
-
-
-def _check_fresh(out: Path, *, overwrite: bool = False) -> None:
-    taken = [p.name for p in (out / "summary.json", out / "metrics.csv", out / "checkpoints") if p.exists()]
-    if taken and overwrite:
-        import logging
-        import shutil
-
-        for name in _RUN_FILES:
-            path = out / name
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            elif path.exists() or path.is_symlink():
-                path.unlink()
-        logging.getLogger(__name__).warning("--overwrite: removed the earlier run's %s from %s",
-                                            ", ".join(taken), out)
-        return
-    if taken:
-        raise RunError(
-            f"output folder {str(out)!r} already holds a run ({', '.join(taken)}); pass --resume to continue it, "
-            "--overwrite to replace it, or choose another --out"
-        )
-
-
-def _default_out_dir(algorithm: str, dataset_id: str, seed: int) -> Path:
-    """``runs/<algorithm>-<dataset>-s<seed>``, numbered ``-2``, ``-3``... so a rerun never clobbers one."""
-    base = Path("runs") / f"{algorithm}-{dataset_id.replace('/', '_')}-s{seed}"
-    candidate, n = base, 1
-    while candidate.exists() and any(candidate.iterdir()):
-        n += 1
-        candidate = base.with_name(f"{base.name}-{n}")
-    return candidate
-
-
-def _is_launched_rank() -> bool:
-    # Lightning's DDP launcher re-runs the command in child processes with LOCAL_RANK set
-    return int(os.environ.get("LOCAL_RANK", "0") or 0) > 0 or int(os.environ.get("NODE_RANK", "0") or 0) > 0
-
-
-def _stop_launched_ranks(trainer) -> None:
-    """Rank 0 failed: end the ranks its launcher started. Lightning ends them after a Ctrl-C, and its
-    observer ends every rank when a launched one fails, but after an error on rank 0 they would wait
-    in their next collective for the process group's timeout (30 minutes)."""
-    import signal
-
-    from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
-
-    launcher = getattr(trainer.strategy, "launcher", None)
-    if trainer.is_global_zero and isinstance(launcher, _SubprocessScriptLauncher) and launcher.procs:
-        launcher.kill(getattr(signal, "SIGKILL", signal.SIGTERM))  # SIGTERM does not end a rank inside a collective
-
-
-def _needs_unused_parameters(parts) -> bool:
-    # groups that sit steps out still backpropagate (with weight 0) under DDP, see
-    # AlgorithmModule.on_fit_start; parameters no group steps never get a gradient
-    grouped = {id(p) for g in parts.optimizers for p in g.params}
-    return any(id(p) not in grouped for p in parts.loss.parameters() if p.requires_grad)
-
-
-def _strategy(devices, num_nodes: int, parts, strategy):
-    if strategy == "fsdp":
-        # FSDP2 through Lightning's ModelParallelStrategy: the module's configure_model wraps each
-        # decoder layer, then the model (offline_plugins.lightning.fsdp)
-        from offline_plugins.lightning.fsdp import fsdp_strategy, language_models
-
-        if not language_models(parts.loss):
-            raise RunError("--strategy fsdp shards the decoder layers of a transformers model (the classes its "
-                           "_no_split_modules names); this algorithm's networks have none: use --strategy ddp")
-        return fsdp_strategy(_device_count(devices) * int(num_nodes))
-    if strategy is not None and strategy != "auto":
-        return strategy
-    single = (isinstance(devices, int) and devices == 1) or devices in ("1", [0])
-    if single and num_nodes == 1:
-        return "auto"
-    from lightning.pytorch.strategies import DDPStrategy
-
-    return DDPStrategy(find_unused_parameters=_needs_unused_parameters(parts))
-
-
-def _device_count(devices) -> int:
-    """How many devices a node runs ``devices`` (``--devices``) on: a count, a list of ids or ``"auto"``
-    (the GPUs here, else 1)."""
-    if isinstance(devices, (list, tuple)):
-        return len(devices)
-    if isinstance(devices, str) and "," in devices:
-        return len([d for d in devices.split(",") if d.strip()])
-    if devices in ("auto", -1, "-1"):
-        import torch
-
-        return max(1, torch.cuda.device_count())
-    return int(devices)
-
-
-def plot_learning_curve(metrics_csv: Union[str, os.PathLike], out_png: Union[str, os.PathLike], *, title: str = "",
-                        panels: Optional[Sequence[Any]] = None, marks: Optional[Mapping[str, int]] = None) -> Path:
-    """Plot ``metrics.csv`` against gradient steps, one panel per
-    :class:`~offline_plugins.plugins.datakind.CurvePanel` (the data kind's ``curve_panels()``;
-    default: the environment kinds' score above the losses). ``marks``: a dashed vertical line at
-    each ``{label: step}`` (the start of fine-tuning's online phase)."""
-    import csv
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from offline_plugins.plugins.datakind import LOSS_PANEL, CurvePanel
-
-    if panels is None:
-        panels = [CurvePanel("normalised score (else return)", ("eval/normalized_score", "eval/return_mean"),
-                             first_only=True), LOSS_PANEL]
-    columns: dict[str, list[tuple[int, float]]] = {}
-    path = Path(metrics_csv)
-    if path.is_file():
-        with path.open(newline="") as fh:
-            for row in csv.DictReader(fh):
-                step = row.get("step")
-                if not step:
-                    continue
-                for key, value in row.items():
-                    if key == "step" or value in ("", None):
-                        continue
-                    try:
-                        # the CSV's step is the 0-based index of the last step; plot step counts
-                        columns.setdefault(key, []).append((int(float(step)) + 1, float(value)))
-                    except ValueError:
-                        continue
-    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 3 * len(panels)), sharex=True, squeeze=False)
-    for ax, panel in zip(axes[:, 0], panels):
-        keys = panel.select(columns)
-        for key in keys:
-            xs, ys = zip(*sorted(columns[key]))
-            ax.plot(xs, ys, marker="o" if len(xs) < 50 else None, label=key.split("/", 1)[-1].replace("_", " "))
-        if keys and panel.log:
-            ax.set_yscale("symlog", linthresh=1e-3)
-        for label, at in (marks or {}).items():
-            ax.axvline(at, color="grey", linestyle="--", linewidth=1, label=label)
-        if keys or marks:
-            ax.legend(fontsize="small")
-        ax.set_ylabel(panel.ylabel)
-        ax.grid(alpha=0.3)
-    axes[-1, 0].set_xlabel("gradient step")
-    if title:
-        axes[0, 0].set_title(title)
-    fig.tight_layout()
-    out = Path(out_png)
-    try:
-        with atomic_path(out) as partial:  # a full disk leaves the previous plot
-            fig.savefig(partial, dpi=100, format=out.suffix.lstrip(".") or "png")
-    finally:
-        plt.close(fig)
-    return out

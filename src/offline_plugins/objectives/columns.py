@@ -108,7 +108,7 @@ class DatasetColumns(torch.nn.Module):
             ``"index"`` (what TorchRL's ``TensorDictReplayBuffer.sample`` writes).
         makers (Mapping[NestedKey, Callable]): how each column follows from stored episodes,
             ``make(td) -> tensor``, so :meth:`compute` can make them for new transitions (the
-            online phase of fine-tuning, :mod:`offline_plugins.lightning.finetune`). Made by
+            online phase of fine-tuning, :mod:`offline_plugins.kinds.environment.finetune`). Made by
             :meth:`of`.
     """
 

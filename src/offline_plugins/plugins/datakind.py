@@ -338,15 +338,30 @@ class DataKind(abc.ABC):
         """The Lightning callback that scores the run every ``every`` steps and at the end.
 
         It keeps its records in ``history`` (a list of dicts with ``step`` and
-        ``eval_s``), as :class:`~offline_plugins.lightning.callbacks.PolicyEvaluation` does.
+        ``eval_s``), as :class:`~offline_plugins.kinds.environment.evaluation.PolicyEvaluation` does.
         """
 
     def datamodule(self, data, parts, *, batch_size: int, seed: int):
         """The kind's own ``LightningDataModule`` streaming the run's batches, or None (default):
         the shell's :class:`~offline_plugins.lightning.data.ReplayDataModule` over
         ``data.replay_buffer(...)``. A kind whose data is made while training (text rollouts:
-        :class:`~offline_plugins.lightning.rollouts.RolloutDataModule`) owns its stream here; the
+        :class:`~offline_plugins.kinds.rollouts.rounds.RolloutDataModule`) owns its stream here; the
         module then refuses a ``fit`` without it."""
+        return None
+
+    def check_online(self, spec, config, data, *, online_steps: int) -> None:
+        """Refuse ``--online-steps`` where the run cannot act online after its offline steps (checked
+        before anything is built). Default: this kind has no online phase."""
+        if online_steps:
+            from offline_plugins.errors import UserError
+
+            raise UserError(f"--online-steps: {spec.name!r} trains on {self.name} data, which has no online phase "
+                            "(offline-to-online fine-tuning acts in a dataset's environment); drop --online-steps")
+
+    def online_datamodule(self, data, parts, *, batch_size: int, seed: int, offline_steps: int, online_steps: int,
+                          config: Any):
+        """The data module of an offline-to-online run: ``offline_steps`` on the data, then ``online_steps``
+        while acting (:meth:`check_online` passed). Default: none (never asked, as ``check_online`` refuses)."""
         return None
 
     def callbacks(self, data, parts, *, seed: int) -> list:

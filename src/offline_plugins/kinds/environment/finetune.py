@@ -39,14 +39,24 @@ from tensordict import TensorDict
 from offline_plugins.errors import UserError
 from offline_plugins.lightning.data import SAMPLE_STREAM, ReplayBufferStream, StepBatches, StepStream, step_seed
 
-__all__ = ["FineTuneDataModule", "check_online", "exploration_policy", "ONLINE_ALGORITHMS"]
+__all__ = ["FineTuneDataModule", "check_online", "exploration_policy", "online_algorithms"]
 
 #: the seed streams of the online phase (beside data.SAMPLE_STREAM and LOSS_STREAM)
 ONLINE_SAMPLE_STREAM = 3
 ROUND_STREAM = 4
 
-#: the built-in algorithms with an online phase (their configs mix in ``config.FineTuneConfig``)
-ONLINE_ALGORITHMS = ("iql", "awac", "cal-ql", "rebrac")
+def online_algorithms(registry: Any = None) -> list[str]:
+    """The installed algorithms with an online phase: those whose config declares one (it mixes in
+    :class:`~offline_plugins.config.FineTuneConfig`, whose ``online_ratio`` and other ``online_*`` fields
+    the phase reads) and that act with continuous actions (the phase's), by name."""
+    import dataclasses
+
+    from offline_plugins.plugins import shared_registry
+
+    registry = registry or shared_registry()
+    return sorted(name for name, spec in registry.algorithms.items()
+                  if dataclasses.is_dataclass(spec.config) and "continuous" in (spec.action_spaces or ("continuous",))
+                  and "online_ratio" in {f.name for f in dataclasses.fields(spec.config)})
 
 #: what a round keeps of the collector's output: the offline data's layout
 _STEP_KEYS = ("observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
@@ -66,7 +76,7 @@ def check_online(spec: Any, config: Any, data: Any, *, online_steps: int) -> Non
     name = getattr(spec, "name", spec)
     if not hasattr(config, "online_ratio"):
         raise OnlineError(f"--online-steps: {name!r} has no online phase; fine-tune online with one of "
-                          f"{', '.join(ONLINE_ALGORITHMS)} (their configs have online_ratio and the other "
+                          f"{', '.join(online_algorithms())} (their configs have online_ratio and the other "
                           "online_* fields), or drop --online-steps")
     if not hasattr(data, "make_env") or getattr(data, "action_space", None) is None:
         raise OnlineError(f"--online-steps: {name!r} acts in the dataset's environment, and this dataset "
@@ -100,10 +110,10 @@ class _RoundStream(StepStream):
 
     def __init__(self, module: "FineTuneDataModule", **kwargs: Any) -> None:
         super().__init__(int, **kwargs)
-        self.phases = module
+        self.boundaries = module
 
     def _call_end(self, step: int) -> int:
-        return min(super()._call_end(step), self.phases.next_boundary(step))
+        return min(super()._call_end(step), self.boundaries.next_boundary(step))
 
 
 class FineTuneDataModule(LightningDataModule):

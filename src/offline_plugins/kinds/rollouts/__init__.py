@@ -6,10 +6,10 @@ reward (the task's verifier, exact match against a JSONL file's ``answer``, or `
 module:function``), the frozen reference and the sampling settings. The algorithm's ``build``
 says how a round is made (``AlgorithmParts.rollout``, a
 :class:`~offline_plugins.algorithms.base.RolloutPlan`), and the kind's own data module,
-:class:`~offline_plugins.lightning.rollouts.RolloutDataModule`, runs the rounds: it samples
+:class:`~offline_plugins.kinds.rollouts.rounds.RolloutDataModule`, runs the rounds: it samples
 from the policy being trained, writes the round's training rows into a TorchRL replay buffer,
 hands out its minibatches and keeps the round in checkpoints. The evaluation,
-:class:`~offline_plugins.lightning.rollouts.RolloutEvaluation`, scores greedy responses to
+:class:`~offline_plugins.kinds.rollouts.evaluation.RolloutEvaluation`, scores greedy responses to
 the held-out prompts and watches for reward hacking.
 
 Importing this module imports no torch or Lightning (``offline-plugins list`` reads the
@@ -105,7 +105,7 @@ class TextRollouts(DataKind):
     def load(self, dataset_id: str, *, spec, config, registry, device: str, progress: bool,
              options: DataOptions) -> LoadedData:
         from offline_plugins.data.rollouts import load_rollout_data
-        from offline_plugins.lightning.sft import supervised_finetune
+        from offline_plugins.kinds.sft import supervised_finetune
 
         kwargs = {k: config_value(config, k, ROLLOUT_DEFAULTS[k]) for k in _LOAD_SETTINGS}
         data = load_rollout_data(dataset_id, model=options.model or "tiny", reward=options.reward,
@@ -143,7 +143,7 @@ class TextRollouts(DataKind):
         return DataOptions(model=run.get("model", "tiny"), reward=run.get("reward"))
 
     def evaluation(self, data, *, every: int, episodes: int, seed: int):
-        from offline_plugins.lightning.rollouts import RolloutEvaluation
+        from offline_plugins.kinds.rollouts.evaluation import RolloutEvaluation
 
         # the reward optimised (the rollouts' mean reward) against the held-out gold score the data
         # names: the task's own verifier where --reward replaced it, exact match where the reward is
@@ -151,7 +151,7 @@ class TextRollouts(DataKind):
         if not every and data.gold_key is not None:
             import warnings
 
-            from offline_plugins.lightning.monitor import RewardHackingWarning
+            from offline_plugins.kinds.rollouts.monitor import RewardHackingWarning
 
             warnings.warn(RewardHackingWarning(
                 "with --eval-every 0 the held-out prompts are scored only at the end, so the reward-hacking monitor "
@@ -159,7 +159,7 @@ class TextRollouts(DataKind):
         return RolloutEvaluation(data, every=every, gold=data.gold_key)
 
     def datamodule(self, data, parts, *, batch_size: int, seed: int):
-        from offline_plugins.lightning.rollouts import RolloutDataModule
+        from offline_plugins.kinds.rollouts.rounds import RolloutDataModule
 
         return RolloutDataModule(data, parts, batch_size=batch_size, seed=seed)
 
@@ -258,7 +258,7 @@ class TextCompletions(TextRollouts):
         return BatchLayout(int(config_value(config, "batch_size", 64)))
 
     def evaluation(self, data, *, every: int, episodes: int, seed: int):
-        from offline_plugins.lightning.rollouts import RolloutEvaluation
+        from offline_plugins.kinds.rollouts.evaluation import RolloutEvaluation
 
         return RolloutEvaluation(data, every=every, gold=None)
 

@@ -51,7 +51,7 @@ class StepLabels(DataKind):
     def load(self, dataset_id: str, *, spec, config, registry, device: str, progress: bool,
              options: DataOptions) -> LoadedData:
         from offline_plugins.data.steps import load_step_source
-        from offline_plugins.lightning.sft import supervised_finetune
+        from offline_plugins.kinds.sft import supervised_finetune
         from offline_plugins.plugins.datakind import config_value
 
         return LoadedData(load_step_source(dataset_id, model=options.model or "tiny", progress=progress,
@@ -73,7 +73,7 @@ class StepLabels(DataKind):
                        accumulate=accumulate, device=device)
 
     def evaluation(self, data, *, every: int, episodes: int, seed: int):
-        from offline_plugins.kinds.steps_eval import StepEvaluation
+        from offline_plugins.kinds.steps.evaluation import StepEvaluation
 
         return StepEvaluation(data, every=every)
 

@@ -3,7 +3,7 @@
 Both kinds load an :class:`~offline_plugins.data.offline.OfflineData` (its TorchRL
 replay buffer holds the dataset's steps), evaluate the deterministic policy by rolling
 it out in the dataset's Gymnasium environment
-(:class:`~offline_plugins.lightning.callbacks.PolicyEvaluation`), report return and
+(:class:`~offline_plugins.kinds.environment.evaluation.PolicyEvaluation`), report return and
 normalised score, and keep the policy in the checkpoint (``offline-plugins eval``
 rebuilds it). They differ in how a batch is drawn: independent transitions, or
 contiguous windows of one episode (TorchRL's ``SliceSampler``).
@@ -128,8 +128,20 @@ class EnvironmentSteps(DataKind):
         return DataOptions(drop_nonfinite=bool(kwargs.get("drop_nonfinite")),
                            drop_empty=bool(kwargs.get("drop_empty_episodes")))
 
+    def check_online(self, spec, config, data, *, online_steps: int) -> None:
+        from offline_plugins.kinds.environment.finetune import check_online
+
+        check_online(spec, config, data, online_steps=online_steps)
+
+    def online_datamodule(self, data, parts, *, batch_size: int, seed: int, offline_steps: int, online_steps: int,
+                          config: Any):
+        from offline_plugins.kinds.environment.finetune import FineTuneDataModule
+
+        return FineTuneDataModule(data, parts, batch_size=batch_size, seed=seed, offline_steps=offline_steps,
+                                  online_steps=online_steps, config=config)
+
     def evaluation(self, data, *, every: int, episodes: int, seed: int):
-        from offline_plugins.lightning.callbacks import PolicyEvaluation
+        from offline_plugins.kinds.environment.evaluation import PolicyEvaluation
 
         return PolicyEvaluation(data.make_env, every=every, episodes=episodes, seed=seed,
                                 normalize=getattr(data, "normalize", None),

@@ -4,7 +4,7 @@ Both kinds read a built-in task dataset, a ``.jsonl`` file or ``hf:NAME[:SPLIT]`
 (:mod:`offline_plugins.data.preference_sources`), tokenised for the language model
 given with ``--model`` (``tiny`` by default), with the reference model's log-probs cached
 once. A run is scored on held-out pairs and prompts
-(:class:`~offline_plugins.lightning.callbacks.PreferenceEvaluation`), and the trained
+(:class:`~offline_plugins.kinds.preference.evaluation.PreferenceEvaluation`), and the trained
 policy is exported as a ``save_pretrained`` folder (``OUT/model``) that
 ``transformers.AutoModelForCausalLM.from_pretrained`` loads. Unpaired feedback is what
 KTO reads; pairs serve it too (each pair becomes a desirable and an undesirable row).
@@ -64,7 +64,7 @@ class PreferenceText(DataKind):
     def load(self, dataset_id: str, *, spec, config, registry, device: str, progress: bool,
              options: DataOptions) -> LoadedData:
         from offline_plugins.data.preference_sources import load_preference_source
-        from offline_plugins.lightning.sft import supervised_finetune
+        from offline_plugins.kinds.sft import supervised_finetune
 
         data = load_preference_source(dataset_id, kind=self.name, algorithm=spec.name, model=options.model or "tiny",
                                       progress=progress, finetune=supervised_finetune,
@@ -90,7 +90,7 @@ class PreferenceText(DataKind):
                        length=int(train.get(("tokens", "full")).shape[-1]), accumulate=accumulate, device=device)
 
     def evaluation(self, data, *, every: int, episodes: int, seed: int):
-        from offline_plugins.lightning.callbacks import PreferenceEvaluation
+        from offline_plugins.kinds.preference.evaluation import PreferenceEvaluation
 
         return PreferenceEvaluation(data, every=every, exact_match_n=getattr(data, "eval_prompts", 500))
 
