@@ -253,7 +253,8 @@ def test_bad_settings_and_files(lm, tmp_path):
                         train=[{"prompt": "9" * 200}], longest_prompts=["9" * 200])
     with pytest.raises(UserError, match="exceeds the model's context of 128 tokens"):
         RolloutCollector(long, tok, model, group_size=2)
-    with pytest.raises(UserError, match="must be 'module:function'"):
+    with pytest.raises(UserError, match="unknown reward 'nocolon'.*takes a registered reward's name .*a "
+                                         "module:function"):
         load_reward_function("nocolon")
     with pytest.raises(UserError, match="cannot import module"):
         load_reward_function("no_such_module_xyz:f")

@@ -244,9 +244,9 @@ def _registered_reward(name: str) -> Callable[..., Sequence[float]]:
     try:
         spec = registry.reward(name)
     except UnknownNameError as exc:
-        raise RolloutError(f"--reward {name!r}: {exc}; give a registered reward ('offline-plugins list' names them: "
-                           f"{', '.join(sorted(registry.rewards)) or 'none'}), a module:function (e.g. "
-                           "mytask.rewards:score), a reward-model folder or a reward server's http://HOST:PORT") from None
+        raise RolloutError(f"--reward {name!r}: {exc}; --reward takes a registered reward's name ('offline-plugins "
+                           "list', \"rewards\"), a module:function (e.g. mytask.rewards:score), a reward-model folder or "
+                           "a reward server's http://HOST:PORT") from None
     try:
         return spec.load()
     except Exception as exc:  # noqa: BLE001 - a plugin's broken import path: named with its plugin
