@@ -377,9 +377,7 @@ def _parts(config: Any, data: Any, name: str, loss_cls: str, kwargs: dict):
 
         raise UserError(f"{name}: {exc}; set it with --set KEY=VALUE ('offline-plugins info {name}' lists the "
                         "fields and their defaults)") from None
-    keys = ("loss_nll",) if loss_cls == "ExpertIterationLoss" else (
-        ("loss_objective", "loss_kl") if loss.has_kl_term else ("loss_objective",))
-    group = OptimizerGroup("policy", list(policy.parameters()), resolve_lr(config, data, name), keys,
+    group = OptimizerGroup("policy", list(policy.parameters()), resolve_lr(config, data, name), loss.optimised_terms,
                            max_grad_norm=config.max_grad_norm)
     return AlgorithmParts(loss=loss, policy=actor, optimizers=[group], model=policy, tokenizer=data.tokenizer,
                           rollout=RolloutPlan.of(loss, epochs=config.ppo_epochs, reference=reference,

@@ -101,6 +101,16 @@ def _check_choice(owner: str, what: str, value: str, choices: tuple[str, ...]) -
         raise ValueError(f"{owner}: {what} {value!r} is not one of {', '.join(choices)}")
 
 
+def import_path(ref: Union[str, Callable, type]) -> str:
+    """``ref`` as the import path :func:`resolve` takes back (``"package.module:Qualified.name"``); a string
+    as it is.
+
+    >>> import_path(import_path)
+    'offline_plugins.plugins.registry:import_path'
+    """
+    return ref if isinstance(ref, str) else f"{ref.__module__}:{ref.__qualname__}"
+
+
 def provenance(record: Any) -> dict[str, Any]:
     """Who registered ``record`` (the stamp ``registry.add`` puts on it): ``provider`` (the
     distribution), ``version`` and ``plugin`` (the entry point's or built-in module's name)."""
@@ -374,8 +384,7 @@ class JudgeSpec:
         return resolve(self.judge)
 
     def to_dict(self) -> dict[str, Any]:
-        judge = self.judge if isinstance(self.judge, str) else f"{self.judge.__module__}:{self.judge.__qualname__}"
-        return {"name": self.name, "summary": self.summary, "judge": judge, **provenance(self)}
+        return {"name": self.name, "summary": self.summary, "judge": import_path(self.judge), **provenance(self)}
 
 
 @dataclass(frozen=True)
@@ -419,7 +428,7 @@ class TextTaskSpec:
         return resolve(self.task)(**dict(self.settings))
 
     def to_dict(self) -> dict[str, Any]:
-        task = self.task if isinstance(self.task, str) else f"{self.task.__module__}:{self.task.__qualname__}"
+        task = import_path(self.task)
         return {"id": self.id, "summary": self.summary, "task": task, "settings": dict(self.settings),
                 "aliases": list(self.aliases), **provenance(self)}
 
@@ -461,8 +470,7 @@ class ToolSpec:
         return factory(**kwargs)
 
     def to_dict(self) -> dict[str, Any]:
-        tool = self.tool if isinstance(self.tool, str) else f"{self.tool.__module__}:{self.tool.__qualname__}"
-        return {"name": self.name, "summary": self.summary, "tool": tool, **provenance(self)}
+        return {"name": self.name, "summary": self.summary, "tool": import_path(self.tool), **provenance(self)}
 
 
 @dataclass(frozen=True)
@@ -492,8 +500,7 @@ class RewardSpec:
         return resolve(self.function)
 
     def to_dict(self) -> dict[str, Any]:
-        fn = self.function if isinstance(self.function, str) else f"{self.function.__module__}:{self.function.__qualname__}"
-        return {"name": self.name, "summary": self.summary, "function": fn, **provenance(self)}
+        return {"name": self.name, "summary": self.summary, "function": import_path(self.function), **provenance(self)}
 
 
 @dataclass(frozen=True)
@@ -523,8 +530,7 @@ class SandboxSpec:
 
     def to_dict(self) -> dict[str, Any]:
         made = self.sandbox if isinstance(self.sandbox, (str, type)) else type(self.sandbox)
-        where = made if isinstance(made, str) else f"{made.__module__}:{made.__qualname__}"
-        return {"name": self.name, "summary": self.summary, "sandbox": where, **provenance(self)}
+        return {"name": self.name, "summary": self.summary, "sandbox": import_path(made), **provenance(self)}
 
 
 @dataclass(frozen=True)
@@ -539,6 +545,12 @@ class BrokenPlugin:
 
     def to_dict(self) -> dict[str, str]:
         return dataclasses.asdict(self)
+
+
+#: the record classes a plugin registers, the registry table each goes in, and what messages call it
+_RECORDS = ((AlgorithmSpec, "algorithms", "algorithm"), (DatasetSpec, "datasets", "dataset"),
+            (JudgeSpec, "judges", "judge"), (SandboxSpec, "sandboxes", "sandbox"),
+            (TextTaskSpec, "text_tasks", "text task"), (ToolSpec, "tools", "tool"), (RewardSpec, "rewards", "reward"))
 
 
 @dataclass
@@ -562,37 +574,18 @@ class Registry:
         return ScopedRegistrar(self, provider, version, plugin)
 
     def _add(self, spec: Union[AlgorithmSpec, DatasetSpec, Any]) -> None:
-        if isinstance(spec, AlgorithmSpec):
-            table, kind = self.algorithms, "algorithm"
-        elif isinstance(spec, DatasetSpec):
-            table, kind = self.datasets, "dataset"
-        elif isinstance(spec, JudgeSpec):
-            table, kind = self.judges, "judge"
-        elif isinstance(spec, SandboxSpec):
-            table, kind = self.sandboxes, "sandbox"
-        elif isinstance(spec, TextTaskSpec):
-            table, kind = self.text_tasks, "text task"
+        table, kind = self._table_of(spec)
+        if isinstance(spec, TextTaskSpec):
             taken = {a: t for t in self.text_tasks.values() for a in (t.id, *t.aliases)}
             clash = next((a for a in (spec.id, *spec.aliases) if a in taken and taken[a].id != spec.id), None)
             if clash is not None:
                 raise DuplicateNameError(
                     f"text task name {clash!r} is registered twice: by {_who(taken[clash])} and by {_who(spec)}; "
                     f"uninstall one, or switch one plugin off with OFFLINE_PLUGINS_DISABLE={spec.plugin}")
-        elif isinstance(spec, ToolSpec):
-            table, kind = self.tools, "tool"
-        elif isinstance(spec, RewardSpec):
-            table, kind = self.rewards, "reward"
         elif isinstance(spec, DataKind):
-            table, kind = self.data_kinds, "data kind"
             if not spec.name or spec.name != spec.name.strip().lower() or " " in spec.name:
                 raise ValueError(f"{type(spec).__name__}: a data kind's name must be a lower-case word, "
                                  f"got {spec.name!r}")
-        else:
-            raise TypeError(
-                "registry.add expects an AlgorithmSpec, a DatasetSpec, a JudgeSpec, a SandboxSpec, a TextTaskSpec, a "
-                "ToolSpec, a RewardSpec or a DataKind, got "
-                f"{type(spec).__name__}"
-            )
         old = table.get(spec.name)
         if old is not None:
             raise DuplicateNameError(
@@ -600,6 +593,16 @@ class Registry:
                 f"uninstall one, or switch one plugin off with OFFLINE_PLUGINS_DISABLE={spec.plugin or old.plugin}"
             )
         table[spec.name] = spec
+
+    def _table_of(self, spec: Any) -> tuple[dict, str]:
+        """The table a record goes in and what it is called in messages; a TypeError for anything else."""
+        for cls, attr, kind in _RECORDS:
+            if isinstance(spec, cls):
+                return getattr(self, attr), kind
+        if isinstance(spec, DataKind):
+            return self.data_kinds, "data kind"
+        raise TypeError(f"registry.add expects one of {', '.join(c.__name__ for c, _, _ in _RECORDS)} or a DataKind, "
+                        f"got {type(spec).__name__}")
 
     def algorithm(self, name: str) -> AlgorithmSpec:
         """The spec called ``name``; an unknown name raises with close matches."""
@@ -713,22 +716,7 @@ class ScopedRegistrar:
     def rollback(self) -> None:
         """Remove what this registrar added (its plugin failed part-way)."""
         for spec in self.added:
-            if isinstance(spec, AlgorithmSpec):
-                table = self.registry.algorithms
-            elif isinstance(spec, DatasetSpec):
-                table = self.registry.datasets
-            elif isinstance(spec, JudgeSpec):
-                table = self.registry.judges
-            elif isinstance(spec, SandboxSpec):
-                table = self.registry.sandboxes
-            elif isinstance(spec, TextTaskSpec):
-                table = self.registry.text_tasks
-            elif isinstance(spec, ToolSpec):
-                table = self.registry.tools
-            elif isinstance(spec, RewardSpec):
-                table = self.registry.rewards
-            else:
-                table = self.registry.data_kinds
+            table, _ = self.registry._table_of(spec)
             if table.get(spec.name) is spec:
                 del table[spec.name]
         self.added.clear()

@@ -69,6 +69,12 @@ class RolloutLoss(LossModule):
     #: the fewest responses per prompt the advantages need (a value baseline needs no group)
     min_group_size: int = 2
 
+    @property
+    def optimised_terms(self) -> tuple[str, ...]:
+        """The ``loss_*`` terms an optimiser minimises (the policy's group): the objective, and the KL term
+        where the loss has one (``has_kl_term``); a loss with other terms overrides it."""
+        return ("loss_objective", "loss_kl") if getattr(self, "has_kl_term", False) else ("loss_objective",)
+
     def _forward_value_estimator_keys(self, **kwargs) -> None:
         pass
 

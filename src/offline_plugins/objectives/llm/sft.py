@@ -39,6 +39,8 @@ class ExpertIterationLoss(GroupAdvantageLoss):
         self.actor_network = actor_network
         self.threshold = float(threshold)
 
+    optimised_terms = ("loss_nll",)
+
     @property
     def out_keys(self):
         return ["loss_nll", "kept_fraction"]
@@ -85,6 +87,8 @@ class TextSFTLoss(RolloutLoss):
     def __init__(self, actor_network: torch.nn.Module) -> None:
         super().__init__()
         self.actor_network = actor_network
+
+    optimised_terms = ("loss_nll",)
 
     @property
     def out_keys(self):
