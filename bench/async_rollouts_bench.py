@@ -10,8 +10,9 @@ dense reward a random policy already earns sometimes (the share of digits in the
 as the mean: the training wall time and steps/s (the summary's ``wall_s``, start-up excluded), the
 first and last rounds' mean reward, and the mean reward of each quarter of the run's rounds.
 
-Run: ``python bench/async_rollouts_bench.py [--steps 120] [--seeds 0 1 2] [--root runs/bench-async]``;
-prints a markdown table and a JSON line. Needs 2 free cores for the overlap to show.
+Run: ``python bench/async_rollouts_bench.py [--steps 120] [--seeds 0 1 2] [--root runs/bench-async]
+[--plot curve.png]``; prints a markdown table and a JSON line (``--plot-only --plot PNG`` redraws the
+curves of runs already in ``--root``). Needs 2 free cores for the overlap to show.
 """
 
 from __future__ import annotations
@@ -60,12 +61,45 @@ def _run(prompts: Path, out: Path, seed: int, steps: int, overlapped: bool) -> d
             "max_lag": max(lags) if lags else 0.0}
 
 
+def plot(root: Path, seeds: list, out: Path) -> None:
+    """The rollouts' mean reward per round of each loop (mean over seeds, band min-max) against the step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for mode, label in (("sync", "synchronous (anchor)"), ("async", "overlapped")):
+        curves = []
+        for seed in seeds:
+            rows = [r for r in csv.DictReader(open(root / f"{mode}-s{seed}" / "metrics.csv"))
+                    if r.get("rollout/reward_mean")]
+            curves.append([(int(r["step"]), float(r["rollout/reward_mean"])) for r in rows])
+        n = min(len(c) for c in curves)
+        steps = [curves[0][i][0] for i in range(n)]
+        values = [[c[i][1] for c in curves] for i in range(n)]
+        ax.plot(steps, [statistics.fmean(v) for v in values], label=label)
+        ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], alpha=0.2)
+    ax.set_xlabel("gradient step")
+    ax.set_ylabel("rollouts' mean reward")
+    ax.set_title(f"GRPO on small: overlapped against synchronous rounds ({len(seeds)} seeds)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--root", default="runs/bench-async")
+    parser.add_argument("--plot", default=None, metavar="PNG", help="also draw the reward curves into this file")
+    parser.add_argument("--plot-only", action="store_true", help="draw --plot from the runs already in --root")
     args = parser.parse_args(argv)
+    if args.plot_only:
+        plot(Path(args.root), args.seeds, Path(args.plot))
+        return
     import torch
 
     torch.set_num_threads(1)
@@ -92,6 +126,8 @@ def main(argv=None) -> None:
         r["steps_per_s"] for r in results["sync"])
     print("\n".join(rows))
     print(f"overlapped / synchronous steps/s: {ratio:.2f}x")
+    if args.plot:
+        plot(root, args.seeds, Path(args.plot))
     print(json.dumps({"steps": args.steps, "seeds": args.seeds, "ratio": ratio,
                       **{m: [{k: v for k, v in r.items() if k != "rewards"} for r in rs] for m, rs in results.items()}}))
 

@@ -109,6 +109,16 @@ def test_a_killed_or_interrupted_run_loses_nothing_and_the_sampler_does_not_outl
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _stop_midway(proc, out, sig, prompt_file, tmp_path)
+    finally:  # a failed check leaves no run behind
+        for pid in [proc.pid, *_children(proc.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _stop_midway(proc, out, sig, prompt_file, tmp_path):
     ckpt = out / "checkpoints" / "last.ckpt"
     deadline = time.time() + 120
     workers: list[int] = []
