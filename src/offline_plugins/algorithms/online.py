@@ -202,8 +202,8 @@ class _NoKLFields(_PolicyGradientFields):
 
 
 @dataclass
-class _ClippedNoKLFields(_ClippedRatioFields):
-    beta: float = config_field(0.0, "weight of the k3 KL to the reference")
+class _ClippedNoKLFields(_NoKLFields, _ClippedRatioFields):
+    pass
 
 
 @dataclass
