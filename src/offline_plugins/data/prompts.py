@@ -158,14 +158,21 @@ def reward_specs(reward: Any) -> Optional[list[tuple[str, str]]]:
 
 
 def single_reward(reward: Any) -> Optional[str]:
-    """The one reward spec of ``reward`` (a string, or a list of one, a ``NAME=`` prefix dropped)."""
-    if reward is None or isinstance(reward, str):
-        return reward
-    flags = [str(r) for r in reward]
-    if not flags:
+    """The one reward spec of ``reward`` (a string, or a list of one), a ``NAME=`` prefix dropped; None for
+    ``task`` (the dataset's own reward, as if ``--reward`` were not given).
+
+    >>> single_reward("mymod:score"), single_reward(["correct=mymod:score"]), single_reward("correct=task")
+    ('mymod:score', 'mymod:score', None)
+    """
+    if reward is None:
         return None
-    name, sep, spec = flags[0].partition("=")
-    return spec if sep and ":" not in name and "/" not in name and spec else flags[0]
+    flag = str(reward) if isinstance(reward, str) else (str(list(reward)[0]) if list(reward) else "")
+    if not flag:
+        return None
+    name, sep, spec = flag.partition("=")
+    if sep and spec and ":" not in name and "/" not in name:
+        flag = spec
+    return None if flag == TASK_REWARD else flag
 
 
 def combined_reward(components: Sequence[tuple[str, Callable]], weights: Sequence[float]) -> Callable:
