@@ -31,10 +31,13 @@ def toy_registry(monkeypatch):
     host.register(_toy_kind_plugin, "toy-kind", "toy-dist", "1.0")
     registry = load_registry(host=host)
 
-    import offline_plugins.plugins as plugins
+    import offline_plugins.plugins.manager as manager
 
-    monkeypatch.setattr(plugins, "shared_registry", lambda disable=None: registry)
-    return registry
+    # every shared_registry() of this test discovers this registry, wherever the name was imported
+    manager.forget_shared_registries()
+    monkeypatch.setattr(manager, "load_registry", lambda disable=None, **_: registry)
+    yield registry
+    manager.forget_shared_registries()
 
 
 def test_the_built_in_kinds_are_registered_with_their_provider():

@@ -247,16 +247,15 @@ def test_a_checkpoint_saved_under_the_old_data_module_name_still_restores_it(tmp
 
 def test_train_builds_its_run_with_build(tmp_path, monkeypatch):
     # one place decides which callbacks an algorithm needs: train() fits what build() returns
-    from offline_plugins.lightning import builder
+    from offline_plugins.lightning import builder, run
 
     seen = []
-    original = builder.build
 
     def spy(*args, **kwargs):
-        seen.append(original(*args, **kwargs))
+        seen.append(builder.build(*args, **kwargs))
         return seen[-1]
 
-    monkeypatch.setattr(builder, "build", spy)
+    monkeypatch.setattr(run, "build", spy)
     summary = opl.train(opl.plan_run(TINY_SPEC, FakeOfflineData()),
                         opl.RunSettings(steps=2, eval_every=0, eval_episodes=1, out_dir=tmp_path / "run",
                                         progress=False))

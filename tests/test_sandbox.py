@@ -24,6 +24,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pluggy
 import pytest
 
 from offline_plugins.envs.sandbox import (BwrapSandbox, Limits, SandboxUnavailable, UnsafeSandboxWarning,
@@ -239,6 +240,8 @@ def nobody_src():
     where = Path(tempfile.mkdtemp(prefix="op-src-"))
     shutil.copytree(SRC / "offline_plugins", where / "offline_plugins",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    # and pluggy, the one package the package's light modules import (tests/test_import_rule.py)
+    shutil.copytree(Path(pluggy.__file__).parent, where / "pluggy", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     shutil.copy(PROBE, where / PROBE.name)
     for root, dirs, files in os.walk(where):
         os.chmod(root, 0o755)

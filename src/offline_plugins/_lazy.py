@@ -20,8 +20,12 @@ def lazy_exports(namespace: dict, exports: dict[str, str]) -> tuple[Callable[[st
 
     A module path starting with ``.`` is relative to the package (``namespace["__name__"]``).
     The first lookup caches the value in ``namespace``, so later ones skip ``__getattr__``.
+    ``namespace["__lazy_exports__"]`` keeps the map with absolute module paths (what importing a name
+    imports: ``tests/test_import_rule.py`` reads it).
     """
     package = namespace.get("__name__", "")
+    namespace["__lazy_exports__"] = {name: f"{package}{module}" if module.startswith(".") else module
+                                     for name, module in exports.items()}
 
     def __getattr__(name: str) -> Any:
         module = exports.get(name)

@@ -32,7 +32,41 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
+import matplotlib
+import matplotlib.pyplot as plt
+import torch
+from tqdm.auto import tqdm
+
+from offline_plugins.data.jsonl import jsonl_objects
+from offline_plugins.data.preference import (
+    PAIR_FIELDS,
+    TokenizeReport,
+    encode_example,
+    prompt_token_ids,
+    reference_log_probs,
+    tokenize_pairs,
+    validate_rows,
+)
+from offline_plugins.data.preference_sources import (
+    BUILTIN_PREFERENCE_DATASETS,
+    OPTIONAL_PAIR_FIELDS,
+    PAIR_LENGTH_CAP,
+    _keep_optional,
+    _rows_from,
+    load_preference_source,
+    resolve_preference_id,
+    unknown_preference_dataset,
+)
 from offline_plugins.errors import UserError
+from offline_plugins.eval.judge import judge_from
+from offline_plugins.kinds.preference import PreferenceText
+from offline_plugins.kinds.sft import supervised_finetune
+from offline_plugins.lightning.checkpoint_files import algorithm_of_checkpoint
+from offline_plugins.lightning.checkpoints import load_checkpoint, load_trained_run
+from offline_plugins.modules.causal_lm import sequence_log_probs
+from offline_plugins.modules.generation import model_context
+from offline_plugins.modules.tiny_lm import load_causal_lm
+from offline_plugins.plugins import shared_registry
 
 __all__ = [
     "AuditError",
@@ -255,15 +289,11 @@ def _chosen_more(diffs: Sequence[float]) -> dict:
 
 
 def _unknown_dataset(dataset: str) -> AuditError:
-    from offline_plugins.data.preference_sources import unknown_preference_dataset
-
     return unknown_preference_dataset(dataset, "data audit", verb="reads", error=AuditError)
 
 
 def _check_dataset_id(dataset: Any) -> None:
     if isinstance(dataset, (str, os.PathLike)):
-        from offline_plugins.data.preference_sources import resolve_preference_id
-
         if resolve_preference_id(str(dataset)) is None:
             raise _unknown_dataset(str(dataset))
 
@@ -303,8 +333,6 @@ def _keep_gold(row: dict, value: Any, where: str) -> None:
 
 def _keep_gold_jsonl(path: Path, rows: list[dict]) -> None:
     """Copy the checked ``gold`` markers of a JSONL file's rows onto ``rows`` (the loaders keep no ``gold``)."""
-    from offline_plugins.data.jsonl import jsonl_objects
-
     if '"gold"' not in path.read_text(encoding="utf-8-sig"):
         return  # most files carry none: no second parse
     for i, (n, raw) in enumerate(jsonl_objects(path, error=AuditError)):
@@ -315,17 +343,6 @@ def _keep_gold_jsonl(path: Path, rows: list[dict]) -> None:
 def _read_rows(dataset: Union[str, Sequence[Mapping]], *, base_model: str, progress: bool,
                loaded: Any = None) -> tuple[str, list[dict], dict]:
     """``(dataset id, rows, notes)``; ``loaded`` is a ``PreferenceData`` of the same built-in dataset to reuse."""
-    from offline_plugins.data.preference import PAIR_FIELDS, validate_rows
-    from offline_plugins.data.preference_sources import (
-        BUILTIN_PREFERENCE_DATASETS,
-        OPTIONAL_PAIR_FIELDS,
-        _keep_optional,
-        _rows_from,
-        load_preference_source,
-        resolve_preference_id,
-    )
-    from offline_plugins.kinds.sft import supervised_finetune
-
     notes: dict = {}
     if not isinstance(dataset, (str, os.PathLike)):
         raw = list(dataset)
@@ -425,8 +442,6 @@ class _FunctionScorer:
         return getattr(self.function, "__qualname__", None) or repr(self.function)
 
     def score(self, rows: Sequence[dict], *, batch_size: int, progress: bool):
-        import torch
-
         kept = [i for i, r in enumerate(rows) if r["chosen"].strip() and r["rejected"].strip()
                 and r["chosen"].strip() != r["rejected"].strip()]  # the loader's row rules that need no tokenizer
         scores = []
@@ -457,17 +472,9 @@ def _checkpoint_of(model: Union[str, os.PathLike]) -> Path:
 
 def _load_scorer(model: Union[str, os.PathLike], *, registry: Any, device: str, progress: bool) -> _Scorer:
     """Rebuild a run's reward model or policy from its checkpoint (``lightning.checkpoints.load_trained_run``)."""
-    from offline_plugins.data.preference_sources import PAIR_LENGTH_CAP
-    from offline_plugins.kinds.preference import PreferenceText
-    from offline_plugins.modules.generation import model_context
-    from offline_plugins.lightning.checkpoint_files import algorithm_of_checkpoint
-    from offline_plugins.lightning.checkpoints import load_checkpoint, load_trained_run
-
     path = _checkpoint_of(model)
     info = load_checkpoint(path)["offline_plugins"]
     if registry is None:
-        from offline_plugins.plugins import shared_registry
-
         registry = shared_registry()
     spec = algorithm_of_checkpoint(info, registry, path)
     if not isinstance(registry.kind_of(spec), PreferenceText):
@@ -503,17 +510,6 @@ def _score_rows(scorer: _Scorer, rows: Sequence[dict], *, batch_size: int, progr
     A reward model's reward, or a policy's implicit reward ``log pi(y|x) - log pi_ref(y|x)``
     summed over the response (what ``eval.preference.pairwise_scores`` ranks by).
     """
-    import torch
-    from tqdm.auto import tqdm
-
-    from offline_plugins.data.preference import (
-        TokenizeReport,
-        encode_example,
-        reference_log_probs,
-        tokenize_pairs,
-    )
-    from offline_plugins.modules.causal_lm import sequence_log_probs
-
     scratch = TokenizeReport()
     kept = []
     for i, row in enumerate(rows):
@@ -769,8 +765,6 @@ def _contradictions(units: dict, rows: Sequence[dict], top: int) -> dict:
 
 
 def _issues_section(rows: Sequence[dict], tokenizer: Any, context: int, top: int) -> dict:
-    from offline_plugins.data.preference import prompt_token_ids
-
     seen: set = set()
     duplicates, equal, empty, over = [], [], [], []
     prompt_len: dict = {}
@@ -918,8 +912,6 @@ def audit_preference_data(
                                                                          progress=progress)
     reuse = None
     if scorer is not None and isinstance(dataset, (str, os.PathLike)):
-        from offline_plugins.data.preference_sources import resolve_preference_id
-
         if resolve_preference_id(str(dataset)) == scorer.dataset_id:
             reuse = scorer.data  # the run's own built-in data, already loaded
     dataset_id, rows, notes = _read_rows(dataset, base_model=scorer.base_model if scorer else base_model,
@@ -929,10 +921,6 @@ def audit_preference_data(
     if scorer is not None:
         tokenizer, context, counted_by = scorer.tokenizer, scorer.context, f"{scorer.algorithm} run {scorer.checkpoint}"
     else:
-        from offline_plugins.data.preference_sources import PAIR_LENGTH_CAP
-        from offline_plugins.modules.generation import model_context
-        from offline_plugins.modules.tiny_lm import load_causal_lm
-
         lm, tokenizer = load_causal_lm(base_model, seed=0)
         context, counted_by = model_context(lm, cap=PAIR_LENGTH_CAP), str(base_model)
         del lm
@@ -940,8 +928,6 @@ def audit_preference_data(
                [_length(r["rejected"], length_unit, tokenizer) for r in rows])
     length = _length_section(*lengths, length_unit)
     if judge is not None:
-        from offline_plugins.eval.judge import judge_from
-
         judge = judge_from(judge, device=device)
     units = _units(rows)
     issues = _issues_section(rows, tokenizer, context, top)
@@ -970,12 +956,7 @@ def audit_preference_data(
 
 def plot_audit(report: dict, out_png) -> "Path":
     """The length-difference histogram and, when rows carry annotations, each annotator's agreement."""
-    from pathlib import Path
-
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     ag = report["agreement"]
     fig, axes = plt.subplots(1, 2 if ag else 1, figsize=(11 if ag else 6, 4), squeeze=False)

@@ -24,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import os
+import reprlib
 import typing
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -74,8 +76,6 @@ RUN_DEFAULTS: dict[str, Any] = {
 def cache_root() -> Path:
     """Where the package caches what it makes (built-in models, references, log-probs):
     ``$OFFLINE_PLUGINS_CACHE`` or ``~/.cache/offline-plugins``."""
-    import os
-
     return Path(os.environ.get("OFFLINE_PLUGINS_CACHE") or Path.home() / ".cache" / "offline-plugins")
 
 
@@ -317,8 +317,6 @@ def excerpt(value: Any, limit: int = 200) -> str:
     >>> excerpt([[1, 2, 3, 4, 5, 6, 7]] * 100, 40)
     '[[1, 2, 3, 4, 5, 6, ...], [1, 2... (cut)'
     """
-    import reprlib
-
     short = reprlib.Repr()
     short.maxlevel, short.maxlist, short.maxtuple, short.maxdict, short.maxset = 3, 6, 6, 6, 6
     short.maxstring = short.maxother = max(12, limit)

@@ -19,6 +19,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
+from offline_plugins.modules.tiny_lm import ensure_pad_token
+
 __all__ = [
     "TokenizeReport",
     "prompt_token_ids",
@@ -173,7 +175,5 @@ def pad_rows(encoded: Sequence[tuple], pad_id: int, length: int) -> dict[str, to
 def pad_token_id(tokenizer: Any) -> int:
     """The tokenizer's pad id, giving it one first when it has none (see ``ensure_pad_token``)."""
     if tokenizer.pad_token_id is None:
-        from offline_plugins.modules.tiny_lm import ensure_pad_token
-
         ensure_pad_token(tokenizer)
     return int(tokenizer.pad_token_id)

@@ -92,6 +92,7 @@ from typing import Any, Literal, Optional, Sequence
 
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
+from torchrl.data import Composite, Unbounded
 from torchrl.envs import Transform
 
 from offline_plugins.errors import UserError
@@ -665,7 +666,5 @@ class TaskReward(Transform):
         return next_tensordict
 
     def transform_reward_spec(self, reward_spec):
-        from torchrl.data import Composite, Unbounded
-
         reward_spec.update(Composite(reward=Unbounded(reward_spec.shape + (1, 1)), shape=reward_spec.shape))
         return reward_spec

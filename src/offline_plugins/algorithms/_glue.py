@@ -5,9 +5,16 @@ Imported lazily (from inside ``build``), so it may import torch.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Mapping, Optional
 
+from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
+from offline_plugins.config import ConfigError
+from offline_plugins.data.rollouts import RolloutData
+from offline_plugins.errors import UserError
+from offline_plugins.objectives.columns import DatasetColumns, discounted_returns
 from offline_plugins.objectives.common import ActionSpaceError, check_range
+from offline_plugins.objectives.target import FusedSoftUpdate
 
 __all__ = [
     "check_inputs",
@@ -56,8 +63,6 @@ def check_common(config: Any, algorithm: str) -> None:
     if hasattr(config, "hidden"):
         widths = tuple(config.hidden)
         if not widths or any(int(w) < 1 for w in widths):
-            from offline_plugins.config import ConfigError
-
             raise ConfigError(f"{algorithm}: hidden={widths!r} must be positive layer widths, e.g. [256, 256]")
 
 
@@ -107,9 +112,6 @@ def mc_columns(data: Any, gamma: float, extra: Optional[Mapping[Any, Callable]] 
     td = getattr(data, "td", None)
     if td is None:
         return None
-    import functools
-
-    from offline_plugins.objectives.columns import DatasetColumns, discounted_returns
 
     makers = {"mc_return": functools.partial(discounted_returns, gamma=float(gamma)), **dict(extra or {})}
     return DatasetColumns.of(td, makers)
@@ -129,8 +131,6 @@ def params(*modules) -> list:
 def soft_updater(loss, tau: float):
     """TorchRL's Polyak ``SoftUpdate`` bound to ``loss``: ``target <- (1 - tau) target + tau online``,
     stepped in one fused call (:class:`~offline_plugins.objectives.target.FusedSoftUpdate`)."""
-    from offline_plugins.objectives.target import FusedSoftUpdate
-
     return FusedSoftUpdate(loss, tau=tau)
 
 
@@ -138,8 +138,6 @@ def group(name: str, module, lr: float, *loss_keys: str, **kwargs):
     """An :class:`~offline_plugins.algorithms.base.OptimizerGroup` stepping ``module``'s trainable
     parameters (:func:`params`; a list is taken as the parameters themselves) on the sum of
     ``loss_keys``; ``kwargs``: its other fields."""
-    from offline_plugins.algorithms.base import OptimizerGroup
-
     return OptimizerGroup(name, module if isinstance(module, list) else params(module), lr, tuple(loss_keys), **kwargs)
 
 
@@ -158,8 +156,6 @@ def transition_parts(loss, policy, config: Any, optimizers: list, **kwargs):
     """The parts of a TD(0) offline-RL algorithm: ``loss`` gets its value estimator with
     ``config.gamma``, and its targets a Polyak updater with ``config.tau`` (:func:`soft_updater`);
     ``kwargs``: further :class:`~offline_plugins.algorithms.base.AlgorithmParts` fields."""
-    from offline_plugins.algorithms.base import AlgorithmParts
-
     loss.make_value_estimator(gamma=config.gamma)
     return AlgorithmParts(
         loss=loss, policy=policy, optimizers=optimizers, target_updater=soft_updater(loss, config.tau), **kwargs
@@ -169,9 +165,6 @@ def transition_parts(loss, policy, config: Any, optimizers: list, **kwargs):
 def require_rollouts(data: Any, algorithm: str) -> None:
     """Refuse data that is not a :class:`~offline_plugins.data.rollouts.RolloutData` (what the
     text-rollouts kind loads), naming what was given and how to load the right one."""
-    from offline_plugins.data.rollouts import RolloutData
-    from offline_plugins.errors import UserError
-
     if not isinstance(data, RolloutData):
         raise UserError(f"{algorithm} trains on its own rollouts: give it a RolloutData "
                         f"(offline_plugins.data.rollouts.load_rollout_data), not a {type(data).__name__}")

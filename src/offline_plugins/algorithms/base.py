@@ -8,12 +8,15 @@ them; a plain TorchRL loop can use the same parts (``examples/compose_in_torchrl
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 from tensordict.nn import TensorDictModuleBase
 from torchrl.objectives import LossModule
+
+from offline_plugins.errors import UserError
 
 __all__ = ["OptimizerGroup", "RolloutPlan", "AlgorithmParts", "adam_kernel", "compute_terms", "target_update_period"]
 
@@ -167,8 +170,6 @@ class RolloutPlan:
     max_staleness: Optional[int] = None
 
     def __post_init__(self) -> None:
-        from offline_plugins.errors import UserError
-
         if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or self.epochs < 1:
             raise UserError(f"{self.epochs_field} must be a whole number >= 1, got {self.epochs!r}; fix it with "
                             f"--set {self.epochs_field}=1")
@@ -227,8 +228,6 @@ class AlgorithmParts:
     def __post_init__(self) -> None:
         moved = [k for k in _TYPED_EXTRA if k in self.extra]
         if moved:
-            import warnings
-
             warnings.warn(
                 f"AlgorithmParts(extra={{{', '.join(repr(k) for k in moved)}: ...}}) is deprecated: pass "
                 f"{', '.join(f'{k}=...' for k in moved)} as fields",

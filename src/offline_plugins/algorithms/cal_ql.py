@@ -20,8 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from offline_plugins.algorithms.cql import CQLConfig
+from offline_plugins.algorithms.cql import CQLConfig, build_with
 from offline_plugins.config import FineTuneConfig, config_field
+from offline_plugins.errors import UserError
 from offline_plugins.plugins.registry import builtin_algorithm, builtin_hook
 
 PAPER = ("Nakamoto, Zhai, Singh, Sobol Mark, Ma, Finn, Kumar & Levine 2023, Cal-QL: Calibrated Offline RL "
@@ -36,8 +37,6 @@ class CalQLConfig(FineTuneConfig, CQLConfig):
 def build(config: CalQLConfig, data: Any):
     """CQL's parts with :class:`~offline_plugins.objectives.cal_ql.CalQLLoss` and the data's discounted returns."""
     from offline_plugins.algorithms import _glue
-    from offline_plugins.algorithms.cql import build_with
-    from offline_plugins.errors import UserError
     from offline_plugins.objectives.cal_ql import CalQLLoss
 
     _glue.check_inputs(config, data, "cal-ql", "continuous")

@@ -18,8 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
-from offline_plugins.algorithms.online import GeneratorFields, _RolloutFields
+from offline_plugins.algorithms.online import GeneratorFields, _RolloutFields, rollout_generator, sync_check
+from offline_plugins.algorithms.preference import policy_and_reference, policy_log_probs, resolve_lr
 from offline_plugins.config import config_field
+from offline_plugins.errors import UserError
 from offline_plugins.plugins.registry import builtin_hook, builtin_text_algorithm
 
 __all__ = ["OPDConfig", "GKDConfig", "load_teacher", "build_opd", "build_gkd"]
@@ -52,7 +54,6 @@ class GKDConfig(_DistillationFields):
 def load_teacher(config: Any, data: Any, name: str) -> Any:
     """The teacher model of ``config.teacher``, frozen and in eval mode, or a ``UserError`` naming
     the folder: none given, one that does not load, or a tokenizer other than the student's."""
-    from offline_plugins.errors import UserError
     from offline_plugins.modules.tiny_lm import load_causal_lm
 
     path = str(config.teacher or "").strip()
@@ -72,12 +73,9 @@ def load_teacher(config: Any, data: Any, name: str) -> Any:
 
 
 def _build(config: Any, data: Any, name: str, loss_cls: str, kwargs: dict):
+    import offline_plugins.objectives.llm.distill as distill
     from offline_plugins.algorithms._glue import require_rollouts
     from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup, RolloutPlan
-    from offline_plugins.algorithms.online import rollout_generator, sync_check
-    from offline_plugins.algorithms.preference import policy_and_reference, policy_log_probs, resolve_lr
-    from offline_plugins.errors import UserError
-    import offline_plugins.objectives.llm.distill as distill
 
     require_rollouts(data, name)
     if config.logprob_chunk or config.shared_prefix:

@@ -28,9 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Optional
 
-from offline_plugins.algorithms.preference import LoRAFields
+from offline_plugins.algorithms.preference import LoRAFields, policy_and_reference, policy_log_probs, resolve_lr
 from offline_plugins.config import ROLLOUT_DEFAULTS as _D
 from offline_plugins.config import config_field
+from offline_plugins.errors import UserError
 from offline_plugins.plugins.registry import builtin_hook, builtin_text_algorithm
 
 __all__ = ["GeneratorFields", "rollout_generator", "sync_check", "VLLM_ROLLOUT_CORRECTION", "SFTConfig", "GRPOConfig", "DAPOConfig", "DrGRPOConfig", "RLOOConfig", "CISPOConfig", "GSPOConfig",
@@ -114,7 +115,6 @@ def sync_check(config: Any, generator: Optional[Any], name: str) -> Optional[Any
     thresholds; unset: every :data:`~offline_plugins.data.sync_check.SYNC_CHECK_EVERY_VLLM` rounds with a
     generator, off without one), or None when off."""
     from offline_plugins.data.sync_check import SYNC_CHECK_EVERY_VLLM, SyncCheck
-    from offline_plugins.errors import UserError
 
     every = getattr(config, "sync_check_every", None)
     if every is None:
@@ -137,7 +137,6 @@ def rollout_generator(config: Any, data: Any, name: str) -> Optional[Any]:
     checked here (vLLM importable, the reference's architecture one it loads) so that a bad
     ``--generator`` is refused before training; its engine starts with the first round. With
     ``vllm`` an unset ``rollout_correction`` becomes :data:`VLLM_ROLLOUT_CORRECTION`."""
-    from offline_plugins.errors import UserError
     from offline_plugins.modules.vllm_engine import GENERATORS
 
     value = str(getattr(config, "generator", "hf")).strip().lower()
@@ -330,9 +329,6 @@ def build_sft(config: SFTConfig, data: Any):
     """Supervised fine-tuning of a trainable copy of ``data.reference`` (or LoRA adapters on it) on the
     completions."""
     from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
-    from offline_plugins.algorithms.preference import policy_and_reference
-    from offline_plugins.errors import UserError
-    from offline_plugins.algorithms.preference import policy_log_probs
     from offline_plugins.objectives.llm.online import TextSFTLoss
 
     if not hasattr(data, "held_out_rows"):
@@ -354,12 +350,10 @@ def build_sft(config: SFTConfig, data: Any):
 
 
 def _parts(config: Any, data: Any, name: str, loss_cls: str, kwargs: dict):
-    from offline_plugins.algorithms._glue import require_rollouts
-    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup, RolloutPlan
-    from offline_plugins.algorithms.preference import policy_and_reference, resolve_lr
-    from offline_plugins.algorithms.preference import policy_log_probs
     import offline_plugins.objectives.llm.online as online
     import offline_plugins.objectives.llm.online_variants as online_variants
+    from offline_plugins.algorithms._glue import require_rollouts
+    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup, RolloutPlan
 
     require_rollouts(data, name)
     generator = rollout_generator(config, data, name)
@@ -373,8 +367,6 @@ def _parts(config: Any, data: Any, name: str, loss_cls: str, kwargs: dict):
         module = online_variants if loss_cls in online_variants.__all__ else online
         loss = (loss_cls if isinstance(loss_cls, type) else getattr(module, loss_cls))(actor, **kwargs)
     except ValueError as exc:
-        from offline_plugins.errors import UserError
-
         raise UserError(f"{name}: {exc}; set it with --set KEY=VALUE ('offline-plugins info {name}' lists the "
                         "fields and their defaults)") from None
     group = OptimizerGroup("policy", list(policy.parameters()), resolve_lr(config, data, name), loss.optimised_terms,
@@ -389,8 +381,6 @@ def async_staleness(config: Any, generator: Optional[Any], name: str) -> Optiona
     """``max_staleness`` when ``config.async_rollouts`` (-1: unset, one round's updates), else None; with
     async rollouts an unset ``rollout_correction`` becomes :data:`VLLM_ROLLOUT_CORRECTION` (the sampler's
     weights lag the trainer's). Bad settings: a ``UserError`` naming them."""
-    from offline_plugins.errors import UserError
-
     on = getattr(config, "async_rollouts", False)
     if not isinstance(on, bool):
         raise UserError(f"{name}: async_rollouts must be true or false, got {on!r}")
@@ -449,8 +439,6 @@ build_expert_iteration = _builder("expert-iteration", "ExpertIterationLoss", lam
 
 def build_gdpo(config: GDPOConfig, data: Any):
     """The parts of ``gdpo``: :class:`TextGDPOLoss` over the run's several rewards, with their weights."""
-    from offline_plugins.errors import UserError
-
     source = getattr(data, "source", None)
     names = list(getattr(source, "reward_names", None) or [])
     if len(names) < 2:

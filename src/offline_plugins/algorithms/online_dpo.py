@@ -34,8 +34,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from offline_plugins.algorithms.online import GeneratorFields, SamplingFields
+import offline_plugins.algorithms.preference as preference
+from offline_plugins.algorithms.online import GeneratorFields, SamplingFields, rollout_generator, sync_check
+from offline_plugins.algorithms.preference import FROM_SCRATCH_LR, _scratch, policy_and_reference, policy_log_probs
 from offline_plugins.config import ROLLOUT_DEFAULTS, config_field
+from offline_plugins.errors import UserError
 from offline_plugins.plugins.registry import builtin_hook, builtin_text_algorithm
 
 __all__ = ["OnlineDPOConfig", "IterativeDPOConfig", "INNER_LOSSES", "build_online_dpo", "build_iterative_dpo"]
@@ -103,9 +106,6 @@ class IterativeDPOConfig(_PreferenceRolloutFields):
 
 def _inner_kwargs(config: Any, name: str) -> tuple[str, dict, tuple[str, ...], Any]:
     """``(loss class name, kwargs, loss terms, inner config class)`` of ``config.inner``, or a ``UserError``."""
-    import offline_plugins.algorithms.preference as preference
-    from offline_plugins.errors import UserError
-
     inner = str(config.inner).strip().lower()
     choices = ", ".join(INNER_LOSSES)
     if inner == "kto":
@@ -141,14 +141,9 @@ def _inner_kwargs(config: Any, name: str) -> tuple[str, dict, tuple[str, ...], A
 
 def _build(config: Any, data: Any, name: str, *, reference: str):
     import offline_plugins.objectives.llm as llm
-    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup, RolloutPlan
-    from offline_plugins.algorithms.preference import FROM_SCRATCH_LR, _scratch, policy_and_reference
-    from offline_plugins.errors import UserError
-    from offline_plugins.algorithms.preference import policy_log_probs
-    from offline_plugins.objectives.llm.online_dpo import OnlinePreferenceLoss
     from offline_plugins.algorithms._glue import require_rollouts
-
-    from offline_plugins.algorithms.online import rollout_generator, sync_check
+    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup, RolloutPlan
+    from offline_plugins.objectives.llm.online_dpo import OnlinePreferenceLoss
 
     require_rollouts(data, name)
     loss_cls, kwargs, terms, inner_cfg = _inner_kwargs(config, name)

@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from offline_plugins.algorithms.online import GeneratorFields, _RolloutFields
+from offline_plugins.algorithms.online import GeneratorFields, _RolloutFields, rollout_generator, sync_check
+from offline_plugins.algorithms.preference import _trainable_copy, policy_and_reference, policy_log_probs, resolve_lr
 from offline_plugins.config import config_field
 from offline_plugins.plugins.hookspecs import hookimpl
 from offline_plugins.plugins.registry import AlgorithmSpec
@@ -47,13 +48,9 @@ class PPORLHFConfig(GeneratorFields, _RolloutFields):
 def build(config: PPORLHFConfig, data: Any, *, name: str = "ppo-rlhf", loss_cls: Any = None, **loss_kwargs):
     """The parts of ``ppo-rlhf``; a variant passes its ``name`` (in errors), its ``loss_cls`` (a
     :class:`~offline_plugins.objectives.llm.ppo_rlhf.PPORLHFLoss` subclass) and that class's extra keywords."""
-    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup, RolloutPlan
-    from offline_plugins.algorithms.preference import _trainable_copy, policy_and_reference, resolve_lr
-    from offline_plugins.algorithms.preference import policy_log_probs
-    from offline_plugins.objectives.llm.ppo_rlhf import PPORLHFLoss, TokenValueHead
     from offline_plugins.algorithms._glue import require_rollouts
-
-    from offline_plugins.algorithms.online import rollout_generator, sync_check
+    from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup, RolloutPlan
+    from offline_plugins.objectives.llm.ppo_rlhf import PPORLHFLoss, TokenValueHead
 
     require_rollouts(data, name)
     generator = rollout_generator(config, data, name)

@@ -25,10 +25,14 @@ the rate it used back into the config, so ``summary.json`` and checkpoints recor
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
 from offline_plugins.config import config_field
+from offline_plugins.errors import UserError
 from offline_plugins.plugins.hookspecs import hookimpl
 from offline_plugins.plugins.registry import AlgorithmSpec
 
@@ -90,8 +94,6 @@ class LoRAFields:
 
 def _with_lora(cls: type) -> type:
     """``cls`` with the :class:`LoRAFields` after its own fields (``info`` lists them last)."""
-    import dataclasses
-
     extra = [(f.name, f.type, dataclasses.field(default=f.default, metadata=f.metadata))
              for f in dataclasses.fields(LoRAFields)]
     return dataclasses.make_dataclass(cls.__name__, extra, bases=(cls,),
@@ -195,8 +197,6 @@ class RewardModelConfig:
 
 def _trainable_copy(model: Any) -> Any:
     """A deep copy of ``model`` (the reference) with every parameter trainable."""
-    import copy
-
     model = copy.deepcopy(model)
     for p in model.parameters():
         p.requires_grad_(True)
@@ -207,8 +207,6 @@ def _lora_policy(config: Any, base: Any, name: str) -> Any:
     """``base`` with LoRA adapters (peft) as the policy. peft puts the adapters into ``base``'s
     modules, so the weights are held once; the reference is then the policy with its adapters
     off (:class:`~offline_plugins.modules.causal_lm.AdaptersOff`)."""
-    from offline_plugins.errors import UserError
-
     if isinstance(config.lora_r, bool) or int(config.lora_r) < 0:
         raise UserError(f"{name}: lora_r must be a whole number >= 0, got {config.lora_r!r}; fix it with --set lora_r=16")
     try:
@@ -222,7 +220,6 @@ def _lora_policy(config: Any, base: Any, name: str) -> Any:
         raise UserError(f"{name}: this dataset's reference already carries LoRA adapters from an earlier run in "
                         "this process; load the dataset again for a new LoRA run")
     targets = [t.strip() for t in str(config.lora_target or "").split(",") if t.strip()] or None
-    import warnings
 
     try:
         with warnings.catch_warnings():
@@ -244,8 +241,6 @@ def policy_and_reference(config: Any, data: Any, name: str, *, reference: Any = 
     The policy is a trainable copy of ``reference`` (default ``data.reference``), or LoRA adapters
     on it (``config.lora_r > 0``; the reference is then the policy with its adapters off), with
     transformers' activation checkpointing when ``config.gradient_checkpointing``."""
-    from offline_plugins.errors import UserError
-
     base = data.reference if reference is None else reference
     if int(config.lora_r) > 0:
         from offline_plugins.modules.causal_lm import AdaptersOff
@@ -271,7 +266,6 @@ def policy_and_reference(config: Any, data: Any, name: str, *, reference: Any = 
 def policy_log_probs(config: Any, policy: Any, name: str) -> Any:
     """The :class:`~offline_plugins.modules.causal_lm.CausalLMLogProbs` of ``policy``, in chunks of
     ``config.logprob_chunk`` positions when it is set."""
-    from offline_plugins.errors import UserError
     from offline_plugins.modules.causal_lm import CausalLMLogProbs
 
     chunk = getattr(config, "logprob_chunk", 0)
@@ -312,8 +306,6 @@ def resolve_lr(config: Any, data: Any, name: str) -> float:
     :data:`FROM_SCRATCH_LR` (a third of it for ``small``: ``tiny_lm.from_scratch_lr``), any other the config's ``pretrained_lr``. The rate used is
     written back into ``config`` so the run's summary and checkpoint record it.
     """
-    from offline_plugins.errors import UserError
-
     lr = config.lr
     if lr is None:
         lr = _scratch(FROM_SCRATCH_LR, data) if getattr(data, "from_scratch", False) else type(config).pretrained_lr
@@ -381,8 +373,6 @@ def build_reward_model(config: RewardModelConfig, data: Any):
     from offline_plugins.data.preference import check_preference_data
     from offline_plugins.modules.causal_lm import CausalLMReward
     from offline_plugins.objectives.llm import BradleyTerryLoss
-
-    from offline_plugins.errors import UserError
 
     check_preference_data(data, "reward-model", "preference-pairs", needs_reference=False)
     if isinstance(config.ensemble, bool) or int(config.ensemble) < 1:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from offline_plugins.algorithms.preference import _trainable_copy
 from offline_plugins.config import config_field
+from offline_plugins.errors import UserError
 from offline_plugins.plugins.hookspecs import hookimpl
 from offline_plugins.plugins.registry import AlgorithmSpec
 
@@ -36,9 +38,7 @@ class PRMConfig:
 def build_prm(config: PRMConfig, data):
     """The PRM: the dataset's language model (a trainable copy) plus a step score head."""
     from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
-    from offline_plugins.algorithms.preference import _trainable_copy
     from offline_plugins.data.steps import StepData
-    from offline_plugins.errors import UserError
     from offline_plugins.objectives.llm.prm import CausalLMStepReward, ProcessRewardLoss
 
     if not isinstance(data, StepData):

@@ -17,9 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
-from offline_plugins.algorithms.online import GRPOConfig
-from offline_plugins.algorithms.ppo_rlhf import PPORLHFConfig
+from offline_plugins.algorithms.online import GRPOConfig, _parts
+from offline_plugins.algorithms.ppo_rlhf import PPORLHFConfig, build
 from offline_plugins.config import config_field
+from offline_plugins.envs.steps import STEP_SEPARATOR
+from offline_plugins.errors import UserError
 from offline_plugins.plugins.registry import builtin_hook, builtin_text_algorithm
 
 __all__ = ["GRPOPRMConfig", "build_grpo_prm", "PPOPRMConfig", "build_ppo_prm"]
@@ -27,7 +29,6 @@ __all__ = ["GRPOPRMConfig", "build_grpo_prm", "PPOPRMConfig", "build_ppo_prm"]
 
 def _check_prm(prm: Optional[str], name: str) -> None:
     from offline_plugins.data.reward_source import is_reward_model_dir
-    from offline_plugins.errors import UserError
 
     if prm is None or not is_reward_model_dir(prm):
         raise UserError(f"{name}: prm={prm!r} is not a trained PRM; pass --set prm=OUT, the folder a "
@@ -58,7 +59,6 @@ def _prm_parts(config: Any, data: Any) -> dict:
     takes; a folder holding no PRM is refused."""
     _check_prm(config.prm, config._name)
     from offline_plugins.data.steps import tokenize_steps
-    from offline_plugins.envs.steps import STEP_SEPARATOR
     from offline_plugins.eval.search import load_prm
 
     prm, prm_tokenizer = load_prm(config.prm)
@@ -67,7 +67,6 @@ def _prm_parts(config: Any, data: Any) -> dict:
 
 
 def build_grpo_prm(config: GRPOPRMConfig, data: Any):
-    from offline_plugins.algorithms.online import _parts
     from offline_plugins.objectives.llm.prm_rl import PRMRewardGRPOLoss
 
     return _parts(config, data, "grpo-prm", PRMRewardGRPOLoss,
@@ -85,7 +84,6 @@ class PPOPRMConfig(_PRMField, PPORLHFConfig):
 
 
 def build_ppo_prm(config: PPOPRMConfig, data: Any):
-    from offline_plugins.algorithms.ppo_rlhf import build
     from offline_plugins.objectives.llm.prm_rl import PRMRewardPPOLoss
 
     return build(config, data, name="ppo-prm", loss_cls=PRMRewardPPOLoss, prm_coef=config.prm_coef,

@@ -42,13 +42,16 @@ template one wider); ``build`` refuses a prompt that no longer fits the model's 
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
-from offline_plugins.algorithms.online import _RolloutFields, _lr_help
+from offline_plugins.algorithms.online import _lr_help, _RolloutFields
+from offline_plugins.algorithms.preference import policy_and_reference, policy_log_probs, resolve_lr
 from offline_plugins.config import config_field
 from offline_plugins.data.prompts import PromptSource
+from offline_plugins.errors import UserError
 from offline_plugins.plugins.hookspecs import hookimpl
 from offline_plugins.plugins.registry import AlgorithmSpec
 
@@ -81,8 +84,6 @@ def return_token(level: float) -> str:
 
 
 def _check_levels(config: TextDTConfig) -> tuple[list[float], float]:
-    from offline_plugins.errors import UserError
-
     raw = config.return_levels
     if isinstance(raw, (int, float)) and not isinstance(raw, bool):
         raw = (raw,)
@@ -182,14 +183,9 @@ def build_text_dt(config: TextDTConfig, data: Any):
     tokenizer, the grown embeddings into a copy of its reference, and the round's
     :class:`~offline_plugins.algorithms.base.RolloutPlan` names the conditioned prompt source,
     that reference and that tokenizer (module docstring)."""
-    import copy
-
     from offline_plugins.algorithms._glue import require_rollouts
     from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup, RolloutPlan
-    from offline_plugins.algorithms.preference import policy_and_reference, resolve_lr
     from offline_plugins.data.rollouts import RolloutError
-    from offline_plugins.errors import UserError
-    from offline_plugins.algorithms.preference import policy_log_probs
     from offline_plugins.objectives.llm.text_dt import TextDTLoss
     from offline_plugins.tokens import prompt_token_ids
 

@@ -11,14 +11,17 @@ is printed as one line on stderr and exits 2; no traceback unless
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import os
 import sys
 import textwrap
+import warnings
 from typing import Optional, Sequence
 
 from offline_plugins import __version__
+from offline_plugins.envs.tools import make_sandbox
 from offline_plugins.errors import UserError
 
 __all__ = ["main", "build_parser"]
@@ -106,10 +109,6 @@ def _section(records: dict, title: str, mark=lambda record: "") -> None:
 
 def _sandbox_here(spec) -> str:
     """Whether the sandbox of ``spec`` can run on this machine: ``works here``, or why not in a few words."""
-    import warnings
-
-    from offline_plugins.envs.tools import make_sandbox
-
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -240,9 +239,6 @@ def _show_warning(message, category, filename, lineno, file=None, line=None, _de
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    import functools
-    import warnings
-
     if not getattr(warnings.showwarning, "_offline_plugins", False):
         shown = functools.partial(_show_warning, _default=warnings.showwarning)
         shown._offline_plugins = True  # type: ignore[attr-defined]

@@ -9,6 +9,12 @@ Cheap to import: Minari and torch are imported inside the command functions.
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
+
+from offline_plugins.data.files import atomic_write_text
+from offline_plugins.data.text_ids import text_tasks as registered_text_tasks
+from offline_plugins.kinds.environment import dropped_text
 
 __all__ = ["add_parsers", "cmd_data_list", "cmd_data_make", "cmd_data_info", "cmd_data_audit", "cmd_data_label"]
 
@@ -86,8 +92,6 @@ def cmd_data_list(args) -> int:
         )
     from offline_plugins.data.preference_sources import BUILTIN_PREFERENCE_DATASETS
 
-    from offline_plugins.data.text_ids import text_tasks as registered_text_tasks
-
     preference = [{"id": k, "summary": v[0]} for k, v in BUILTIN_PREFERENCE_DATASETS.items()]
     text_tasks = [{"id": k, "summary": v.summary} for k, v in registered_text_tasks().items()]
     if args.json:
@@ -130,8 +134,6 @@ def _print_rows(rows: list) -> None:
 
 def cmd_data_make(args) -> int:
     """Make one recipe's dataset in the local store."""
-    import time
-
     from offline_plugins.data.store import dataset_size_bytes, make_dataset
 
     options = {}
@@ -169,7 +171,6 @@ def cmd_data_make(args) -> int:
 def cmd_data_info(args) -> int:
     """Episodes, steps, returns, reference scores and spaces of one local dataset."""
     from offline_plugins.data.offline import dataset_info
-    from offline_plugins.kinds.environment import dropped_text
 
     info = dataset_info(args.id, _registry(args), drop_nonfinite=args.drop_nonfinite, drop_empty=args.drop_empty)
     if args.json:
@@ -312,8 +313,6 @@ def _print_audit(r: dict) -> None:
 
 def _output_file(option: str, value: str, example: str):
     """``value`` as a path with ``example``'s suffix in a folder that exists, else an error naming ``option``."""
-    from pathlib import Path
-
     from offline_plugins.audit import AuditError
 
     path, suffix = Path(value), Path(example).suffix
@@ -357,10 +356,7 @@ def cmd_data_audit(args) -> int:
 
 def cmd_data_label(args) -> int:
     """Relabel preference pairs with a judge (AI feedback), both display orders, into a JSONL file."""
-    from pathlib import Path
-
     from offline_plugins.audit import read_pairs
-    from offline_plugins.data.files import atomic_write_text
     from offline_plugins.eval.judge import judge_from, label_pairs
 
     out = _output_file("--out", args.out, "labelled.jsonl")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from offline_plugins.plugins import shared_registry
+
 __all__ = ["registry_for", "disabled_names"]
 
 
@@ -12,6 +14,4 @@ def disabled_names(args) -> list[str]:
 
 def registry_for(args):
     """The process's registry (:func:`offline_plugins.plugins.shared_registry`) for these arguments."""
-    from offline_plugins.plugins import shared_registry
-
     return shared_registry(disabled_names(args))

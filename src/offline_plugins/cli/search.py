@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 
 from offline_plugins.cli.args import seed as _seed
+from offline_plugins.envs.steps import StepChainTask
+from offline_plugins.errors import UserError
 
 __all__ = ["add_parsers", "cmd_search", "policy_folder"]
 
@@ -24,8 +26,6 @@ _LABELS = {"greedy": "greedy", "best_of_n_orm": "best-of-N, outcome verifier (or
 def policy_folder(path: str) -> Path:
     """The ``save_pretrained`` folder of ``--policy``: the folder itself, a train run's ``OUT`` (its
     ``OUT/model``) or one of its checkpoints (``OUT/checkpoints/*.ckpt``)."""
-    from offline_plugins.errors import UserError
-
     p = Path(path)
     for folder in (p, p / "model", p.parent.parent / "model" if p.suffix == ".ckpt" else None):
         if folder is not None and (folder / "config.json").is_file():
@@ -39,8 +39,6 @@ def _task(dataset: str):
     """The step task of ``--dataset``: a built-in step-labelled dataset or the steps-arithmetic rollout task."""
     from offline_plugins.data.rollouts import resolve_rollout_id
     from offline_plugins.data.steps import BUILTIN_STEP_DATASETS
-    from offline_plugins.envs.steps import StepChainTask
-    from offline_plugins.errors import UserError
 
     task = BUILTIN_STEP_DATASETS.get(dataset.strip())
     if task is None and resolve_rollout_id(dataset) == "offline-plugins/steps-arithmetic/v0":
@@ -77,7 +75,6 @@ def cmd_search(args) -> int:
     import torch
 
     from offline_plugins.data.reward_source import is_reward_model_dir
-    from offline_plugins.errors import UserError
     from offline_plugins.eval.search import load_prm, search_sweep
     from offline_plugins.modules.tiny_lm import load_causal_lm
 

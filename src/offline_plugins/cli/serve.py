@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from offline_plugins.data.remote import TOKEN_ENV, TOKEN_FILE_ENV, read_token
 from offline_plugins.errors import UserError
 
 
@@ -17,8 +18,6 @@ def _positive(text: str) -> float:
 
 
 def cmd_serve(args) -> int:
-    from offline_plugins.data.remote import TOKEN_ENV, TOKEN_FILE_ENV, read_token
-
     try:
         import aiohttp  # noqa: F401  (imported to say what is missing before loading the model)
     except ImportError:

@@ -9,6 +9,7 @@ there, once, before the output folder is created, so a bad input writes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -19,6 +20,7 @@ from offline_plugins.cli.args import positive as _positive
 from offline_plugins.cli.args import seed as _seed
 from offline_plugins.cli.registry import registry_for as _registry
 from offline_plugins.config import RUN_DEFAULTS
+from offline_plugins.errors import UserError
 
 __all__ = ["add_parsers", "cmd_train", "cmd_eval"]
 
@@ -249,10 +251,6 @@ def _check_generator_option(args, field: str = "generator", what: str = "--gener
     """``--generator`` names the sampler of an algorithm that samples its own rollouts (its config has a
     ``generator`` field), ``--judge`` the judge of one that labels pairs (a ``judge`` field); elsewhere
     each is refused in one line (an unknown algorithm is the plan's error)."""
-    import dataclasses
-
-    from offline_plugins.errors import UserError
-
     spec = _registry(args).algorithms.get(args.algorithm)
     config = getattr(spec, "config", None)
     if config is None or not dataclasses.is_dataclass(config):
@@ -263,8 +261,8 @@ def _check_generator_option(args, field: str = "generator", what: str = "--gener
 
 def cmd_eval(args) -> int:
     """``offline-plugins eval``: roll out a checkpoint's policy."""
-    from offline_plugins.lightning.guards import quiet_lightning
     from offline_plugins.lightning.checkpoints import evaluate_checkpoint
+    from offline_plugins.lightning.guards import quiet_lightning
 
     registry = _registry(args)
     if args.ope is not None:

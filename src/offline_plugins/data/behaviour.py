@@ -24,7 +24,10 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
+from tensordict.nn import NormalParamExtractor
 from torch import nn
+
+from offline_plugins.data.errors import DatasetError
 
 __all__ = [
     "POLICY_DIR",
@@ -52,8 +55,6 @@ def make_actor_net(kind: str, obs_dim: int, act_dim: int, hidden: Sequence[int])
         layers += [nn.Linear(width, h), nn.ReLU()]
         width = h
     if kind == "sac":
-        from tensordict.nn import NormalParamExtractor
-
         layers += [nn.Linear(width, 2 * act_dim), NormalParamExtractor()]
     elif kind == "dqn":
         layers.append(nn.Linear(width, act_dim))
@@ -176,8 +177,6 @@ class PolicyFile:
 
 def load_policy_file(env_id: str, directory: Optional[Path] = None) -> PolicyFile:
     """Read the behaviour policies of ``env_id`` shipped in ``policies/``."""
-    from offline_plugins.data.errors import DatasetError
-
     directory = Path(directory) if directory is not None else POLICY_DIR
     stem = policy_stem(env_id)
     pt, card = directory / f"{stem}.pt", directory / f"{stem}.json"

@@ -8,11 +8,23 @@ seeded with ``seed``, so a dataset is a pure function of (recipe, seed).
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
+from importlib.metadata import version
 from typing import Optional
 
+import gymnasium as gym
+import minari
+import numpy as np
+import torch
+from minari.data_collector import EpisodeBuffer
+from minari.storage import get_dataset_path
+from tqdm.auto import tqdm
+
+from offline_plugins.data.behaviour import load_policy_file
 from offline_plugins.data.errors import DatasetError
+from offline_plugins.data.store import build_atomically, check_data_format
 
 __all__ = ["TIERS", "make_recipe_dataset", "rollout_episodes"]
 
@@ -38,10 +50,6 @@ def rollout_episodes(
     resets with ``seed * 1_000_000 + k``; the result is ordered by ``k`` and depends only
     on the arguments. Returns a list of ``minari.data_collector.EpisodeBuffer``.
     """
-    import numpy as np
-    import torch
-    from minari.data_collector import EpisodeBuffer
-
     if steps is None and episodes is None:
         raise ValueError("rollout_episodes needs steps or episodes")
     envs = [make_env() for _ in range(num_envs)]
@@ -135,8 +143,6 @@ def make_recipe_dataset(
     Returns:
         the new ``minari.MinariDataset``.
     """
-    from offline_plugins.data.store import build_atomically, check_data_format
-
     dataset_id = save_as or spec.id
     if spec.tier not in TIERS:
         raise DatasetError(f"dataset recipe {spec.id!r}: tier {spec.tier!r} is not one of {', '.join(TIERS)}")
@@ -149,13 +155,6 @@ def make_recipe_dataset(
 
 def _build(spec, dataset_id: str, *, seed: int, progress: bool, steps, episodes, data_format):
     """Roll out the recipe and write ``dataset_id`` into the current Minari store (which lacks it)."""
-    import gymnasium as gym
-    import minari
-    import torch
-    from tqdm.auto import tqdm
-
-    from offline_plugins.data.behaviour import load_policy_file
-
     options = dict(spec.options)
     tier = spec.tier
     try:
@@ -230,8 +229,6 @@ def _create(minari, dataset_id, buffers, spec, tier, policies, description, kwar
 
 def _mujoco_version() -> Optional[str]:
     try:
-        from importlib.metadata import version
-
         return version("mujoco")
     except Exception:
         return None
@@ -239,10 +236,6 @@ def _mujoco_version() -> Optional[str]:
 
 def _write_recipe_note(dataset_id: str, spec, seed: int) -> None:
     """Record which recipe and seed made the dataset, next to Minari's own metadata."""
-    import json
-
-    from minari.storage import get_dataset_path
-
     path = os.path.join(str(get_dataset_path(dataset_id)), "offline_plugins.json")
     with open(path, "w") as f:
         json.dump({"recipe": spec.id, "tier": spec.tier, "seed": seed, "env_id": spec.env_id}, f)

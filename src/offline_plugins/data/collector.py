@@ -41,6 +41,7 @@ from typing import Any, Callable, Optional
 import torch
 from tensordict import TensorDict
 
+from offline_plugins.data.multiturn import multiturn_rows
 from offline_plugins.data.prompts import (
     PromptSource,
     RewardGuard,
@@ -51,7 +52,9 @@ from offline_plugins.data.prompts import (
     score_responses,
 )
 from offline_plugins.envs.text import TextEnv
-from offline_plugins.modules.generation import model_context
+from offline_plugins.modules.causal_lm import CausalLMLogProbs
+from offline_plugins.modules.generation import generate, model_context
+from offline_plugins.tokens import pad_token_id
 
 __all__ = ["RolloutCollector", "RolloutEnv"]
 
@@ -144,7 +147,6 @@ class RolloutCollector:
         if not temperature > 0 or not 0 < top_p <= 1:
             raise RolloutError(f"temperature must be > 0 and top_p in (0, 1], got {temperature}, {top_p}; "
                                "fix them with --set temperature=1.0 top_p=1.0")
-        from offline_plugins.tokens import pad_token_id
 
         self.source = source
         self.tokenizer = tokenizer
@@ -203,8 +205,6 @@ class RolloutCollector:
         """The policy: ``G`` samples of each of the episode's prompts in one ``generate``, their tokens
         the action ``("tokens", "response")``, their sampling log-probs ``("log_probs", "response")``;
         sampled by :attr:`generator` where one is set (its weights, the same contract)."""
-        from offline_plugins.modules.generation import generate
-
         kwargs = dict(pad_id=self.pad_id, eos_id=self.tokenizer.eos_token_id, max_new_tokens=self.max_new_tokens,
                       num_samples=self.group_size, temperature=self.temperature, top_p=self.top_p, seed=seed)
         if self.generator is not None:
@@ -219,13 +219,10 @@ class RolloutCollector:
     def _round(self, model: torch.nn.Module, *, round: int, rank: int, attempt: int) -> TensorDict:
         """One batch of episodes: the env's prompts for ``(seed, rank, round, attempt)``, sampled, stepped, and
         the reference's log-probs; the rows in the TED text layout."""
-        from offline_plugins.modules.causal_lm import CausalLMLogProbs
-
         device = next(model.parameters()).device
         env = self._env(device)
         td = env.reset(round=round, rank=rank, attempt=attempt)
         if self.source.multiturn is not None:  # episodes of turns with tools
-            from offline_plugins.data.multiturn import multiturn_rows
 
             row = multiturn_rows(self, model, env, td, rollout_seed(self.seed, rank, round, attempt))
         else:

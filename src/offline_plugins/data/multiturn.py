@@ -42,6 +42,8 @@ from tensordict import NonTensorStack, TensorDict
 from offline_plugins.data.prompts import rollout_seed
 from offline_plugins.envs.multiturn import FAILURE_KINDS, MultiTurn
 from offline_plugins.envs.tools import ToolError
+from offline_plugins.modules.generation import generate
+from offline_plugins.tokens import pad_token_id, prompt_token_ids
 
 __all__ = ["Episodes", "run_episodes", "multiturn_rows", "greedy_final_answers"]
 
@@ -86,9 +88,6 @@ def run_episodes(model: torch.nn.Module, tokenizer: Any, prompt_ids: Sequence[Se
     turns of at most ``max_new_tokens`` tokens each, the whole row within ``width`` tokens: a row's
     turn is cut at the room it has left, and an episode with no room left ends. ``generator``: an
     engine with :func:`generate`'s contract."""
-    from offline_plugins.modules.generation import generate
-    from offline_plugins.tokens import pad_token_id
-
     device = next(model.parameters()).device
     pad, eos = pad_token_id(tokenizer), tokenizer.eos_token_id
     n = len(prompt_ids)
@@ -222,8 +221,6 @@ def multiturn_rows(collector: Any, model: torch.nn.Module, env: Any, td: TensorD
 def greedy_final_answers(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[str], multiturn: MultiTurn, *,
                          width: int, max_new_tokens: int, batch_size: int = 100) -> list[str]:
     """The final answers of greedy episodes from ``prompts``, ``batch_size`` episodes at a time."""
-    from offline_plugins.tokens import prompt_token_ids
-
     ids = [prompt_token_ids(tokenizer, p) for p in prompts]
     return [a for s in range(0, len(ids), batch_size)
             for a in run_episodes(model, tokenizer, ids[s:s + batch_size], multiturn, width=width,

@@ -22,12 +22,33 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
+import gymnasium as gym
 import numpy as np
 import torch
+from gymnasium import spaces
 from tensordict import TensorDict
+from torchrl.data import (
+    Bounded,
+    Categorical,
+    OneHot,
+    RandomSampler,
+    SliceSampler,
+    TensorDictReplayBuffer,
+    TensorStorage,
+    Unbounded,
+)
+from torchrl.data.replay_buffers.writers import ImmutableDatasetWriter
 
-from offline_plugins.data.store import read_minari_episodes  # here before the store held it
 from offline_plugins.data.errors import DatasetError
+from offline_plugins.data.ogbench import check_version
+from offline_plugins.data.store import (
+    dataset_size_bytes,
+    is_local,
+    make_dataset,
+    open_minari_dataset,
+    read_minari_episodes,  # here before the store held it
+    resolve_dataset_id,
+)
 
 __all__ = ["DataStatistics", "OfflineData", "load_offline_data", "read_minari_episodes", "dataset_info"]
 
@@ -229,9 +250,6 @@ class OfflineData:
             prefetch: batches prepared ahead in a background thread.
             strict_length: ``"slice"`` only: skip episodes shorter than ``slice_len``.
         """
-        from torchrl.data import RandomSampler, SliceSampler, TensorDictReplayBuffer, TensorStorage
-        from torchrl.data.replay_buffers.writers import ImmutableDatasetWriter
-
         device = torch.device(device) if device is not None else self.device
         if sampler == "random":
             samp = RandomSampler()
@@ -274,13 +292,9 @@ class OfflineData:
         Pass ``env_id`` to use another env (needed when the metadata records none).
         Dict observations are flattened as in ``td`` (``FlattenObservation``).
         """
-        import gymnasium as gym
-
         if env_id is not None:
             env = gym.make(env_id, **kwargs)
         else:
-            from offline_plugins.data.store import open_minari_dataset
-
             dataset = open_minari_dataset(self.dataset_id)
             if dataset.spec.env_spec is None and getattr(dataset, "_eval_env_spec", None) is None:
                 raise DatasetError(
@@ -303,8 +317,6 @@ class OfflineData:
 
 def _flatten_observations(dataset_id: str, space, obs) -> tuple[np.ndarray, Optional[list]]:
     """``[T+1, obs_dim]`` float32, and the leaf keys when a Dict/Tuple was flattened."""
-    from gymnasium import spaces
-
     if isinstance(space, spaces.Box):
         arr = np.asarray(obs)
         return arr.reshape(arr.shape[0], -1).astype(np.float32, copy=False), None
@@ -359,13 +371,6 @@ def load_offline_data(
         progress: show a progress bar when a recipe is made.
         registry: a plugin registry (default: the installed plugins).
     """
-    from offline_plugins.data.store import (
-        is_local,
-        make_dataset,
-        open_minari_dataset,
-        resolve_dataset_id,
-    )
-
     if discrete_actions not in ("categorical", "one_hot"):
         raise DatasetError(f"discrete_actions must be 'categorical' or 'one_hot', got {discrete_actions!r}")
     minari_id, recipe = resolve_dataset_id(dataset_id, registry)
@@ -378,7 +383,6 @@ def load_offline_data(
         # exist_ok: another process may make it while this one waits for the dataset's lock
         make_dataset(minari_id, registry, progress=progress, exist_ok=True)
     if minari_id.startswith("ogbench/"):  # scored in OGBench's environments: the same ogbench must run them
-        from offline_plugins.data.ogbench import check_version
 
         check_version(minari_id)
     dataset = open_minari_dataset(minari_id)
@@ -410,9 +414,6 @@ def _to_offline_data(
     drop_empty_episodes: bool,
     discrete_actions: str,
 ) -> OfflineData:
-    from gymnasium import spaces
-    from torchrl.data import Bounded, Categorical, OneHot, Unbounded
-
     obs_space, act_space = dataset.observation_space, dataset.action_space
     if isinstance(act_space, spaces.Box):
         action_space = "continuous"
@@ -610,8 +611,6 @@ def _maybe_float(value) -> Optional[float]:
 
 def dataset_info(dataset_id: str, registry=None, *, drop_nonfinite: bool = False, drop_empty: bool = False) -> dict:
     """Episodes, steps, returns, reference scores, spaces and size of a local dataset (what ``data info`` prints)."""
-    from offline_plugins.data.store import dataset_size_bytes, open_minari_dataset
-
     data = load_offline_data(
         dataset_id,
         make_if_missing=False,

@@ -38,9 +38,12 @@ This module imports neither torch nor ogbench at import time.
 
 from __future__ import annotations
 
+import json
 import re
+import time
 import warnings
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from typing import Optional
 
 from offline_plugins.data.errors import DatasetError
@@ -128,7 +131,6 @@ def _import_ogbench():
     except ImportError as exc:
         raise DatasetError(f"OGBench's datasets are made with the ogbench package, which cannot be imported ({exc}); "
                            f"{_FIX}") from None
-    from importlib.metadata import version
 
     return version("ogbench")
 
@@ -324,8 +326,6 @@ def _episodes_of(dataset_id: str) -> list:
 
 def recorded_version(dataset_id: str) -> Optional[str]:
     """The ogbench version a local OGBench dataset was made with (its ``offline_plugins.json``)."""
-    import json
-
     from offline_plugins.data.store import store_path
 
     path = store_path() / dataset_id / "offline_plugins.json"
@@ -337,8 +337,6 @@ def recorded_version(dataset_id: str) -> Optional[str]:
 def check_version(dataset_id: str) -> None:
     """Refuse an OGBench dataset made with another ogbench than the installed one: its oracles,
     goals and evaluation env may differ, so its scores would not be OGBench's."""
-    from importlib.metadata import PackageNotFoundError, version
-
     made = recorded_version(dataset_id)
     try:
         installed = version("ogbench")
@@ -399,8 +397,6 @@ def make_ogbench_dataset(
             stored = _episodes_of(base)
 
     def build():
-        import time
-
         started = time.monotonic()
         if task is None:
             from tqdm.auto import tqdm
@@ -421,8 +417,6 @@ def make_ogbench_dataset(
 
 
 def _write(spec, dataset_id, buffers, name, kind, task, seed, version, record, data_format):
-    import json
-
     import minari
     from minari.storage import get_dataset_path
 

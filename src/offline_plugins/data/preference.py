@@ -36,11 +36,17 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 import torch
 from tensordict import TensorDict
+from torchrl.data import RandomSampler, TensorDictReplayBuffer, TensorStorage
+from torchrl.data.replay_buffers.writers import ImmutableDatasetWriter
 
+from offline_plugins.data.jsonl import jsonl_objects
 from offline_plugins.errors import UserError
+from offline_plugins.modules.causal_lm import CausalLMLogProbs, sequence_log_probs
+from offline_plugins.modules.tiny_lm import model_fingerprint
 from offline_plugins.tokens import (  # noqa: F401  (re-exported: the tokenisation helpers moved there)
     TokenizeReport,
     encode_example,
+    encode_segments,
     pad_rows,
     pad_token_id,
     prompt_token_ids,
@@ -137,7 +143,6 @@ def load_jsonl(path: Union[str, Path], *, fields: Sequence[str] = PAIR_FIELDS) -
     p = Path(path)
     if not p.is_file():
         raise PreferenceDataError(f"preference file {str(p)!r} does not exist")
-    from offline_plugins.data.jsonl import jsonl_objects
 
     rows = [row for _, row in jsonl_objects(p, error=PreferenceDataError, shape="one JSON object per line")]
     return validate_rows(rows, fields, source=str(p))
@@ -270,8 +275,6 @@ def tokenize_completions(
 
     A row with ``segments`` (a list of ``(text, trained)``, whose texts make up the completion: a tool
     episode's turns and observations) trains on its trained segments only (:func:`encode_segments`)."""
-    from offline_plugins.tokens import encode_segments
-
     rows = list(rows)
     segments = [r.get("segments") if isinstance(r, Mapping) else None for r in rows]
     rows = [dict(r, segments=s) for r, s in zip(validate_rows(rows, ("prompt", "completion"), source=source), segments)]
@@ -314,8 +317,6 @@ def dataset_fingerprint(td: TensorDict) -> str:
 @torch.no_grad()
 def reference_log_probs(model: torch.nn.Module, td: TensorDict, *, batch_size: int = 64) -> torch.Tensor:
     """Summed response log-probs of the reference model, one per sequence, in fp32."""
-    from offline_plugins.modules.causal_lm import CausalLMLogProbs, sequence_log_probs
-
     _check_vocab(model, td)
     actor = CausalLMLogProbs(model)
     tokens = td.get(("tokens", "full"))
@@ -370,8 +371,6 @@ def add_reference_log_probs(
     runs no forward. The file also records the reference's vocabulary size, checked by
     :func:`check_policy_matches_reference`.
     """
-    from offline_plugins.modules.tiny_lm import model_fingerprint
-
     path = None
     if cache_dir is not None:
         model_id = model_id or model_fingerprint(reference)
@@ -503,9 +502,6 @@ class PreferenceData:
         ``TensorStorage`` wrapping ``train``, no copy on its own device): a preference
         batch is ``[batch_size, 2]`` pairs (``[batch_size]`` unpaired rows).
         """
-        from torchrl.data import RandomSampler, TensorDictReplayBuffer, TensorStorage
-        from torchrl.data.replay_buffers.writers import ImmutableDatasetWriter
-
         if sampler != "random":
             raise PreferenceDataError(f"preference rows are sampled at random, not with sampler={sampler!r}")
         if self.train.batch_size[0] == 0:

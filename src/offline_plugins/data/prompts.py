@@ -16,14 +16,21 @@ import importlib
 import json
 import logging
 import math
+import multiprocessing
+import pickle
 import random
+import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from offline_plugins.data.jsonl import jsonl_objects
+from offline_plugins.data.remote import RemoteReward, is_url
+from offline_plugins.envs.tasks import exact_match
 from offline_plugins.errors import UserError
+from offline_plugins.plugins import UnknownNameError, shared_registry
 
 __all__ = ["RolloutError", "RolloutInterrupted", "RewardGuard", "rollout_seed", "PromptSource", "task_prompt_source", "jsonl_prompt_source",
            "load_reward_function", "reward_specs", "combined_reward", "score_responses", "score_parts",
@@ -120,8 +127,6 @@ def task_prompt_source(task: Any, *, n_held_out: int = 200) -> PromptSource:
 
 
 def _exact_match(prompts, responses, answer=None, **_):
-    from offline_plugins.envs.tasks import exact_match
-
     return [exact_match(r, a) for r, a in zip(responses, answer)]
 
 
@@ -196,8 +201,6 @@ def score_parts(source: PromptSource, rows: Sequence[dict], responses: Sequence[
     each one's scores, ``[K][B]``, their weighted sum the reward (else ``(score_responses(...), None)``).
     Each component is scored as :func:`score_responses` scores one reward: its checks, its guard, its
     name in every error."""
-    from dataclasses import replace
-
     if not source.components:
         return score_responses(source, rows, responses, guard=guard), None
     parts = [score_responses(replace(source, reward_fn=fn, reward_name=name, components=[]), rows, responses,
@@ -208,7 +211,6 @@ def score_parts(source: PromptSource, rows: Sequence[dict], responses: Sequence[
 
 def load_reward_function(spec: str) -> Callable[..., Sequence[float]]:
     """The callable ``module:function`` names (``--reward``); a ``UserError`` naming what is wrong."""
-    from offline_plugins.data.remote import RemoteReward, is_url
     from offline_plugins.data.reward_source import is_reward_model_dir, reward_model_function
 
     if is_url(spec):  # an offline-plugins serve reward server (offline_plugins.data.remote)
@@ -245,8 +247,6 @@ def load_reward_function(spec: str) -> Callable[..., Sequence[float]]:
 def _registered_reward(name: str) -> Callable[..., Sequence[float]]:
     """The function of the reward registered as ``name``; a :class:`RolloutError` naming the registered ones
     and the other forms ``--reward`` takes."""
-    from offline_plugins.plugins import UnknownNameError, shared_registry
-
     registry = shared_registry()
     try:
         spec = registry.reward(name)
@@ -368,8 +368,6 @@ class _ProcessWorker:
     starts a new one. A process that dies (a crash, ``os._exit``) is a failed call."""
 
     def __init__(self, fn: Callable, name: str) -> None:
-        import pickle
-
         self.fn, self.name = fn, name
         try:
             pickle.dumps(fn)
@@ -381,9 +379,6 @@ class _ProcessWorker:
         self.conn = None
 
     def _start(self) -> None:
-        import multiprocessing
-        import sys
-
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_serve_rewards, args=(child, self.fn, list(sys.path)), daemon=True,
@@ -436,8 +431,6 @@ class _ProcessWorker:
 
 def _serve_rewards(conn, fn: Callable, path: list) -> None:
     """The worker process: answer each ``(args, kwargs)`` with ``_run_call``'s ``(value, error)``."""
-    import sys
-
     sys.path[:] = path
     while True:
         try:
@@ -554,7 +547,6 @@ def read_jsonl_rows(path: str, *, what: str, shape: str, check: Callable[[dict],
     p = Path(path)
     if not p.is_file():
         raise RolloutError(f"file {str(path)!r} does not exist; give a .jsonl file of {what}")
-    from offline_plugins.data.jsonl import jsonl_objects
 
     rows = []
     for n, row in jsonl_objects(p, error=RolloutError, shape=f"each line must be an object {shape}"):

@@ -21,6 +21,9 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
+from offline_plugins.data.histories import HISTORY_RECIPES
+from offline_plugins.data.maze import MAZE_RECIPES
+from offline_plugins.data.ogbench import OGBENCH_ENVS, OGBENCH_TYPES, TASKS, ogbench_id, singletask_env_id
 from offline_plugins.plugins.hookspecs import hookimpl
 from offline_plugins.plugins.registry import DatasetSpec
 
@@ -77,7 +80,6 @@ def offline_plugins_register_datasets(registry):
                 )
             )
     # Algorithm Distillation's learning histories (offline_plugins.data.histories)
-    from offline_plugins.data.histories import HISTORY_RECIPES
 
     for short, options in HISTORY_RECIPES.items():
         env, learner = dict(options)["env"], dict(options)["learner"]
@@ -93,7 +95,6 @@ def offline_plugins_register_datasets(registry):
             )
         )
     # a point mass in a maze, D4RL maze2d's waypoint-controller data (offline_plugins.data.maze)
-    from offline_plugins.data.maze import MAZE_RECIPES
 
     for short, options in MAZE_RECIPES.items():
         maze = dict(options)["maze"]
@@ -111,7 +112,6 @@ def offline_plugins_register_datasets(registry):
             )
         )
     # OGBench's manipulation datasets by their own recipe, and their single-task views (offline_plugins.data.ogbench)
-    from offline_plugins.data.ogbench import OGBENCH_ENVS, OGBENCH_TYPES, TASKS, ogbench_id, singletask_env_id
 
     for env, settings in OGBENCH_ENVS.items():
         for kind in OGBENCH_TYPES:

@@ -17,10 +17,17 @@ model on the policy's ``--model``).
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import torch
+from transformers import AutoTokenizer
+
 from offline_plugins.errors import UserError
+from offline_plugins.modules.causal_lm import ENSEMBLE_AGGREGATES, CausalLMReward
+from offline_plugins.modules.tiny_lm import load_causal_lm
+from offline_plugins.tokens import pad_token_id, prompt_token_ids
 
 __all__ = ["RewardModelError", "REWARD_MODEL_FILE", "is_reward_model_dir", "save_reward_model", "load_reward_model",
            "check_reward_tokenizer", "reward_model_function"]
@@ -50,8 +57,6 @@ def _folder(path: Any) -> Path:
 
 def save_reward_model(reward: Any, tokenizer: Any, out: Path) -> Path:
     """Write a :class:`~offline_plugins.modules.causal_lm.CausalLMReward` to the folder ``out``."""
-    import torch
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     reward.model.save_pretrained(out)
@@ -66,9 +71,6 @@ def save_reward_model(reward: Any, tokenizer: Any, out: Path) -> Path:
 
 def load_reward_model(path: Any):
     """``(CausalLMReward, tokenizer)`` from a folder :func:`save_reward_model` wrote (eval mode, frozen)."""
-    from offline_plugins.modules.causal_lm import ENSEMBLE_AGGREGATES, CausalLMReward
-    from offline_plugins.modules.tiny_lm import load_causal_lm
-
     folder = _folder(path)
     meta_file = folder / REWARD_MODEL_FILE
     try:
@@ -98,10 +100,6 @@ def _read_head(folder: Path, head: Any) -> dict:
     """``reward_head.pt`` opened with ``weights_only=True`` (tensors only, never code), checked
     against the head the metadata describes; a missing, unreadable or mismatched file is a
     :class:`RewardModelError` naming it."""
-    import pickle
-
-    import torch
-
     path = folder / "reward_head.pt"
     if not path.is_file():
         raise RewardModelError(f"reward model {str(folder)!r} has no reward_head.pt; the folder is incomplete: "
@@ -129,8 +127,6 @@ def _read_head(folder: Path, head: Any) -> dict:
 
 def check_reward_tokenizer(path: Any, policy_tokenizer: Any) -> None:
     """Refuse a reward-model folder whose tokenizer's vocabulary differs from the policy's."""
-    from transformers import AutoTokenizer
-
     rm_tok = AutoTokenizer.from_pretrained(str(_folder(path)))
     a, b = rm_tok.get_vocab(), policy_tokenizer.get_vocab()
     if a != b:
@@ -143,10 +139,6 @@ def check_reward_tokenizer(path: Any, policy_tokenizer: Any) -> None:
 
 def reward_model_function(path: Any) -> Callable[..., Sequence[float]]:
     """A ``--reward`` function scoring prompt + response with the reward model in ``path``."""
-    import torch
-
-    from offline_plugins.tokens import pad_token_id, prompt_token_ids
-
     reward, tokenizer = load_reward_model(path)
     pad, eos = pad_token_id(tokenizer), tokenizer.eos_token_id
 

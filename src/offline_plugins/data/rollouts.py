@@ -9,30 +9,45 @@ SFT (:func:`load_completion_data`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 from tensordict import TensorDict
+from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
+from offline_plugins.config import ROLLOUT_DEFAULTS
 from offline_plugins.data.collector import RolloutCollector
+from offline_plugins.data.multiturn import greedy_final_answers
+from offline_plugins.data.preference import tokenize_completions
+from offline_plugins.data.preference_sources import cache_root, held_out_prompts
 from offline_plugins.data.prompts import (
+    TASK_REWARD,
     PromptSource,
+    RewardGuard,
     RolloutError,
+    combined_reward,
     greedy_responses,
     jsonl_prompt_source,
     load_reward_function,
     read_jsonl_rows,
+    reward_specs,
     rollout_seed,
     score_responses,
+    single_reward,
     task_prompt_source,
 )
+from offline_plugins.data.reward_source import check_reward_tokenizer
 from offline_plugins.data.text_ids import resolve_rollout_id, text_task_names, text_tasks
-from offline_plugins.data.text_tasks import sft_reference
+from offline_plugins.data.text_tasks import check_task_fits, sft_reference, sft_rows
+from offline_plugins.envs.tasks import exact_match
 from offline_plugins.modules.generation import generate_left_padded, model_context
+from offline_plugins.modules.tiny_lm import is_builtin_model, load_causal_lm
+from offline_plugins.tokens import prompt_token_ids
 
 __all__ = [
     "RolloutError",
@@ -71,7 +86,6 @@ def _task_of(dataset_id: str, files: str) -> tuple[str, Any]:
 
 def __getattr__(name: str):
     if name == "BUILTIN_ROLLOUT_TASKS":  # the table the registry replaced (TextTaskSpec records)
-        import warnings
 
         warnings.warn("offline_plugins.data.rollouts.BUILTIN_ROLLOUT_TASKS is deprecated: the text tasks are "
                       "registered records, offline_plugins.data.text_ids.text_tasks()", DeprecationWarning,
@@ -83,10 +97,6 @@ def __getattr__(name: str):
 def _with_turn_settings(resolved: str, task: Any, **settings: Any) -> Any:
     """``task`` with the multi-turn settings that differ from their defaults; refused by name for a
     task without turns."""
-    import dataclasses
-
-    from offline_plugins.config import ROLLOUT_DEFAULTS
-
     changed = {k: v for k, v in settings.items() if v != ROLLOUT_DEFAULTS[k]}
     if not changed:
         return task
@@ -122,8 +132,6 @@ class TextTaskData:
         column (None when ``answer`` is None)."""
         prompts = [r["prompt"] for r in rows]
         if multiturn is not None:
-            from offline_plugins.data.multiturn import greedy_final_answers
-
             responses = greedy_final_answers(model, tokenizer, prompts, multiturn, width=width,
                                              max_new_tokens=max_new_tokens, batch_size=batch_size)
         else:
@@ -131,7 +139,6 @@ class TextTaskData:
                                          batch_size=batch_size)
         if answer is None:
             return responses, None
-        from offline_plugins.envs.tasks import exact_match
 
         return responses, sum(exact_match(o, r[answer]) for o, r in zip(responses, rows)) / len(rows)
 
@@ -251,11 +258,6 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
     side at ``("next", "reward_components")`` (what ``gdpo`` reads) and their sum weighted by
     ``reward_weights`` (``"1,0.5"``; None: all 1) is the reward every other loss reads.
     """
-    from offline_plugins.data.preference_sources import cache_root
-    from offline_plugins.modules.tiny_lm import is_builtin_model, load_causal_lm
-
-    from offline_plugins.data.prompts import TASK_REWARD, RewardGuard, reward_specs, single_reward
-
     RewardGuard(workers=reward_workers)  # a bad reward_workers is refused before anything loads
     specs = reward_specs(reward)  # several rewards: [(name, spec)], checked before anything loads
     weights = _reward_weights(reward_weights, specs)
@@ -299,8 +301,6 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
         from_scratch = is_builtin_model(model)
     for spec in ([reward] if specs is None else [spec for _, spec in specs]):
         if spec is not None and Path(str(spec)).is_dir():
-            from offline_plugins.data.reward_source import check_reward_tokenizer
-
             check_reward_tokenizer(spec, tokenizer)
     reference.eval()
     for p in reference.parameters():
@@ -316,8 +316,6 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
 
 def _reward_weights(value: Any, specs: Optional[list]) -> list[float]:
     """``reward_weights`` (``"1,0.5"``, a list, or None: all 1) as one float per reward of ``specs``."""
-    from offline_plugins.data.prompts import RolloutError
-
     if value is None:
         return [1.0] * len(specs or [])
     if specs is None:
@@ -338,8 +336,6 @@ def _reward_weights(value: Any, specs: Optional[list]) -> list[float]:
 
 def _set_components(source: Any, specs: list, weights: list[float]) -> None:
     """Give ``source`` the rewards of ``specs`` (``task``: its own reward function) and their weighted sum."""
-    from offline_plugins.data.prompts import TASK_REWARD, combined_reward, load_reward_function
-
     own = source.reward_fn
     source.components = [(name, own if spec == TASK_REWARD else load_reward_function(spec)) for name, spec in specs]
     source.reward_weights = list(weights)
@@ -369,8 +365,6 @@ class CompletionData(TextTaskData):
 
     def replay_buffer(self, batch_size: int, *, sampler: str = "random", slice_len=None, seed: int = 0,
                       device=None):
-        from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
-
         n = self.train.batch_size[0]
         buffer = TensorDictReplayBuffer(storage=LazyTensorStorage(n, device=device or "cpu"),
                                         batch_size=int(batch_size))
@@ -397,14 +391,8 @@ def load_completion_data(dataset_id: str, *, model: str = "tiny", seed: int = 0,
                          max_length: int = 32, train_rows: int = 8000) -> CompletionData:
     """Prompt/completion rows: the built-in task's exact answers (``train_rows`` of them, test-split
     problems held out), or a JSONL file of ``{"prompt", "completion"}`` rows (held out by prompt hash)."""
-    from offline_plugins.data.preference import tokenize_completions
-    from offline_plugins.data.preference_sources import held_out_prompts
-    from offline_plugins.modules.tiny_lm import is_builtin_model, load_causal_lm
-
     resolved, task = _task_of(dataset_id, "a .jsonl file of prompt/completion rows")
     if task is not None:
-        from offline_plugins.data.text_tasks import sft_rows
-
         rows = sft_rows(task, train_rows, seed=seed)
         held = sft_rows(task, eval_prompts, split="test", seed=1)
         max_length = max(max_length, getattr(task, "sft_max_length", 0))  # a worked solution is longer
@@ -423,8 +411,6 @@ def load_completion_data(dataset_id: str, *, model: str = "tiny", seed: int = 0,
             raise RolloutError(f"{resolved}: every row fell in the held-out split; give more rows")
     reference, tokenizer = load_causal_lm(model, seed=seed)
     if task is not None:
-        from offline_plugins.data.text_tasks import check_task_fits
-
         check_task_fits(task, reference, tokenizer, model_name=model)
     reference.eval()
     for p in reference.parameters():
@@ -444,8 +430,6 @@ def _held_out_within(held: list[dict], tokenizer: Any, context: int, *, source: 
     """The held-out rows whose prompt, completion and eos fit the model's ``context`` (greedy
     decoding of a longer one would run past the position table), and their longest completion in
     tokens; the rows left out are counted in a warning, none left is an error."""
-    from offline_plugins.tokens import prompt_token_ids
-
     kept, longest, over = [], 0, []
     for r in held:
         n_completion = len(tokenizer(r["completion"], add_special_tokens=False)["input_ids"])

@@ -29,9 +29,14 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 import torch
 from tensordict import TensorDict
 
+from offline_plugins.data.jsonl import jsonl_objects
 from offline_plugins.data.preference import PreferenceData
+from offline_plugins.data.preference_sources import cache_root, held_out_prompts
+from offline_plugins.data.text_tasks import sft_reference
 from offline_plugins.envs.steps import STEP_SEPARATOR, StepChainTask
 from offline_plugins.errors import UserError
+from offline_plugins.modules.generation import generate
+from offline_plugins.modules.tiny_lm import is_builtin_model, load_causal_lm
 from offline_plugins.tokens import TokenizeReport, pad_token_id, prompt_token_ids
 
 __all__ = ["StepDataError", "STEP_FIELDS", "RATINGS", "BUILTIN_STEP_DATASETS", "BUILTIN_STEP_ROWS",
@@ -94,8 +99,6 @@ def validate_step_rows(rows: Iterable[Any], *, source: str = "dataset") -> list[
 
 def load_step_jsonl(path: Any) -> list[dict]:
     """The validated rows of a JSONL file; errors name the line."""
-    from offline_plugins.data.jsonl import jsonl_objects
-
     p = Path(path)
     if not p.is_file():
         raise StepDataError(f"step-labelled file {str(p)!r} does not exist; give a .jsonl file of rows {_SHAPE}")
@@ -156,8 +159,6 @@ def sampled_rows(task: Any, model: Any, tokenizer: Any, prompts: Sequence[str], 
     step labelled by ``task.step_labels``: the generator's errors, as PRM800K labels the generator's samples
     (Lightman et al. 2023) and Math-Shepherd labels them automatically (Wang et al. 2024), here exactly. A
     solution is cut into steps at the separator's token; one with no step is left out."""
-    from offline_plugins.modules.generation import generate
-
     sep = list(tokenizer(STEP_SEPARATOR, add_special_tokens=False)["input_ids"])
     if len(sep) != 1:
         raise StepDataError(f"the tokenizer writes the step separator {STEP_SEPARATOR!r} as {len(sep)} tokens; "
@@ -214,17 +215,11 @@ def load_step_source(dataset_id: str, *, model: Any = "tiny", n_train: Optional[
     ``steps-arithmetic`` rollout task's: the model that writes the solutions); else from ``model``. With
     ``policy_rows > 0`` a built-in id's training rows also hold that many of the starting model's own
     solutions to other training prompts, labelled by the task (:func:`sampled_rows`)."""
-    from offline_plugins.data.preference_sources import cache_root
-    from offline_plugins.data.text_tasks import sft_reference
-    from offline_plugins.modules.tiny_lm import is_builtin_model, load_causal_lm
-
     task = BUILTIN_STEP_DATASETS.get(dataset_id)
     if task is not None:
         train_rows = task.rows(n_train or BUILTIN_STEP_ROWS[dataset_id], split="train", seed=seed)
         test_rows = task.rows(n_test, split="test", seed=seed)
     elif resolve_step_id(dataset_id) is not None:
-        from offline_plugins.data.preference_sources import held_out_prompts
-
         rows = load_step_jsonl(dataset_id[len(FILE_PREFIX):])
         held = held_out_prompts([r["prompt"] for r in rows], min_rows=min(100, len(rows) // 5))
         train_rows = [r for r in rows if r["prompt"] not in held]

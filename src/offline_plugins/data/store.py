@@ -19,16 +19,37 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import errno
+import gc
+import importlib.util
+import inspect
 import json
 import os
+import re
 import shutil
+import socket
 import sys
 import uuid
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 from urllib.parse import quote, unquote
 
+try:  # POSIX: without them, builds of one id are not serialised and no file-size limit is checked
+    import fcntl
+    import resource
+except ImportError:  # pragma: no cover - Windows
+    fcntl = resource = None
+
+import gymnasium as gym
+import minari
+from minari.dataset.minari_dataset import DATASET_ID_RE
+from minari.namespace import NAMESPACE_METADATA_FILENAME
+
+from offline_plugins.data.behaviour import load_policy_file
 from offline_plugins.data.errors import DatasetError
+from offline_plugins.data.files import WRITE_ERRNOS, is_write_error
+from offline_plugins.data.ogbench import explain_unknown
+from offline_plugins.plugins import shared_registry
 
 __all__ = [
     "read_minari_episodes",
@@ -92,7 +113,6 @@ def dataset_size_bytes(dataset_id: str) -> int:
 def _registry(registry):
     if registry is not None:
         return registry
-    from offline_plugins.plugins import shared_registry
 
     return shared_registry()
 
@@ -111,7 +131,6 @@ def resolve_dataset_id(dataset_id: str, registry=None, *, allow_download: bool =
         recipe = reg.datasets.get(candidate)
         if is_local(candidate) or recipe is not None:
             return candidate, recipe
-    from offline_plugins.data.ogbench import explain_unknown
 
     ogbench = explain_unknown(dataset_id)
     if ogbench is not None:
@@ -135,8 +154,6 @@ def resolve_dataset_id(dataset_id: str, registry=None, *, allow_download: bool =
 
 
 def _looks_like_minari_id(dataset_id: str) -> bool:
-    from minari.dataset.minari_dataset import DATASET_ID_RE
-
     return bool(DATASET_ID_RE.fullmatch(dataset_id)) and "/" in dataset_id
 
 
@@ -144,13 +161,11 @@ def _try_download(dataset_id: str) -> Optional[str]:
     """None when ``dataset_id`` was downloaded, else a short reason."""
     if os.environ.get("OFFLINE_PLUGINS_OFFLINE") or os.environ.get("HF_HUB_OFFLINE"):
         return "offline mode is set (OFFLINE_PLUGINS_OFFLINE or HF_HUB_OFFLINE)"
-    import socket
 
     try:  # Minari's client retries for ~20 s when offline; one quick connection says it first
         socket.create_connection(("huggingface.co", 443), timeout=3).close()
     except OSError as exc:
         return f"no network: {exc}"
-    import minari
 
     try:
         minari.download_dataset(dataset_id)
@@ -181,8 +196,6 @@ def make_dataset(
         exist_ok: return the existing dataset instead of raising when it exists (also
             when another process made it while this one waited for the lock).
     """
-    import inspect
-
     minari_id, recipe = resolve_dataset_id(dataset_id, registry, allow_download=False)
     if recipe is None:
         raise DatasetError(
@@ -227,8 +240,6 @@ def estimated_dataset_bytes(recipe, *, steps: Optional[int] = None, episodes: Op
     of its environment's observation and action spaces per step, at HDF5's measured overhead), or None
     when it cannot be told (an environment that cannot be made here: the build says why)."""
     try:
-        import gymnasium as gym
-
         env = gym.make(recipe.env_id)
         try:
             per_step = gym.spaces.flatdim(env.observation_space) * 2 + gym.spaces.flatdim(env.action_space)
@@ -241,8 +252,6 @@ def estimated_dataset_bytes(recipe, *, steps: Optional[int] = None, episodes: Op
     n = int(steps if steps is not None else options.get("steps", 100_000))
     if recipe.tier == "medium-replay":  # the size of the training buffer it replays, not --steps
         try:
-            from offline_plugins.data.behaviour import load_policy_file
-
             n = sum(int(seg["steps"]) for seg in load_policy_file(recipe.env_id).payload["replay"])
         except Exception:
             pass
@@ -277,11 +286,11 @@ def _check_room(dataset_id: str, needed: Optional[int]) -> None:
     if free is not None and free < needed:
         raise DatasetError(f"dataset {dataset_id!r} needs about {_human(needed)} in {root}, which has {_human(free)} "
                            f"free; nothing was written; {fix}")
+    if resource is None:  # pragma: no cover - not POSIX
+        return
     try:
-        import resource
-
         soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    except (ImportError, OSError, ValueError, AttributeError):  # pragma: no cover - not POSIX
+    except (OSError, ValueError, AttributeError):  # pragma: no cover - no such limit here
         return
     if soft != resource.RLIM_INFINITY and soft < needed:
         raise DatasetError(f"dataset {dataset_id!r} needs a file of about {_human(needed)}, but this process may write "
@@ -292,10 +301,6 @@ def _check_room(dataset_id: str, needed: Optional[int]) -> None:
 def _write_errno(exc: BaseException) -> Optional[int]:
     """The errno of a write that failed for lack of room or a broken file system, also when HDF5
     reports it only in its message (``errno = 28``); None for other errors."""
-    import re
-
-    from offline_plugins.data.files import WRITE_ERRNOS, is_write_error
-
     seen = 0
     while exc is not None and seen < 8:
         if is_write_error(exc) and isinstance(exc, OSError):
@@ -374,9 +379,7 @@ def _dataset_lock(root: Path, dataset_id: str, *, wait: bool = True) -> Iterator
     With ``wait=False`` it yields False at once when another process holds it. Without
     ``fcntl`` (not POSIX) there is no lock and it yields True.
     """
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows: builds of one id are not serialised
+    if fcntl is None:  # pragma: no cover - Windows: builds of one id are not serialised
         yield True
         return
     path = root / _LOCKS / f"{_key(dataset_id)}.lock"
@@ -419,9 +422,7 @@ def _sweep_stale_builds(root: Path, dataset_id: str) -> None:
     A build folder is stale when nobody holds its dataset's lock: the lock dies with its
     process, so this needs no pid check (and is not fooled by a reused pid).
     """
-    try:
-        import fcntl  # noqa: F401
-    except ImportError:  # pragma: no cover - without locks a live build cannot be told from a dead one
+    if fcntl is None:  # pragma: no cover - without locks a live build cannot be told from a dead one
         return
     building = root / _BUILDING
     if not building.is_dir():
@@ -493,7 +494,6 @@ def build_atomically(dataset_id: str, build: Callable[[], object], *, force: boo
                         if code is None:
                             raise
                         # drop the failed HDF5 objects now, while destructor errors are still collected
-                        import gc
 
                         exc.__traceback__ = None
                         del exc
@@ -525,8 +525,6 @@ def build_atomically(dataset_id: str, build: Callable[[], object], *, force: boo
 
 
 def _build_write_error(dataset_id: str, root: Path, code: int) -> DatasetError:
-    import errno
-
     cause = {errno.ENOSPC: "no space left on device", errno.EFBIG: "a file grew past the file-size limit",
              errno.EROFS: "the file system is read-only", errno.EIO: "an input/output error of the device",
              getattr(errno, "EDQUOT", -1): "disk quota exceeded"}.get(code, os.strerror(code))
@@ -540,8 +538,6 @@ def _build_write_error(dataset_id: str, root: Path, code: int) -> DatasetError:
 
 def _copy_namespaces(private: Path, root: Path, dataset_id: str) -> None:
     """Give ``root`` the Minari namespace metadata files the build wrote and ``root`` lacks."""
-    from minari.namespace import NAMESPACE_METADATA_FILENAME
-
     parts = dataset_id.split("/")[:-1]
     for depth in range(1, len(parts) + 1):
         namespace = "/".join(parts[:depth])
@@ -555,16 +551,12 @@ def _copy_namespaces(private: Path, root: Path, dataset_id: str) -> None:
 
 
 def _extra_available(extra: str) -> bool:
-    import importlib.util
-
     module = {"mujoco": "mujoco"}.get(extra, extra)
     return importlib.util.find_spec(module) is not None
 
 
 def open_minari_dataset(dataset_id: str):
     """``minari.load_dataset`` of a local id, with every failure turned into a DatasetError."""
-    import minari
-
     data_dir = store_path() / dataset_id / "data"
     fix = f"rebuild it ('offline-plugins data make {dataset_id} --force' for a recipe, 'minari download {dataset_id} --force' for a remote one)"
     if not (data_dir / "metadata.json").is_file():

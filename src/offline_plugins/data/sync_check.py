@@ -33,6 +33,7 @@ from typing import Any, Optional
 import torch
 
 from offline_plugins.errors import UserError
+from offline_plugins.modules.causal_lm import CausalLMLogProbs
 
 __all__ = ["SyncCheck", "SyncCheckError", "SyncCheckWarning", "SYNC_CHECK_EVERY_VLLM"]
 
@@ -86,8 +87,6 @@ class SyncCheck:
         """The gap between the sampler's log-probs (``("log_probs", "full")``) of ``rows`` of the
         round's responses and ``model``'s: ``sync_logprob_gap`` (mean absolute, per response token),
         ``sync_max_gap``, ``sync_ess`` and ``sync_tokens``."""
-        from offline_plugins.modules.causal_lm import CausalLMLogProbs
-
         td = rollouts[: min(int(self.rows), rollouts.batch_size[0])]
         tokens, attn = td.get(("tokens", "full")), td.get(("masks", "all_attention_mask"))
         mask = td.get(("masks", "all_assistant_mask")).bool()

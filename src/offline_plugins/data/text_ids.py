@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from offline_plugins.plugins import shared_registry
+
 __all__ = ["text_tasks", "resolve_rollout_id", "text_task_names"]
 
 
 def _registry(registry: Any = None):
     if registry is not None:
         return registry
-    from offline_plugins.plugins import shared_registry
 
     return shared_registry()
 

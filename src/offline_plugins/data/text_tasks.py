@@ -22,11 +22,44 @@ prompt, the one with the higher gold reward chosen, ties dropped.
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import json
 import random
+import subprocess
+import sys
+import time
 from collections import Counter
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
+import lightning
 import torch
+import transformers
+from transformers.utils import logging as hf_logging
+
+import offline_plugins
+from offline_plugins.data.files import atomic_folder
+from offline_plugins.data.preference import (
+    PreferenceData,
+    add_reference_log_probs,
+    pairs_to_unpaired,
+    tokenize_pairs,
+    tokenize_unpaired,
+)
+from offline_plugins.envs.tasks import exact_match
+from offline_plugins.errors import UserError
+from offline_plugins.modules.generation import (
+    generate as generate_tokens,
+)
+from offline_plugins.modules.generation import (
+    generate_left_padded,
+    generation_kwargs,
+    left_pad,
+    model_context,
+)
+from offline_plugins.modules.tiny_lm import from_scratch_lr, load_causal_lm, model_cache_tag
+from offline_plugins.tokens import pad_token_id, prompt_token_ids
 
 __all__ = [
     "sft_rows",
@@ -65,9 +98,6 @@ def generate(
     """``num_samples`` decoded responses per prompt: :func:`offline_plugins.modules.generation.generate`
     on the prompts' tokens, ``batch_size`` prompts per batch (all in one by default; batch ``k``
     samples with ``seed + k * batch_size``)."""
-    from offline_plugins.modules.generation import generate as generate_tokens
-    from offline_plugins.tokens import pad_token_id, prompt_token_ids
-
     pad = pad_token_id(tokenizer)
     step = batch_size or max(len(prompts), 1)
     texts: list[str] = []
@@ -152,9 +182,6 @@ def gold_preference_rows(
     With :class:`~offline_plugins.envs.tasks.LengthTask` and a budget under its target,
     "longer is better" holds on every pair.
     """
-    from offline_plugins.modules.generation import generate_left_padded, generation_kwargs, left_pad
-    from offline_plugins.tokens import pad_token_id, prompt_token_ids
-
     problems = task.problems(n_prompts, split=split, seed=seed)
     rng = random.Random(f"gold-pairs-{split}-{seed}")
     pad, eos = pad_token_id(tokenizer), tokenizer.eos_token_id
@@ -200,8 +227,6 @@ def unpaired_rows(
     num_samples: int = 2, seed: int = 0,
 ) -> list[dict]:
     """``(prompt, completion, label)`` rows: each pair of :func:`preference_rows` split in two."""
-    from offline_plugins.data.preference import pairs_to_unpaired
-
     return pairs_to_unpaired(
         preference_rows(task, model, tokenizer, n_prompts, split=split, num_samples=num_samples, seed=seed)
     )
@@ -214,8 +239,6 @@ def exact_match_accuracy(
     """Share of ``n`` held-out prompts whose greedy answer is exactly right: exact match of the
     answer, or, for a task whose problems' answers are worked solutions (``worked_solutions``: the
     word problems), its verifier's reward on the final answer, within the task's own response budget."""
-    from offline_plugins.envs.tasks import exact_match
-
     problems = task.problems(n, split=split, seed=seed)
     worked = bool(getattr(task, "worked_solutions", False))
     if worked:
@@ -230,8 +253,6 @@ def exact_match_accuracy(
 def require_finetune(finetune: Any, what: str) -> None:
     """Refuse a missing ``finetune`` (the SFT step the data layer cannot import), naming the fix."""
     if finetune is None:
-        from offline_plugins.errors import UserError
-
         raise UserError(f"{what} is not cached and no finetune was given to train it; pass "
                         "finetune=offline_plugins.kinds.sft.supervised_finetune (the sft algorithm), as the "
                         "data kinds do")
@@ -241,9 +262,6 @@ def check_task_fits(task: Any, model: Any, tokenizer: Any, *, model_name: Any = 
     """Refuse, in one line, a task whose demonstrations run past ``model``'s context in ``tokenizer``'s
     tokens (checked on 256 of them, before any training): SFT would drop most rows and a rollout
     would run past the position table."""
-    from offline_plugins.errors import UserError
-    from offline_plugins.modules.generation import model_context
-
     context = model_context(model)
     rows = sft_rows(task, 256, seed=0)
     longest = max(len(tokenizer(r["prompt"] + r["completion"], add_special_tokens=False)["input_ids"]) + 2
@@ -278,16 +296,6 @@ def reference_recipe(task: Any, *, model: Any = "tiny", seed: int = 0, steps: in
     >>> reference_recipe(ArithmeticTask(), steps=10, lr=1e-3)["code"] == r["code"]
     True
     """
-    import hashlib
-    import inspect
-    from pathlib import Path
-
-    import lightning
-    import transformers
-
-    import offline_plugins
-    from offline_plugins.modules.tiny_lm import model_cache_tag
-
     task = getattr(task, "reference_task", task)
     code = hashlib.sha256()
     root = Path(offline_plugins.__file__).parent
@@ -307,10 +315,6 @@ def reference_dir(task: Any, *, cache_dir: Any, **settings: Any):
     that task's) made with ``settings`` (:func:`reference_recipe`'s): the task, the model, the seed,
     the steps, the batch size and a hash of the whole recipe, so a reference made by other code,
     other versions or other settings is never taken for this one."""
-    import hashlib
-    import json
-    from pathlib import Path
-
     task = getattr(task, "reference_task", task)
     recipe = reference_recipe(task, **settings)
     digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
@@ -320,9 +324,6 @@ def reference_dir(task: Any, *, cache_dir: Any, **settings: Any):
 
 def _provenance_line(ref_dir: Any) -> str:
     """What ``ref_dir/reference.json`` says of how the reference was made, in one line."""
-    import json
-    from pathlib import Path
-
     path = Path(ref_dir) / "reference.json"
     if not path.is_file():
         return f"{ref_dir} (no reference.json: made before references recorded how)"
@@ -335,11 +336,6 @@ def _provenance_line(ref_dir: Any) -> str:
 
 def _commit() -> str:
     """The checkout's commit when the package runs from one (an editable install), else its version."""
-    import subprocess
-    from pathlib import Path
-
-    import offline_plugins
-
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(offline_plugins.__file__).parent,
                              capture_output=True, text=True, timeout=10)
@@ -364,11 +360,6 @@ def sft_reference(task: Any, *, model: Any = "tiny", seed: int = 0, steps: int =
     versions give the same weights on any machine; the folder's ``reference.json`` records the recipe
     (:func:`reference_recipe`), the commit, the date and the time it took, and a run that reuses the
     folder says so in one line."""
-    import sys
-    import time
-
-    from offline_plugins.modules.tiny_lm import load_causal_lm, model_cache_tag
-
     # a task over another task's problems (LengthTask) shares that task's reference
     task = getattr(task, "reference_task", task)
     settings = dict(model=model, seed=seed, steps=steps, batch_size=batch_size, lr=lr, rows=rows, max_length=max_length)
@@ -386,7 +377,6 @@ def sft_reference(task: Any, *, model: Any = "tiny", seed: int = 0, steps: int =
     print(f"offline-plugins: making the SFT reference of {task.name} from {model_cache_tag(model)}: {steps} steps of sft "
           f"on {rows} demonstrations with {REFERENCE_THREADS} thread, the model this task's runs start from "
           f"(--set reference_sft_steps=N to change){where}", file=sys.stderr, flush=True)
-    from offline_plugins.modules.tiny_lm import from_scratch_lr
 
     threads, started = torch.get_num_threads(), time.monotonic()
     torch.set_num_threads(REFERENCE_THREADS)
@@ -397,12 +387,6 @@ def sft_reference(task: Any, *, model: Any = "tiny", seed: int = 0, steps: int =
     finally:
         torch.set_num_threads(threads)
     if ref_dir is not None:
-        import json
-
-        from transformers.utils import logging as hf_logging
-
-        from offline_plugins.data.files import atomic_folder
-
         made = {"recipe": reference_recipe(task, **settings), "commit": _commit(), "date": time.strftime("%Y-%m-%d"),
                 "wall_s": time.monotonic() - started, "last_loss": float(curve[-1]) if curve else float("nan")}
         bars = hf_logging.is_progress_bar_enabled()
@@ -458,21 +442,9 @@ def task_preference_data(
 
     Returns a :class:`~offline_plugins.data.preference.PreferenceData`.
     """
-    from pathlib import Path
-
-    from offline_plugins.data.preference import (
-        PreferenceData,
-        add_reference_log_probs,
-        pairs_to_unpaired,
-        tokenize_pairs,
-        tokenize_unpaired,
-    )
-
     if kind not in ("preference-pairs", "unpaired-feedback"):
         raise ValueError(f"kind must be 'preference-pairs' or 'unpaired-feedback', got {kind!r}")
     if pairs not in ("exact-match", "gold"):
-        from offline_plugins.errors import UserError
-
         raise UserError(f"pairs must be 'exact-match' (correct vs incorrect answers) or 'gold' (samples ranked by "
                         f"the task's gold reward), got {pairs!r}")
     if sft_steps is None:  # the task's own recipe: the reference its online runs start from too
@@ -495,8 +467,6 @@ def task_preference_data(
     train_rows = make(n_train, "train", seed)
     test_rows = make(n_test, "test", seed + 1)
     if not train_rows or not test_rows:
-        from offline_plugins.errors import UserError
-
         raise UserError(f"{task.name}: the reference's samples made {len(train_rows)} training and {len(test_rows)} "
                         "held-out pairs (every sample of a prompt tied); raise temperature or num_samples")
     test_pairs, _ = tokenize_pairs(test_rows, tokenizer, max_length=max_length, source=f"{task.name}/test")

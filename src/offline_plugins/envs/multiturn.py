@@ -43,8 +43,10 @@ import re
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Optional, Sequence
 
-from offline_plugins.envs.tasks import Problem, exact_match
+from offline_plugins.envs.arithmetic import ArithmeticTask
+from offline_plugins.envs.task_base import Problem, exact_match
 from offline_plugins.envs.tools import Calculator, ToolBox, ToolError, ToolResult  # noqa: F401 (Calculator: the doctests)
+from offline_plugins.plugins import shared_registry
 
 __all__ = ["MultiTurn", "ToolArithmeticTask", "ToolPythonTask", "FAILURE_KINDS", "make_tools"]
 
@@ -55,8 +57,6 @@ def make_tools(names: Sequence[str], *, timeout: float = 5.0, sandbox: Optional[
     """A :class:`~offline_plugins.envs.tools.ToolBox` of the registered tools ``names``
     (:class:`~offline_plugins.plugins.registry.ToolSpec`: the built-in ``calculator`` and ``python``, a
     plugin's); a tool that runs code runs it in the registered sandbox ``sandbox`` (None: ``bwrap``)."""
-    from offline_plugins.plugins import shared_registry
-
     names = tuple(names)
     if not names:
         raise ToolError("tools is empty; name at least one tool, e.g. tools=calculator")
@@ -186,8 +186,6 @@ class ToolArithmeticTask:
 
     def problems(self, n: int, *, split: str = "train", seed: int = 0) -> list[Problem]:
         """``n`` problems of ``split``, reproducible from ``seed``."""
-        from offline_plugins.envs.tasks import ArithmeticTask
-
         splitter = ArithmeticTask(digits=self.digits, ops="*", test_fraction=self.test_fraction)
         rng = random.Random(f"{self.name}-{split}-{seed}")
         lo, hi = 10 ** (self.digits - 1), 10 ** self.digits - 1

@@ -41,12 +41,15 @@ offline_plugins.envs.sandbox.SandboxUnavailable: the 'bwrap' tool sandbox cannot
 from __future__ import annotations
 
 import abc
+import ctypes
 import dataclasses
 import functools
 import os
+import platform
 import selectors
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -299,8 +302,6 @@ def make_parent_undumpable() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        import ctypes
-
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE = 4
     except (OSError, AttributeError):
@@ -416,9 +417,6 @@ def no_process_filter(machine: Optional[str] = None) -> Optional[bytes]:
     >>> len(no_process_filter("x86_64")) % 8, no_process_filter("sparc") is None
     (0, True)
     """
-    import platform
-    import struct
-
     machine = machine or platform.machine()
     if machine not in _SYSCALLS:
         return None

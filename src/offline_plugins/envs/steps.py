@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar, Optional, Sequence
 
-from offline_plugins.envs.tasks import Problem, TaskError, exact_match, hash_split
+from offline_plugins.envs.task_base import Problem, TaskError, exact_match, hash_split
 
 __all__ = ["STEP_SEPARATOR", "StepChainTask"]
 

@@ -60,6 +60,7 @@ from torchrl.data import Categorical, Composite, NonTensor, Unbounded
 from torchrl.envs import EnvBase
 
 from offline_plugins.errors import UserError
+from offline_plugins.tokens import TokenizeReport, encode_example, pad_rows, pad_token_id, prompt_token_ids
 
 __all__ = ["TextEnv", "TextEnvError"]
 
@@ -121,7 +122,6 @@ class TextEnv(EnvBase):
         super().__init__(batch_size=torch.Size([batch_size]), device=device)
         if group_size < 1 or batch_size % group_size:
             raise TextEnvError(f"TextEnv: batch_size {batch_size} must be a multiple of group_size {group_size}")
-        from offline_plugins.tokens import pad_token_id
 
         if task is None and prompts is None and type(self).sample_rows is TextEnv.sample_rows:
             raise TextEnvError("TextEnv needs prompts: pass task=ArithmeticTask() or prompts=[...]")
@@ -207,8 +207,6 @@ class TextEnv(EnvBase):
     # -- reset ---------------------------------------------------------------------
     def _reset(self, tensordict: Optional[TensorDictBase] = None, *, round: Optional[int] = None, rank: int = 0,
                attempt: int = 0, **kwargs) -> TensorDictBase:
-        from offline_plugins.tokens import prompt_token_ids
-
         if round is None:
             round, self._rounds = self._rounds, self._rounds + 1
         g, n = self.group_size, self.batch_size[0] // self.group_size
@@ -306,8 +304,6 @@ class TextEnv(EnvBase):
         return tensordict
 
     def _tokenize_text(self, tensordict: TensorDictBase) -> TensorDictBase:
-        from offline_plugins.tokens import TokenizeReport, encode_example, pad_rows
-
         text = tensordict.get(("text", "response"))
         responses = list(text.tolist() if hasattr(text, "tolist") else text)
         if len(responses) != self.batch_size[0] or not all(isinstance(r, str) for r in responses):

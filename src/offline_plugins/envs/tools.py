@@ -38,7 +38,9 @@ import re
 import signal
 from typing import Any, Optional, Sequence
 
+from offline_plugins.envs.sandbox import Limits, Sandbox, make_parent_undumpable
 from offline_plugins.errors import UserError
+from offline_plugins.plugins import shared_registry
 
 __all__ = ["ToolResult", "Tool", "Calculator", "PythonTool", "ToolBox", "ToolError", "parse_calls"]
 
@@ -254,8 +256,6 @@ class PythonTool(Tool):
 
     def __init__(self, *, timeout: float = 5.0, memory_mb: int = 512, max_output: int = 2000,
                  sandbox: Any = None) -> None:
-        from offline_plugins.envs.sandbox import Limits
-
         if isinstance(timeout, bool) or not timeout or float(timeout) <= 0:
             raise ToolError(f"PythonTool: timeout must be positive seconds, got {timeout!r}")
         self.timeout = float(timeout)
@@ -273,8 +273,6 @@ class PythonTool(Tool):
     def check(self) -> None:
         """Refuse (:class:`~offline_plugins.envs.sandbox.SandboxUnavailable`) when the sandbox cannot run here,
         and mark this process non-dumpable (no process of its user reads or writes its memory through ``/proc``)."""
-        from offline_plugins.envs.sandbox import make_parent_undumpable
-
         self.sandbox.check()
         make_parent_undumpable()
 
@@ -308,15 +306,12 @@ DEFAULT_SANDBOX = "bwrap"
 
 def make_sandbox(name: str):
     """The registered sandbox called ``name`` (``offline-plugins list``, "sandboxes"), built with its defaults."""
-    from offline_plugins.plugins import shared_registry
-
     try:
         spec = shared_registry().sandbox(str(name))
     except Exception as exc:
         raise ToolError(f"tool_sandbox: {exc}") from None
     made = spec.load()
     made = made() if isinstance(made, type) else made
-    from offline_plugins.envs.sandbox import Sandbox
 
     if not isinstance(made, Sandbox):
         raise ToolError(f"sandbox {name!r} from {spec.provider or 'a plugin'} is a {type(made).__name__}, not an "

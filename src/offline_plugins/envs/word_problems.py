@@ -44,7 +44,8 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar, Optional, Sequence
 
-from offline_plugins.envs.tasks import Problem, TaskError, hash_split
+from offline_plugins.envs.multiturn import MultiTurn, make_tools
+from offline_plugins.envs.task_base import Problem, TaskError, hash_split
 from offline_plugins.modules.task_text import FRIENDS, ITEMS, OPENINGS, OPERATIONS, PEOPLE, QUESTIONS
 
 __all__ = ["TIERS", "WORD_PROBLEM_TASKS", "WordProblemTask", "CalculatorWordProblemTask", "PythonWordProblemTask",
@@ -374,8 +375,6 @@ class CalculatorWordProblemTask(WordProblemTask):
 
     @property
     def multiturn(self):
-        from offline_plugins.envs.multiturn import MultiTurn, make_tools
-
         return MultiTurn(make_tools(self.tools, timeout=self.tool_timeout, sandbox=self.tool_sandbox),
                          max_turns=self.max_turns, max_observation_tokens=16,
                          turn_reward=self._turn_reward if self.tool_reward else None)

@@ -39,9 +39,12 @@ from typing import Any, Optional
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
-from torchrl.objectives import LossModule
+from torchrl.objectives import HardUpdate, LossModule, SoftUpdate
+from tqdm.auto import tqdm
 
 from offline_plugins.errors import UserError
+from offline_plugins.modules.networks import make_qvalue
+from offline_plugins.objectives.columns import discounted_returns
 
 __all__ = ["FQELoss", "fitted_q_evaluation", "OPEError"]
 
@@ -146,11 +149,6 @@ def fitted_q_evaluation(policy, data: Any, *, gamma: float = 0.99, steps: int = 
         ``data_return`` (the held-out episodes' own mean discounted and undiscounted returns),
         ``fit_episodes``, ``held_out_episodes``, ``steps``, ``gamma``, ``final_loss``.
     """
-    from torchrl.objectives import HardUpdate, SoftUpdate
-
-    from offline_plugins.modules.networks import make_qvalue
-    from offline_plugins.objectives.columns import discounted_returns
-
     if int(steps) < 1:
         raise OPEError(f"--ope-steps must be at least 1, got {steps}")
     if not 0.0 < float(held_out) < 1.0:
@@ -179,8 +177,6 @@ def fitted_q_evaluation(policy, data: Any, *, gamma: float = 0.99, steps: int = 
     g = torch.Generator(device=dev).manual_seed(seed)
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
         bar = tqdm(total=int(steps), desc="fqe", unit="step")
     last = torch.zeros((), device=dev)
     for _ in range(int(steps)):

@@ -24,11 +24,22 @@ preference rows with a judge (``offline-plugins data label``); ``offline-plugins
 from __future__ import annotations
 
 import abc
+import difflib
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
+import torch
+
+from offline_plugins.data.preference import tokenize_pairs
+from offline_plugins.data.preference_sources import PAIR_LENGTH_CAP
+from offline_plugins.data.remote import RemoteClient, checked_scores
 from offline_plugins.errors import UserError
+from offline_plugins.modules.causal_lm import CausalLMLogProbs, sequence_log_probs
+from offline_plugins.modules.generation import model_context
+from offline_plugins.modules.tiny_lm import load_causal_lm
+from offline_plugins.plugins.manager import shared_registry
 
 __all__ = ["JudgeError", "Judgement", "Judge", "FunctionJudge", "RubricJudge", "label_pairs", "judge_from", "TIES",
            "DEFAULT_PRINCIPLES", "RUBRIC_TEMPLATE"]
@@ -161,11 +172,6 @@ class RubricJudge(Judge):
     def __init__(self, model: Union[str, Any] = "tiny", *, principles: str = DEFAULT_PRINCIPLES,
                  template: str = RUBRIC_TEMPLATE, answers: tuple[str, str] = (" A", " B"), device: str = "cpu",
                  batch_size: int = 16, margin: float = 0.0, name: Optional[str] = None) -> None:
-        from offline_plugins.data.preference_sources import PAIR_LENGTH_CAP
-        from offline_plugins.modules.causal_lm import CausalLMLogProbs
-        from offline_plugins.modules.generation import model_context
-        from offline_plugins.modules.tiny_lm import load_causal_lm
-
         super().__init__(margin=margin, name=name or str(model))
         try:
             template.format(principles="", prompt="", first="", second="")
@@ -183,18 +189,11 @@ class RubricJudge(Judge):
 
     def to(self, device) -> "RubricJudge":
         """Move the judge's model to ``device`` (once; a no-op where it already is)."""
-        import torch
-
         if next(self.lm.parameters()).device != torch.device(device):
             self.lm.to(device)
         return self
 
     def prefer_first(self, asks: Sequence[tuple[str, str, str]]) -> list[float]:
-        import torch
-
-        from offline_plugins.data.preference import tokenize_pairs
-        from offline_plugins.modules.causal_lm import sequence_log_probs
-
         rows = [{"prompt": self.template.format(principles=self.principles, prompt=p, first=f, second=s),
                  "chosen": self.answers[0], "rejected": self.answers[1]} for p, f, s in asks]
         if not rows:
@@ -276,14 +275,10 @@ class RemoteJudge(Judge):
     bearer token, retries and checks of :class:`~offline_plugins.data.remote.RemoteClient`."""
 
     def __init__(self, url: str, *, margin: float = 0.0, **client: Any) -> None:
-        from offline_plugins.data.remote import RemoteClient
-
         self.client = RemoteClient(url, **client)
         super().__init__(margin=margin, name=self.client.url)
 
     def prefer_first(self, asks: Sequence[tuple[str, str, str]]) -> list[float]:
-        from offline_plugins.data.remote import checked_scores
-
         answer = self.client.post("/v1/judge", {"prompts": [a[0] for a in asks], "firsts": [a[1] for a in asks],
                                                 "seconds": [a[2] for a in asks]})
         return checked_scores(answer, "p_first", len(asks), self.client.url)
@@ -307,10 +302,6 @@ def judge_from(spec: Union[str, Judge, Callable], *, registry: Any = None, **kwa
     if text.startswith(("http://", "https://")):  # an offline-plugins serve judge server
         return RemoteJudge(text, margin=kwargs.get("margin", 0.0))
     if not any(c in text for c in ":/\\") and not Path(text).exists():
-        import difflib
-
-        from offline_plugins.plugins.manager import shared_registry
-
         judges = (registry if registry is not None else shared_registry()).judges
         if text.strip().lower() in judges:
             made = judges[text.strip().lower()].load()
@@ -324,8 +315,6 @@ def judge_from(spec: Union[str, Judge, Callable], *, registry: Any = None, **kwa
                              "MODULE:FUNCTION")
     module, sep, attr = text.partition(":")
     if sep and module.replace(".", "").replace("_", "").isalnum() and not Path(spec).exists():
-        import importlib
-
         try:
             function = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as exc:

@@ -25,6 +25,7 @@ point: the seeds' 5.6.8 ("reward hacking").
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 from typing import Optional, Sequence
 
 __all__ = ["fit_gao", "GAO_FORMS", "hacking_signal", "ceiling_signal", "noise_interval"]
@@ -80,8 +81,6 @@ def fit_gao(d: Sequence[float], gain: Sequence[float], *, form: str = "rl") -> O
 
 
 def _z(one_sided_alpha: float) -> float:
-    from statistics import NormalDist
-
     return NormalDist().inv_cdf(1.0 - one_sided_alpha)
 
 

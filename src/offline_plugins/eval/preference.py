@@ -37,6 +37,9 @@ from typing import Any, Optional
 
 import torch
 
+from offline_plugins.data.text_tasks import exact_match_accuracy
+from offline_plugins.modules.causal_lm import _is_hf_like, _logits_of, sequence_log_probs
+
 __all__ = ["pairwise_scores", "kl_to_reference", "evaluate_preference_model"]
 
 
@@ -53,8 +56,6 @@ def _device_of(module: torch.nn.Module) -> torch.device:
 @torch.no_grad()
 def pairwise_scores(policy: torch.nn.Module, pairs, *, batch_size: int = 64) -> dict[str, float]:
     """``preference_accuracy`` (and, for a log-prob policy, ``likelihood_accuracy``) on ``[N, 2]`` pairs."""
-    from offline_plugins.modules.causal_lm import sequence_log_probs
-
     device = _device_of(policy)
     right, right_lik, n = torch.zeros((), device=device), torch.zeros((), device=device), 0
     is_reward = hasattr(policy, "rewards")
@@ -82,8 +83,6 @@ def kl_to_reference(model: torch.nn.Module, reference: torch.nn.Module, td, *, b
 
     ``td`` is ``[N, 2]`` pairs (the chosen responses are used) or ``[N]`` rows.
     """
-    from offline_plugins.modules.causal_lm import _is_hf_like, _logits_of
-
     if td.batch_dims == 2:
         td = td[:, 0]
     device = _device_of(model)
@@ -142,8 +141,6 @@ def evaluate_preference_model(
             out["kl_to_reference"] = kl_to_reference(model, data.reference, held_out, batch_size=batch_size)
         task = getattr(data, "task", None)
         if not is_reward and model is not None and task is not None and exact_match_n > 0:
-            from offline_plugins.data.text_tasks import exact_match_accuracy
-
             out["exact_match"] = exact_match_accuracy(task, model, data.tokenizer, n=exact_match_n)
     finally:
         policy.train(was_training)

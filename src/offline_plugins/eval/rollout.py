@@ -15,12 +15,14 @@ training data before the policy sees them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+import gymnasium as gym
 import numpy as np
 import torch
+from tensordict import TensorDict
 
 __all__ = ["EvalResult", "evaluate_policy", "actions_for_env"]
 
@@ -92,8 +94,6 @@ def actions_for_env(action: torch.Tensor, action_space) -> np.ndarray:
     Continuous actions are clipped to the space's bounds; discrete actions may be
     indices or one-hot vectors (TorchRL's default for ``QValueActor``).
     """
-    import gymnasium as gym
-
     a = action.detach().to("cpu")
     if isinstance(action_space, gym.spaces.Discrete):
         if a.ndim >= 2 and a.shape[-1] == int(action_space.n) and a.shape[-1] > 1:
@@ -141,8 +141,6 @@ def evaluate_policy(
         score: per-episode normalised score from returns (e.g. ``data.normalized_score``).
         max_steps: stop every episode after this many steps (None: the env's own limit).
     """
-    from tensordict import TensorDict
-
     if episodes < 1:
         raise ValueError(f"episodes must be at least 1, got {episodes}")
     envs = [make_env() for _ in range(episodes)]

@@ -30,8 +30,13 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from offline_plugins.data.reward_source import load_reward_model
+from offline_plugins.data.steps import tokenize_steps
 from offline_plugins.envs.steps import STEP_SEPARATOR
 from offline_plugins.errors import UserError
+from offline_plugins.modules.generation import generate
+from offline_plugins.objectives.llm.prm import CausalLMStepReward, ProcessRewardLoss
+from offline_plugins.tokens import pad_token_id, prompt_token_ids
 
 __all__ = ["AGGREGATES", "aggregate_steps", "evaluate_prm", "load_prm", "best_of_n", "beam_search", "exhaustive_search",
            "PRMScorer", "StepSampler", "sample_solution", "METHODS", "search_sweep", "compare_search"]
@@ -59,8 +64,6 @@ def aggregate_steps(probs: torch.Tensor, mask: torch.Tensor, how: str = "min") -
 def evaluate_prm(prm: Any, rows: Any, *, batch_size: int = 256) -> dict:
     """Held-out ``step_accuracy`` and ``first_error_accuracy`` of a PRM on tokenised step rows
     (:func:`~offline_plugins.data.steps.tokenize_steps`), in eval mode, and ``heldout_rows``."""
-    from offline_plugins.objectives.llm.prm import ProcessRewardLoss
-
     n = int(rows.batch_size[0])
     if n == 0:
         return {"step_accuracy": None, "first_error_accuracy": None, "heldout_rows": 0}
@@ -83,9 +86,6 @@ def evaluate_prm(prm: Any, rows: Any, *, batch_size: int = 256) -> dict:
 def load_prm(path: Any) -> tuple[Any, Any]:
     """``(CausalLMStepReward, tokenizer)`` from a ``prm`` run's ``OUT`` or ``OUT/reward_model`` folder
     (eval mode, frozen): the exported backbone and score head, read at each step's end."""
-    from offline_plugins.data.reward_source import load_reward_model
-    from offline_plugins.objectives.llm.prm import CausalLMStepReward
-
     reward, tokenizer = load_reward_model(path)
     prm = CausalLMStepReward(reward.model)
     prm.head = reward.head
@@ -168,8 +168,6 @@ class PRMScorer:
     @torch.no_grad()
     def step_probs(self, solutions: Sequence[Sequence[str]]) -> tuple[torch.Tensor, torch.Tensor]:
         """``([N, S] step probabilities, [N, S] real-step mask)`` of ``solutions``, in one forward."""
-        from offline_plugins.data.steps import tokenize_steps
-
         rows = [{"prompt": self.prompt, "steps": list(s), "labels": [1] * len(s)} for s in solutions]
         td, report = tokenize_steps(rows, self.tokenizer, max_length=self.max_length)
         if report.kept != len(rows):
@@ -226,8 +224,6 @@ class StepSampler:
         self.generated_tokens, self._calls, self._open = 0, 0, {(): True}
 
     def _ids(self, steps: Sequence[str]) -> list[int]:
-        from offline_plugins.tokens import prompt_token_ids
-
         ids = prompt_token_ids(self.tokenizer, self.prompt)
         for step in steps:
             ids += list(self.tokenizer(step + STEP_SEPARATOR, add_special_tokens=False)["input_ids"])
@@ -235,9 +231,6 @@ class StepSampler:
 
     def sample(self, steps: Sequence[str], n: int) -> list[tuple[str, bool]]:
         """``n`` sampled next steps with whether each ended at the separator."""
-        from offline_plugins.modules.generation import generate
-        from offline_plugins.tokens import pad_token_id
-
         out = generate(self.model, [self._ids(steps)], pad_id=pad_token_id(self.tokenizer), eos_id=self.sep_id,
                        max_new_tokens=self.max_step_tokens, num_samples=n, temperature=self.temperature,
                        greedy=self.greedy, seed=self.seed + self._calls)

@@ -22,6 +22,9 @@ import hmac
 import math
 from typing import Any, Callable, Sequence
 
+from offline_plugins.data.prompts import load_reward_function
+from offline_plugins.eval.judge import judge_from
+
 __all__ = ["make_app", "serve", "reward_scorer", "judge_scorer", "ROUTES"]
 
 ROUTES = {"reward": ("/v1/score", ("prompts", "responses"), "scores"),
@@ -30,15 +33,11 @@ ROUTES = {"reward": ("/v1/score", ("prompts", "responses"), "scores"),
 
 def reward_scorer(folder: str) -> Callable[..., Sequence[float]]:
     """The scores of a ``train reward-model`` (or ``prm``) output, as ``--reward DIR`` gives them in process."""
-    from offline_plugins.data.prompts import load_reward_function
-
     return load_reward_function(folder)
 
 
 def judge_scorer(spec: str) -> Callable[..., Sequence[float]]:
     """P(first is better) of the judge ``spec`` names (``--judge`` in process: a registered judge, a model)."""
-    from offline_plugins.eval.judge import judge_from
-
     judge = judge_from(spec)
     return lambda prompts, firsts, seconds: judge.prefer_first(list(zip(prompts, firsts, seconds)))
 

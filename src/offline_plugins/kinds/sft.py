@@ -15,6 +15,10 @@ from typing import Any, Sequence
 import lightning
 import torch
 
+from offline_plugins.algorithms.online import SFTConfig, build_sft
+from offline_plugins.data.preference import tokenize_completions
+from offline_plugins.data.rollouts import CompletionData
+from offline_plugins.lightning.callbacks import StepProgressBar
 from offline_plugins.lightning.data import ReplayDataModule
 from offline_plugins.lightning.guards import quiet_lightning
 from offline_plugins.lightning.module import AlgorithmModule
@@ -44,11 +48,6 @@ def supervised_finetune(
     batches from the rows' replay buffer seeded by ``seed``) takes ``steps`` steps; the trained
     weights are then copied into ``model``. With ``progress`` a bar titled ``title`` counts the steps.
     """
-    from offline_plugins.algorithms.online import SFTConfig, build_sft
-    from offline_plugins.lightning.callbacks import StepProgressBar
-    from offline_plugins.data.preference import tokenize_completions
-    from offline_plugins.data.rollouts import CompletionData
-
     td, _ = tokenize_completions(rows, tokenizer, max_length=max_length)
     data = CompletionData(td, [], model, tokenizer, dataset_id="rows", model="given", max_new_tokens=max_length,
                           from_scratch=False)

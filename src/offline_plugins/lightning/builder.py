@@ -28,6 +28,13 @@ import math
 import os
 from typing import Any, Mapping, Optional, Sequence, Union
 
+from offline_plugins.config import config_to_dict
+from offline_plugins.errors import UserError
+from offline_plugins.lightning.callbacks import NonFiniteGuard, TargetNetworkUpdate
+from offline_plugins.lightning.data import ReplayDataModule
+from offline_plugins.lightning.module import AlgorithmModule
+from offline_plugins.lightning.plan import build_parts, plan_run
+
 __all__ = ["LightningParts", "build"]
 
 
@@ -128,15 +135,7 @@ def build(
     Returns:
         A :class:`LightningParts`.
     """
-    from offline_plugins.config import config_to_dict
-    from offline_plugins.lightning.callbacks import NonFiniteGuard, TargetNetworkUpdate
-    from offline_plugins.lightning.data import ReplayDataModule
-    from offline_plugins.lightning.module import AlgorithmModule
-    from offline_plugins.lightning.plan import build_parts, plan_run
-
     if eval_every is None or eval_every < 0:
-        from offline_plugins.errors import UserError
-
         raise UserError(f"eval_every must be 0 (only at the end) or positive, got {eval_every!r}")
     if plan is None:
         plan = plan_run(algorithm, dataset, config=config, overrides=overrides, registry=registry,
@@ -145,8 +144,6 @@ def build(
     if online_steps:
         plan.kind.check_online(plan.spec, plan.config, plan.data, online_steps=online_steps)
         if offline_steps is None or int(offline_steps) < 0:
-            from offline_plugins.errors import UserError
-
             raise UserError(f"online_steps={online_steps} needs offline_steps (the steps before the online phase, "
                             f"0 or more), got {offline_steps!r}")
     parts = build_parts(plan, seed)

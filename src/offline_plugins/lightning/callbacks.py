@@ -24,9 +24,11 @@ from typing import Any, Optional
 import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from offline_plugins.errors import UserError
 from offline_plugins.lightning.data import StepBatches
+from offline_plugins.lightning.fsdp import is_sharded
 
 __all__ = [
     "NonFiniteLossError",
@@ -214,7 +216,6 @@ class ScheduledEvaluation(Callback):
             return self.history[-1]
         if getattr(self, "_scored_step", None) == step:
             return None
-        from offline_plugins.lightning.fsdp import is_sharded
 
         if trainer.global_rank != 0 and not is_sharded(pl_module):
             return None
@@ -279,8 +280,6 @@ class InterruptCheckpoint(Callback):
             self._save(trainer)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        from lightning.pytorch.utilities.exceptions import SIGTERMException
-
         if isinstance(exception, SIGTERMException) and trainer.global_step > 0:
             self._save(trainer)
 

@@ -7,11 +7,22 @@ run says what differs, also when the data file it was trained on changed since: 
 
 from __future__ import annotations
 
+import hashlib
 import os
+import pickle
+import re
 from pathlib import Path
 from typing import Any, Optional, Union
 
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+from offline_plugins.data.store import is_local, store_path
 from offline_plugins.lightning.guards import RunError
+from offline_plugins.plugins.registry import UnknownNameError
 
 __all__ = ["SHARDED_META", "is_sharded_checkpoint", "read_checkpoint", "check_checkpoint", "load_checkpoint",
            "resume_path", "algorithm_of_checkpoint", "state_dict_mismatch", "check_resume", "data_fingerprint"]
@@ -57,15 +68,8 @@ def read_checkpoint(path: Union[str, os.PathLike], *, tensors: bool = True) -> d
 def _sharded_tensors(folder: Path, *, real: bool) -> dict[str, Any]:
     """``{"state_dict": ..., "optimizer_0": ...}`` of a distributed checkpoint folder: gathered from its
     shards (``real``), or meta-device tensors of the shapes its ``.metadata`` records."""
-    import torch
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
     try:
         if real:
-            from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
-            from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
             out: dict[str, Any] = {}
             _load_state_dict(out, storage_reader=FileSystemReader(folder), planner=_EmptyStateDictLoadPlanner(),
                              no_dist=True)
@@ -90,10 +94,6 @@ def _sharded_tensors(folder: Path, *, real: bool) -> dict[str, Any]:
 
 
 def _torch_load(p: Path, *, shown: Path) -> Any:
-    import pickle
-
-    import torch
-
     try:
         return torch.load(p, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -104,7 +104,6 @@ def _torch_load(p: Path, *, shown: Path) -> Any:
                           text.splitlines()[0][:200])
             raise RunError(f"checkpoint {str(shown)!r} could not be read (UnpicklingError: {detail}); it may be "
                            "truncated or not a checkpoint") from None
-        import re
 
         found = re.search(r"GLOBAL ([\w.]+)", text) or re.search(r"([\w.]+) was not an allowed global", text)
         what = f" ({found.group(1)})" if found else ""
@@ -157,8 +156,6 @@ def check_checkpoint(ckpt: Any, path: Union[str, os.PathLike], *, for_resume: bo
 
 def algorithm_of_checkpoint(info: dict, registry, path) -> Any:
     """The installed spec of a checkpoint's algorithm, or an error naming the package to install."""
-    from offline_plugins.plugins.registry import UnknownNameError
-
     name = info["algorithm"]
     try:
         return registry.algorithm(name)
@@ -252,8 +249,6 @@ _EDGE_BYTES = 2**20
 
 
 def _file_fingerprint(path: Path) -> dict[str, Any]:
-    import hashlib
-
     stat = path.stat()
     digest = hashlib.sha256()
     with path.open("rb") as fh:
@@ -286,8 +281,6 @@ def data_fingerprint(dataset_id: str) -> Optional[dict[str, Any]]:
         return None
     path = Path(dataset_id).expanduser()
     if not path.exists():
-        from offline_plugins.data.store import is_local, store_path
-
         if not is_local(dataset_id):
             return None
         path = store_path() / dataset_id / "data"

@@ -11,11 +11,15 @@ not fit the networks its config builds is refused naming the first that differs.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import os
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from offline_plugins.config import RUN_DEFAULTS, config_to_dict
+from offline_plugins.data.files import atomic_write
+from offline_plugins.eval.fqe import OPEError, fitted_q_evaluation
 from offline_plugins.lightning.checkpoint_files import (  # noqa: F401 - load_checkpoint, resume_path: re-exported
     algorithm_of_checkpoint,
     check_checkpoint,
@@ -24,8 +28,12 @@ from offline_plugins.lightning.checkpoint_files import (  # noqa: F401 - load_ch
     resume_path,
     state_dict_mismatch,
 )
+from offline_plugins.lightning.files import RESUME_FIX
 from offline_plugins.lightning.guards import RunError
+from offline_plugins.lightning.module import AlgorithmModule
 from offline_plugins.lightning.plan import RunPlan, _as_overrides, build_parts, plan_run
+from offline_plugins.plugins import shared_registry
+from offline_plugins.plugins.registry import AlgorithmSpec
 
 __all__ = [
     "ResumedRun",
@@ -61,8 +69,6 @@ class ResumedRun:
 
     @classmethod
     def read(cls, path: Union[str, os.PathLike]) -> "ResumedRun":
-        from offline_plugins.config import RUN_DEFAULTS
-
         ckpt = read_checkpoint(path, tensors=False)
         info = check_checkpoint(ckpt, path, for_resume=True)
         run = info.get("run") or {}
@@ -103,8 +109,6 @@ class ResumedRun:
 def resume_summary(record: Optional[dict], ckpt: dict, plan: RunPlan) -> dict:
     """Which run options and config fields a resumed run kept from its checkpoint, and which the
     caller overrode (``{"checkpoint": old, "now": new}``)."""
-    from offline_plugins.config import config_to_dict
-
     record = dict(record or {"from": None, "kept": {}, "overridden": {}})
     record["overridden"] = dict(record["overridden"])
     saved, now = ckpt["offline_plugins"].get("config") or {}, config_to_dict(plan.config)
@@ -115,8 +119,6 @@ def resume_summary(record: Optional[dict], ckpt: dict, plan: RunPlan) -> dict:
 
 
 def _read_metrics(path: Path) -> tuple[list[str], list[dict]]:
-    import csv
-
     if not path.is_file():
         return [], []
     with path.open(newline="", encoding="utf-8") as fh:
@@ -134,11 +136,6 @@ def _logged_before(row: dict, step: int) -> bool:
 
 
 def _write_metrics(path: Path, keys: list[str], rows: list[dict]) -> None:
-    import csv
-
-    from offline_plugins.data.files import atomic_write
-    from offline_plugins.lightning.files import RESUME_FIX
-
     def write(fh) -> None:
         writer = csv.DictWriter(fh, fieldnames=keys)
         writer.writeheader()
@@ -215,16 +212,11 @@ def load_trained_run(
     normalisation statistics come from the checkpoint. Raises a ``RunError`` naming the
     file when its weights do not fit the networks its config builds.
     """
-    from offline_plugins.lightning.module import AlgorithmModule
-    from offline_plugins.plugins.registry import AlgorithmSpec
-
     ckpt = load_checkpoint(path)
     info = ckpt["offline_plugins"]
     run = info.get("run", {})
     seed = int(info.get("seed", 0))
     if registry is None:
-        from offline_plugins.plugins import shared_registry
-
         registry = shared_registry()
     algo = spec if spec is not None else algorithm_of_checkpoint(info, registry, path)
     algo = algo if isinstance(algo, AlgorithmSpec) else registry.algorithm(algo)
@@ -297,8 +289,6 @@ def estimate_checkpoint(path, *, method: str = "fqe", device: str = "cpu", regis
     """Rebuild the policy saved in the checkpoint ``path`` and estimate its value by ``method``
     (``"fqe"``: :func:`fitted_q_evaluation`, ``options`` its keyword arguments) on the run's dataset,
     loaded as the run loaded it; no environment is made."""
-    from offline_plugins.eval.fqe import OPEError, fitted_q_evaluation
-
     if method != "fqe":
         raise OPEError(f"unknown --ope method {method!r}; the one there is: fqe")
     trained = load_trained_run(path, device=device, registry=registry)

@@ -36,7 +36,10 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import IterableDataset
+
+from offline_plugins.errors import UserError
 
 __all__ = ["step_seed", "StepBatches", "StepStream", "ReplayBufferStream", "ReplayDataModule", "schedule_periods",
            "SAMPLE_STREAM", "LOSS_STREAM"]
@@ -195,8 +198,6 @@ def schedule_periods(trainer) -> tuple[int, ...]:
     ``every``). A call of several steps ends on each multiple of these, so such a callback
     acts at the same steps as with one step per call.
     """
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
     periods: set[int] = set()
     for cb in getattr(trainer, "callbacks", None) or ():
         if isinstance(cb, ModelCheckpoint):
@@ -282,8 +283,6 @@ class ReplayDataModule(LightningDataModule):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # the stream position is the trainer's restored global_step; the seed must match
         if int(state_dict.get("seed", self.seed)) != self.seed:
-            from offline_plugins.errors import UserError
-
             raise UserError(
                 f"the checkpoint was trained with seed {state_dict['seed']}, this run uses seed {self.seed}; "
                 "resume with the same --seed"

@@ -23,6 +23,7 @@ import io
 import os
 from typing import Any, Optional
 
+import torch
 from lightning.pytorch.core.saving import save_hparams_to_yaml
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
@@ -48,7 +49,6 @@ class RunCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
         if storage_options is not None or "://" in str(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
-        import torch
 
         buffer = io.BytesIO()
         torch.save(checkpoint, buffer)  # serialised before the file is touched

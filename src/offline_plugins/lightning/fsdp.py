@@ -35,6 +35,13 @@ from typing import Any, Optional
 
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from offline_plugins.data.files import is_write_error, write_error
+from offline_plugins.errors import UserError
+from offline_plugins.lightning.files import RESUME_FIX
 
 __all__ = ["ShardedCheckpoints", "fsdp_strategy", "shard_module", "is_sharded", "language_models", "decoder_layers",
            "mixed_precision_policy", "full_copy", "FSDP_PRECISIONS"]
@@ -54,9 +61,6 @@ class ShardedCheckpoints(ModelParallelStrategy):
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Optional[Any] = None) -> None:
-        from offline_plugins.data.files import is_write_error, write_error
-        from offline_plugins.lightning.files import RESUME_FIX
-
         if storage_options is not None or "://" in str(filepath):
             return super().save_checkpoint(checkpoint, filepath, storage_options)
         path = Path(self.broadcast(str(filepath)))
@@ -146,7 +150,6 @@ def mixed_precision_policy(precision: Optional[str]) -> Optional[Any]:
     """
     if str(precision) != "bf16-mixed":
         return None
-    from torch.distributed.fsdp import MixedPrecisionPolicy
 
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
@@ -156,8 +159,6 @@ def is_sharded(module: torch.nn.Module) -> bool:
 
     Read from the parameters, not the submodules: a LoRA reference (the policy with its adapters
     off) holds the policy's parameters without registering the policy as a submodule."""
-    from torch.distributed.tensor import DTensor
-
     return any(isinstance(p, DTensor) for p in module.parameters())
 
 
@@ -180,10 +181,6 @@ def shard_module(pl_module: Any, mesh: Any, *, precision: Optional[str] = None,
     Raises:
         UserError: the loss holds no transformers model with a decoder-layer list.
     """
-    from torch.distributed.fsdp import FSDPModule, fully_shard
-
-    from offline_plugins.errors import UserError
-
     loss = pl_module.loss_module
     models = language_models(loss)
     if not models:
@@ -234,8 +231,6 @@ def full_copy(pl_module: Any, model: Optional[torch.nn.Module] = None) -> Option
     (only rank 0 receives them, on the CPU) and loaded into the meta-device template
     :func:`shard_module` kept.
     """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
     model = model if model is not None else pl_module.parts.model
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not full:

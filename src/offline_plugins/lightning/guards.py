@@ -20,12 +20,23 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import signal
+import sys
 import tempfile
 import threading
 import weakref
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
+
+try:  # POSIX: without fcntl a run folder is not locked
+    import fcntl
+    import resource
+except ImportError:  # pragma: no cover - Windows
+    fcntl = resource = None
+
+import numpy as np
+import torch
 
 from offline_plugins.errors import UserError
 
@@ -78,8 +89,6 @@ def check_devices(devices: Union[int, str, list, None], accelerator: str = "auto
     ...
     offline_plugins.lightning.guards.RunError: --devices 10000 asks for 10000 CPU processes, ...
     """
-    import torch
-
     acc = str(accelerator or "auto").lower()
     if acc not in _ACCELERATORS:
         raise RunError(f"--accelerator {accelerator!r} is not one this package trains on; use one of "
@@ -147,8 +156,6 @@ def _check_choice(flag: str, given: Any, value: str, choices: tuple, cuda_only: 
     if value not in choices:
         raise RunError(f"{flag} {given!r} is not one of {', '.join(choices)}{also}")
     if value in cuda_only:
-        import torch
-
         if accelerator == "cpu" or not torch.cuda.is_available():
             raise RunError(f"{flag} {value} needs {needs}")
     return value
@@ -173,11 +180,6 @@ def check_strategy(strategy: Optional[str], accelerator: str = "auto") -> Option
 
 def peak_memory_mb(device=None) -> dict[str, float]:
     """Peak memory of this process: resident set on the host, and allocated on the CUDA device."""
-    import resource
-    import sys
-
-    import torch
-
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     out = {"host_max_rss": round(rss / (1024 * 1024 if sys.platform == "darwin" else 1024), 1)}
     if device is not None and getattr(device, "type", str(device)) == "cuda" and torch.cuda.is_available():
@@ -197,8 +199,6 @@ def held_state_mb(module, optimizers=()) -> dict[str, float]:
     >>> held_state_mb(net, [opt])
     {'parameters': 0.95, 'optimizer': 1.91}
     """
-    import torch
-
     def nbytes(t) -> int:
         t = getattr(t, "_local_tensor", t)
         return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
@@ -270,9 +270,7 @@ class RunFolderLock:
         cls._held = weakref.WeakSet()
 
     def acquire(self) -> "RunFolderLock":
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - not POSIX
+        if fcntl is None:  # pragma: no cover - not POSIX
             self.folder.mkdir(parents=True, exist_ok=True)
             return self
         self.created = not self.folder.exists()
@@ -389,11 +387,6 @@ def restored_process_state() -> Iterator[None]:
     >>> "OFFLINE_PLUGINS_RUN_DIR" in os.environ, random.getstate() == state
     (False, True)
     """
-    import random
-
-    import numpy as np
-    import torch
-
     env = {k: os.environ.get(k) for k in RUN_ENV_VARS}
     threads = torch.get_num_threads()
     py_state, np_state, torch_state = random.getstate(), np.random.get_state(), torch.get_rng_state()

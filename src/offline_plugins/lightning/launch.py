@@ -5,7 +5,13 @@ launcher started, and ending those ranks when rank 0 fails."""
 from __future__ import annotations
 
 import os
+import signal
 
+import torch
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+
+from offline_plugins.lightning.fsdp import fsdp_strategy, language_models
 from offline_plugins.lightning.guards import RunError
 
 
@@ -18,10 +24,6 @@ def _stop_launched_ranks(trainer) -> None:
     """Rank 0 failed: end the ranks its launcher started. Lightning ends them after a Ctrl-C, and its
     observer ends every rank when a launched one fails, but after an error on rank 0 they would wait
     in their next collective for the process group's timeout (30 minutes)."""
-    import signal
-
-    from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
-
     launcher = getattr(trainer.strategy, "launcher", None)
     if trainer.is_global_zero and isinstance(launcher, _SubprocessScriptLauncher) and launcher.procs:
         launcher.kill(getattr(signal, "SIGKILL", signal.SIGTERM))  # SIGTERM does not end a rank inside a collective
@@ -38,7 +40,6 @@ def _strategy(devices, num_nodes: int, parts, strategy):
     if strategy == "fsdp":
         # FSDP2 through Lightning's ModelParallelStrategy: the module's configure_model wraps each
         # decoder layer, then the model (offline_plugins.lightning.fsdp)
-        from offline_plugins.lightning.fsdp import fsdp_strategy, language_models
 
         if not language_models(parts.loss):
             raise RunError("--strategy fsdp shards the decoder layers of a transformers model (the classes its "
@@ -49,7 +50,6 @@ def _strategy(devices, num_nodes: int, parts, strategy):
     single = (isinstance(devices, int) and devices == 1) or devices in ("1", [0])
     if single and num_nodes == 1:
         return "auto"
-    from lightning.pytorch.strategies import DDPStrategy
 
     return DDPStrategy(find_unused_parameters=_needs_unused_parameters(parts))
 
@@ -62,14 +62,10 @@ def _device_count(devices) -> int:
     if isinstance(devices, str) and "," in devices:
         return len([d for d in devices.split(",") if d.strip()])
     if devices in ("auto", -1, "-1"):
-        import torch
-
         return max(1, torch.cuda.device_count())
     return int(devices)
 
 
 def _scale_device(accelerator: str) -> str:
     """Where the run's batches will live, for the memory check: the GPU when it will use one."""
-    import torch
-
     return "cuda" if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available() else "cpu"

@@ -45,10 +45,16 @@ import contextlib
 import importlib.util
 import json
 import os
+import secrets
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence, Union
 
+from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.utilities import rank_zero_only
+
+from offline_plugins.data.files import atomic_write_text, is_write_error, write_error
 from offline_plugins.errors import UserError
+from offline_plugins.lightning.files import RESUME_FIX, RunCSVLogger
 
 __all__ = ["LOGGERS", "RECORD", "logger_names", "make_loggers", "close_loggers"]
 
@@ -102,8 +108,6 @@ RECORD = "loggers.json"
 @contextlib.contextmanager
 def _writes(where: str) -> Iterator[None]:
     # a logger's failed write (full disk, quota, read-only folder) is the run's one-line WriteError
-    from offline_plugins.data.files import is_write_error, write_error
-    from offline_plugins.lightning.files import RESUME_FIX
 
     try:
         yield
@@ -162,11 +166,6 @@ def make_loggers(logger: Union[None, str, Sequence[str]], out: Union[str, os.Pat
     then the others ``logger`` names (see the module's table), each run named ``run_name``.
     ``resume_step``: the step of the checkpoint a resumed run starts from; the loggers continue
     the runs recorded in ``out/loggers.json``."""
-    from lightning.pytorch.utilities import rank_zero_only
-
-    from offline_plugins.data.files import atomic_write_text
-    from offline_plugins.lightning.files import RESUME_FIX, RunCSVLogger
-
     out = Path(out)
     earlier = _record(out) if resume_step is not None else {}
     record: dict[str, Any] = {}
@@ -175,16 +174,12 @@ def make_loggers(logger: Union[None, str, Sequence[str]], out: Union[str, os.Pat
         if name == "csv":
             loggers.append(RunCSVLogger(save_dir=str(out), name="", version=""))
         elif name == "tensorboard":
-            from lightning.pytorch.loggers import TensorBoardLogger
-
             # on a resume, the events the interrupted run logged after its checkpoint (training rows
             # from step+1, as metrics.csv is cut) are hidden by the new event file's purge_step
             kwargs = {"purge_step": int(resume_step) + 1} if resume_step is not None else {}
             loggers.append(_guarded(TensorBoardLogger)(save_dir=str(out), name="tensorboard", version="",
                                                        default_hp_metric=False, **kwargs))
         elif name == "mlflow":
-            from lightning.pytorch.loggers import MLFlowLogger
-
             uri = os.environ.get("MLFLOW_TRACKING_URI")
             if not uri:
                 # a file store in the run folder: no server, readable with MlflowClient(uri) or the
@@ -213,12 +208,8 @@ def make_loggers(logger: Union[None, str, Sequence[str]], out: Union[str, os.Pat
             mlflow.set_tracking_uri(given)
             loggers.append(mlflow_logger)
         elif name == "wandb":
-            from lightning.pytorch.loggers import WandbLogger
-
             run_id = (earlier.get("wandb") or {}).get("id")
             if run_id is None:
-                import secrets
-
                 run_id = secrets.token_hex(4)  # a W&B run id (lower-case letters and digits)
             record["wandb"] = {"id": run_id}
             loggers.append(_guarded(WandbLogger)(project=os.environ.get("WANDB_PROJECT", "offline-plugins"),
@@ -236,8 +227,6 @@ def close_loggers(loggers: Sequence[Any]) -> dict[str, str]:
     Lightning leaves a W&B run open in the process when training ends, and the next run's
     ``WandbLogger`` would log into it; it is finished here. (Lightning finishes MLflow runs itself.)
     """
-    from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger
-
     found: dict[str, str] = {}
     for lg in loggers:
         if isinstance(lg, CSVLogger):

@@ -18,10 +18,14 @@ import functools
 from typing import Any, Optional, Sequence
 
 import torch
-from lightning.pytorch import LightningModule
+from lightning.pytorch import Callback, LightningModule
 
+from offline_plugins import __version__
 from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup, compute_terms
+from offline_plugins.errors import UserError
+from offline_plugins.lightning.callbacks import TargetNetworkUpdate
 from offline_plugins.lightning.data import LOSS_STREAM, StepBatches, step_seed
+from offline_plugins.lightning.fsdp import shard_module
 from offline_plugins.lightning.optimizers import OptimizerChain, make_grouped_adam, make_shell_optimizer
 
 __all__ = [
@@ -40,8 +44,6 @@ DEFAULT_STEPS_PER_CALL = 8
 
 def _hooks_batches(callback) -> bool:
     """Whether ``callback`` overrides a hook that sees each call's batch."""
-    from lightning.pytorch import Callback
-
     return any(
         getattr(type(callback), name, None) is not getattr(Callback, name)
         for name in ("on_train_batch_start", "on_train_batch_end")
@@ -62,8 +64,6 @@ def resolve_steps_per_call(steps_per_call: Optional[int], callbacks: Sequence[An
     if steps_per_call is None:
         return 1 if any(_hooks_batches(cb) for cb in callbacks) else DEFAULT_STEPS_PER_CALL
     if isinstance(steps_per_call, bool) or not isinstance(steps_per_call, int) or steps_per_call < 1:
-        from offline_plugins.errors import UserError
-
         raise UserError(f"steps_per_call (--steps-per-call) must be a whole number >= 1, got {steps_per_call!r}; "
                         "pass None for the default, or 1 for one gradient step per Lightning call")
     return int(steps_per_call)
@@ -150,8 +150,6 @@ class AlgorithmModule(LightningModule):
         super().__init__()
         self.steps_per_call = resolve_steps_per_call(steps_per_call)
         if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
-            from offline_plugins.errors import UserError
-
             raise UserError(f"accumulate (--accumulate) must be a whole number >= 1, got {accumulate!r}")
         self.accumulate = int(accumulate)
         self.automatic_optimization = False
@@ -178,7 +176,6 @@ class AlgorithmModule(LightningModule):
         self._terms = compile_terms(self.loss_module) if compile_loss else functools.partial(compute_terms, self.loss_module)
         self._zero_weight_idle = False
         self.last_logged: dict[str, float] = {}
-        from offline_plugins.lightning.callbacks import TargetNetworkUpdate
 
         # what setup() checks the Trainer has: without them the run would train something else
         # (targets that never move, a buffer never filled) without saying so
@@ -198,8 +195,6 @@ class AlgorithmModule(LightningModule):
         mesh = self.device_mesh
         if mesh is None:
             return
-        from offline_plugins.errors import UserError
-        from offline_plugins.lightning.fsdp import shard_module
 
         dims = tuple(mesh.mesh_dim_names or ())
         if "tensor_parallel" in dims and mesh["tensor_parallel"].size() > 1:
@@ -241,8 +236,6 @@ class AlgorithmModule(LightningModule):
 
     def _check_callbacks(self) -> None:
         """Refuse a Trainer without a callback this algorithm needs, naming it and the fix."""
-        from offline_plugins.errors import UserError
-
         name = self.hparams.get("algorithm") or type(self.loss_module).__name__
         wanted = self.required_datamodule
         if wanted is not None and not isinstance(getattr(self.trainer, "datamodule", None), wanted):
@@ -389,8 +382,6 @@ class AlgorithmModule(LightningModule):
             return [(batch, None)]
         n = int(batch.batch_size[0]) if hasattr(batch, "batch_size") else len(batch)
         if n < self.accumulate:
-            from offline_plugins.errors import UserError
-
             raise UserError(f"--accumulate {self.accumulate} splits each batch into micro-batches, but a batch has "
                             f"only {n} elements; raise batch_size (--set batch_size=...) or lower --accumulate")
         return [(chunk, chunk.batch_size[0] / n) for chunk in batch.chunk(self.accumulate, dim=0)]
@@ -435,8 +426,6 @@ class AlgorithmModule(LightningModule):
 
     # -- checkpoints --------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        from offline_plugins import __version__
-
         checkpoint["offline_plugins"] = {
             "version": __version__,
             "algorithm": self.hparams.get("algorithm", ""),

@@ -4,15 +4,22 @@ whether it holds an earlier run (``--overwrite``), the default folder, and the l
 
 from __future__ import annotations
 
+import csv
 import json
+import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
+
+import matplotlib
+import matplotlib.pyplot as plt
 
 from offline_plugins.data.files import atomic_path
 from offline_plugins.lightning.guards import RunError, RunFolderLock
 from offline_plugins.lightning.plan import RunPlan
 from offline_plugins.lightning.settings import RunSettings
+from offline_plugins.plugins.datakind import LOSS_PANEL, CurvePanel
 
 __all__ = ["check_run_inputs", "plot_learning_curve"]
 
@@ -86,9 +93,6 @@ def _check_inputs_outside(out: Path, inputs: Mapping[str, Path], *, overwrite: b
 def _check_fresh(out: Path, *, overwrite: bool = False) -> None:
     taken = [p.name for p in (out / "summary.json", out / "metrics.csv", out / "checkpoints") if p.exists()]
     if taken and overwrite:
-        import logging
-        import shutil
-
         for name in _RUN_FILES:
             path = out / name
             if path.is_dir() and not path.is_symlink():
@@ -121,14 +125,7 @@ def plot_learning_curve(metrics_csv: Union[str, os.PathLike], out_png: Union[str
     :class:`~offline_plugins.plugins.datakind.CurvePanel` (the data kind's ``curve_panels()``;
     default: the environment kinds' score above the losses). ``marks``: a dashed vertical line at
     each ``{label: step}`` (the start of fine-tuning's online phase)."""
-    import csv
-
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from offline_plugins.plugins.datakind import LOSS_PANEL, CurvePanel
 
     if panels is None:
         panels = [CurvePanel("normalised score (else return)", ("eval/normalized_score", "eval/return_mean"),

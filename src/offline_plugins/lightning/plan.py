@@ -12,10 +12,18 @@ Python entries of :mod:`offline_plugins.lightning.run` and
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
 
+import torch
+
+from offline_plugins.config import apply_overrides, load_config_file, parse_set_args
 from offline_plugins.errors import UserError
+from offline_plugins.plugins import shared_registry
+from offline_plugins.plugins.datakind import DataOptions
+from offline_plugins.plugins.registry import AlgorithmSpec
+from offline_plugins.presets import preset
 
 if TYPE_CHECKING:  # pragma: no cover
     from offline_plugins.lightning.checkpoints import ResumedRun
@@ -54,26 +62,19 @@ class RunPlan:
 
     def __post_init__(self) -> None:
         if self.kind is None:  # a RunPlan made by hand
-            from offline_plugins.plugins import shared_registry
 
             self.kind = shared_registry().kind_of(self.spec)
         if self.options is None:
-            from offline_plugins.plugins.datakind import DataOptions
-
             self.options = DataOptions()
 
 
 def build_parts(plan: RunPlan, seed: int):
     """The algorithm's ``AlgorithmParts`` for ``plan``, its networks initialised from ``seed``."""
-    import torch
-
     torch.manual_seed(seed)
     return plan.spec.load_build()(plan.config, plan.data)
 
 
 def _as_overrides(config: Union[None, str, os.PathLike, Mapping], overrides) -> dict[str, Any]:
-    from offline_plugins.config import load_config_file, parse_set_args
-
     merged: dict[str, Any] = {}
     if config is not None:
         merged.update(load_config_file(config) if isinstance(config, (str, os.PathLike)) else dict(config))
@@ -172,23 +173,15 @@ def plan_run(
             (:class:`~offline_plugins.lightning.checkpoints.ResumedRun`): its config, model,
             reward function and drop flags come first, and what is given above goes on top.
     """
-    from offline_plugins.config import apply_overrides
-    from offline_plugins.plugins.datakind import DataOptions
-    from offline_plugins.plugins.registry import AlgorithmSpec
-
     if resumed is not None:  # a bare resume continues with the run's own config and data options
         given = resumed.plan_kwargs(config=config, overrides=overrides, model=model, reward=reward,
                                     drop_nonfinite=drop_nonfinite, drop_empty=drop_empty)
         config, overrides, model, reward = given["config"], given["overrides"], given["model"], given["reward"]
         drop_nonfinite, drop_empty = given["drop_nonfinite"], given["drop_empty"]
     if registry is None:
-        from offline_plugins.plugins import shared_registry
-
         registry = shared_registry()
     spec = algorithm if isinstance(algorithm, AlgorithmSpec) else registry.algorithm(algorithm)
     if spec.experimental:
-        import logging
-
         logging.getLogger(__name__).warning("%s is experimental: %s", spec.name, spec.experimental)
     kind = registry.kind_of(spec)
     options = DataOptions(model=model, drop_nonfinite=drop_nonfinite, drop_empty=drop_empty, reward=reward)
@@ -201,8 +194,6 @@ def plan_run(
     _check_action_space(spec, dataset_id, action_space)
     merged = _as_overrides(config, overrides)
     if "preset" in merged and "preset" not in {f.name for f in dataclasses.fields(spec.config)}:
-        from offline_plugins.presets import preset
-
         merged = {**preset(str(merged.pop("preset")), spec.name), **merged}  # the user's keys win
     _refuse_run_options(spec, merged)
     cfg = apply_overrides(spec.default_config(), merged)

@@ -42,8 +42,17 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
+import torch
+from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from offline_plugins.config import config_to_dict
 from offline_plugins.data.files import WriteError, atomic_write_text
 from offline_plugins.errors import UserError
+from offline_plugins.lightning.builder import build
+from offline_plugins.lightning.callbacks import FinalCheckpoint, InterruptCheckpoint, StepProgressBar, TokenThroughput
+from offline_plugins.lightning.checkpoint_files import check_resume, data_fingerprint
 from offline_plugins.lightning.checkpoints import (
     ResumedRun,
     TrainedRun,
@@ -54,6 +63,8 @@ from offline_plugins.lightning.checkpoints import (
     resume_summary,
     trim_metrics,
 )
+from offline_plugins.lightning.files import RESUME_FIX, RunCheckpointIO
+from offline_plugins.lightning.fsdp import FSDP_PRECISIONS, full_copy
 from offline_plugins.lightning.guards import (
     GracefulInterrupt,
     RunError,
@@ -63,15 +74,16 @@ from offline_plugins.lightning.guards import (
     quiet_lightning,
     restored_process_state,
 )
-from offline_plugins.lightning.checkpoint_files import check_resume, data_fingerprint
 from offline_plugins.lightning.launch import _is_launched_rank, _scale_device, _stop_launched_ranks, _strategy
+from offline_plugins.lightning.loggers import close_loggers, logger_names, make_loggers
+from offline_plugins.lightning.module import resolve_steps_per_call
 from offline_plugins.lightning.outputs import (
     _check_fresh,
+    _check_inputs_outside,
+    _default_out_dir,
     _finished_summary,
     _interrupted_message,
     _lock_run_folder,
-    _check_inputs_outside,
-    _default_out_dir,
     _run_inputs,
     check_run_inputs,
     plot_learning_curve,
@@ -106,8 +118,6 @@ def _process_state(settings: RunSettings) -> Iterator[None]:
     """Set the run's torch threads; give the caller back its threads, environment and RNG states after."""
     with restored_process_state():
         if settings.threads is not None:
-            import torch
-
             torch.set_num_threads(int(settings.threads))
             # Lightning's DDP launchers reset each rank's threads unless OMP_NUM_THREADS is set
             os.environ["OMP_NUM_THREADS"] = str(int(settings.threads))
@@ -211,8 +221,6 @@ def train(plan: RunPlan, settings: Optional[RunSettings] = None, *,
                         "train_algorithm(algorithm, dataset, **settings) trains an algorithm on a dataset by name")
     settings = RunSettings() if settings is None else settings
     started = time.perf_counter()
-    from offline_plugins.lightning.loggers import logger_names
-    from offline_plugins.lightning.module import resolve_steps_per_call
 
     resumed = settings.resumed_run()
     options, resume_record = _resolve_run_options(settings, resumed)
@@ -286,21 +294,6 @@ def _fit(plan: RunPlan, settings: RunSettings, out: Path, ckpt_path: Optional[Pa
     What depends on the data (its evaluation, the summary's figures, the export) is asked
     of ``plan.kind``."""
 
-    from lightning.pytorch import Trainer, seed_everything
-    from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-    from offline_plugins.config import config_to_dict
-    from offline_plugins.lightning.builder import build
-    from offline_plugins.lightning.callbacks import (
-        FinalCheckpoint,
-        InterruptCheckpoint,
-        StepProgressBar,
-        TokenThroughput,
-    )
-    from offline_plugins.lightning.files import RESUME_FIX, RunCheckpointIO
-    from offline_plugins.lightning.loggers import close_loggers, make_loggers
-
     seed_everything(seed, workers=False, verbose=False)
     total = steps + online_steps
     if eval_every is None:
@@ -340,8 +333,6 @@ def _fit(plan: RunPlan, settings: RunSettings, out: Path, ckpt_path: Optional[Pa
     sharded = settings.strategy == "fsdp"
     trainer_precision = precision
     if sharded:
-        from offline_plugins.lightning.fsdp import FSDP_PRECISIONS
-
         if precision not in FSDP_PRECISIONS:
             raise RunError(f"--strategy fsdp takes --precision {', '.join(FSDP_PRECISIONS)}, not {precision!r} "
                            "(FSDP2 computes bf16-mixed from float32 parameters by its MixedPrecisionPolicy)")
@@ -413,7 +404,6 @@ def _fit(plan: RunPlan, settings: RunSettings, out: Path, ckpt_path: Optional[Pa
     exported = parts
     if sharded and not interrupted:
         # every rank takes part in gathering the sharded weights; rank 0 exports a plain copy
-        from offline_plugins.lightning.fsdp import full_copy
 
         plain = full_copy(module)
         if plain is not None:

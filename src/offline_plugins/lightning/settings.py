@@ -12,6 +12,8 @@ from typing import Any, Optional, Sequence, Union
 from offline_plugins.config import RUN_DEFAULTS as _NEW_RUN
 from offline_plugins.lightning.checkpoints import ResumedRun
 from offline_plugins.lightning.guards import RunError, check_devices, check_out_dir, check_precision, check_strategy
+from offline_plugins.lightning.loggers import logger_names
+from offline_plugins.lightning.module import resolve_steps_per_call
 
 __all__ = ["RunSettings", "RUN_DEFAULTS"]
 
@@ -156,12 +158,8 @@ def _checked_option(key: str, value: Any, accelerator: str) -> Any:
     if key == "accumulate" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise RunError(f"--accumulate must be a whole number >= 1, got {value!r}")
     if key == "steps_per_call":
-        from offline_plugins.lightning.module import resolve_steps_per_call
-
         return resolve_steps_per_call(value)
     if key == "logger":
-        from offline_plugins.lightning.loggers import logger_names
-
         logger_names(value)  # an unknown logger, or one whose package is missing
     return value
 

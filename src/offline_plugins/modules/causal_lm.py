@@ -31,12 +31,15 @@ torch.Size([3, 2, 5])
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from typing import Optional
 
 import torch
 from tensordict import NestedKey, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
+from torch.utils.checkpoint import checkpoint
+from transformers.utils import logging as hf_logging
 
 __all__ = ["CausalLMLogProbs", "CausalLMReward", "AdaptersOff", "token_log_probs", "chunked_token_log_probs",
            "shared_prefix_log_probs",
@@ -68,8 +71,6 @@ def _logits_of(model: torch.nn.Module, hf_like: bool, input_ids: torch.Tensor, a
     if not hf_like:
         out = model(input_ids)
     elif attention_mask is None:
-        from transformers.utils import logging as hf_logging
-
         logger, quiet = hf_logging.get_logger("transformers.modeling_utils"), _RightPaddingIsMasked()
         logger.addFilter(quiet)
         try:
@@ -170,8 +171,6 @@ def chunked_token_log_probs(head: torch.nn.Module, hidden: torch.Tensor, tokens:
     vocabulary of 32k-150k those dominate a small model's memory. The values are those of the
     unchunked path up to float rounding.
     """
-    from torch.utils.checkpoint import checkpoint
-
     targets = tokens[:, 1:]
     states = hidden[:, :-1]
     parts = []
@@ -479,8 +478,6 @@ class AdaptersOff(torch.nn.Module):
         self.__dict__["peft_model"] = peft_model  # not a submodule: the policy owns these weights
 
     def _off(self):
-        import contextlib
-
         @contextlib.contextmanager
         def off():
             was = self.peft_model.training

@@ -29,6 +29,9 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from transformers import GenerationConfig, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
 __all__ = ["model_context", "left_pad", "generate_left_padded", "SampledLogProbs", "Generation", "generate",
            "generation_kwargs", "DEFAULT_CONTEXT"]
@@ -102,11 +105,8 @@ def generate_left_padded(model: torch.nn.Module, input_ids: torch.Tensor, attent
 
 
 def _sharded_across_ranks(model: torch.nn.Module) -> bool:
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
         return False
-    from torch.distributed.tensor import DTensor
 
     # an FSDP2-sharded model (or a LoRA reference holding one's parameters)
     return any(isinstance(p, DTensor) for p in model.parameters())
@@ -150,8 +150,6 @@ def generation_kwargs(*, max_new_tokens: int, pad_id: int, eos_id: Optional[int]
                       recorder: Optional[SampledLogProbs] = None) -> dict[str, Any]:
     """``generate``'s arguments: a clean config (see the module docstring), and for sampling the
     log-prob ``recorder`` first, then transformers' temperature and top-p warpers."""
-    from transformers import GenerationConfig, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
-
     processors = [recorder] if recorder is not None else []
     if not greedy and temperature != 1.0:
         processors.append(TemperatureLogitsWarper(temperature))

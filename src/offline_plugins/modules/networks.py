@@ -26,6 +26,7 @@ import torch
 from tensordict.nn import InteractionType, TensorDictModule
 from torch import nn
 from torchrl.data import Bounded
+from torchrl.data import Categorical as CategoricalSpec
 from torchrl.modules import Actor, NormalParamExtractor, ProbabilisticActor, TanhNormal, ValueOperator
 
 __all__ = [
@@ -142,8 +143,6 @@ def make_discrete_qvalue(obs_dim: int, num_actions: int, hidden: Sequence[int] =
 
 def make_categorical_actor(obs_dim: int, num_actions: int, hidden: Sequence[int] = (256, 256)) -> ProbabilisticActor:
     """Categorical policy over ``num_actions``; writes an int64 ``action`` (argmax unless sampling)."""
-    from torchrl.data import Categorical as CategoricalSpec
-
     module = TensorDictModule(mlp(obs_dim, num_actions, hidden), in_keys=["observation"], out_keys=["logits"])
     return ProbabilisticActor(
         module,

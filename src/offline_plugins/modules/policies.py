@@ -14,6 +14,7 @@ True
 
 from __future__ import annotations
 
+import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
@@ -32,7 +33,5 @@ class DeterministicPolicy(TensorDictModuleBase):
         self.out_keys = list(out_keys)
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        import torch
-
         with set_exploration_type(ExplorationType.DETERMINISTIC), torch.no_grad():
             return self.module(tensordict)

@@ -37,9 +37,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Optional
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers.utils import logging as hf_logging
+
+from offline_plugins.config import cache_root
+from offline_plugins.modules.task_text import FRIENDS, ITEMS, OPENINGS, OPERATIONS, PEOPLE, QUESTIONS
 
 __all__ = [
     "SMALL_MODEL_VERSION",
@@ -147,8 +158,6 @@ def _word_problem_texts(rng: random.Random, n: int) -> list[str]:
     """Word problems in the built-in tasks' sentences with their solutions, one step a line then
     ``#### N``, or as calculator calls or a Python program (the numbers are random: only the
     words and the layout matter to the merges)."""
-    from offline_plugins.modules.task_text import FRIENDS, ITEMS, OPENINGS, OPERATIONS, PEOPLE, QUESTIONS
-
     symbols = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
     texts = []
     for i in range(n):
@@ -182,9 +191,6 @@ def _word_problem_texts(rng: random.Random, n: int) -> list[str]:
 def small_tokenizer(*, pad: bool = True, seed: int = 0):
     """A ``PreTrainedTokenizerFast``: byte-level BPE of :data:`VOCAB_SIZE` tokens trained on
     :func:`task_corpus`, digits one per token, :data:`CHAT_TEMPLATE`; ``pad=False`` saves no pad token."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Digits(individual_digits=True),
@@ -208,9 +214,6 @@ def small_tokenizer(*, pad: bool = True, seed: int = 0):
 
 def small_causal_lm(tokenizer: Any, *, seed: Optional[int] = 0, **overrides: Any):
     """A ``Qwen2ForCausalLM`` of :data:`SMALL_CONFIG` (``overrides`` change fields) sized to ``tokenizer``."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     # a tokenizer without pad makes a config without one, as a base model's: its eos row is then no padding_idx
     config = Qwen2Config(vocab_size=len(tokenizer), bos_token_id=None, eos_token_id=eos, pad_token_id=pad,
@@ -229,8 +232,6 @@ def small_causal_lm(tokenizer: Any, *, seed: Optional[int] = 0, **overrides: Any
 
 
 def _models_root() -> Path:
-    from offline_plugins.config import cache_root
-
     return cache_root() / "models"
 
 
@@ -241,12 +242,6 @@ def small_model_folder(name: str = "small", *, seed: int = 0, root: Optional[Pat
     records the vocabulary's hash, so a cache written by another version of ``tokenizers`` that trained
     different merges is noticed (and rebuilt) instead of being mixed with this one.
     """
-    import os
-    import shutil
-    import tempfile
-
-    from transformers.utils import logging as hf_logging
-
     if name not in SMALL_MODELS:
         raise KeyError(f"unknown built-in model {name!r}; the small ones are {', '.join(SMALL_MODELS)}")
     root = Path(root) if root is not None else _models_root()

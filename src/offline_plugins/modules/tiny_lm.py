@@ -16,14 +16,19 @@ True
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import string
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+from transformers.utils import logging as hf_logging
 
 from offline_plugins.errors import UserError
+from offline_plugins.modules.small_lm import SMALL_MODEL_VERSION, small_model_folder
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -89,8 +94,6 @@ def model_cache_tag(model: Any) -> str:
     if str(model) == "tiny":
         return f"tiny-{TINY_MODEL_VERSION}"
     if is_builtin_model(model):
-        from offline_plugins.modules.small_lm import SMALL_MODEL_VERSION
-
         return f"{model}-{SMALL_MODEL_VERSION}"
     return Path(str(model)).name
 
@@ -105,9 +108,6 @@ def char_tokenizer(characters: str = CHARACTERS):
     It round-trips through ``save_pretrained`` / ``AutoTokenizer.from_pretrained``.
     Characters outside ``characters`` become ``<unk>``.
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     vocab = {t: i for i, t in enumerate(list(SPECIAL_TOKENS) + list(dict.fromkeys(characters)))}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
@@ -145,8 +145,6 @@ def tiny_causal_lm(
     training log-probs equal the reference's at step 0, so the implicit reward starts at
     exactly 0.
     """
-    from transformers import GPT2Config
-
     config = GPT2Config(
         vocab_size=len(tokenizer),
         n_positions=max_positions,
@@ -190,8 +188,6 @@ def _tiny_gpt2_class():
     """
     global _TINY_CLASS
     if _TINY_CLASS is None:
-        from transformers import GPT2LMHeadModel
-
         class TinyGPT2LMHeadModel(GPT2LMHeadModel):
             # ``position_ids`` is named: transformers' generate derives it from the attention mask
             # (positions counted from each row's first real token) only for a forward that names
@@ -239,12 +235,7 @@ def load_causal_lm(
         tokenizer = char_tokenizer()
         return tiny_causal_lm(tokenizer, seed=seed).to(dtype), tokenizer
     if is_builtin_model(name_or_path):
-        from offline_plugins.modules.small_lm import small_model_folder
-
         name_or_path = small_model_folder(str(name_or_path), seed=0 if seed is None else seed)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from transformers.utils import logging as hf_logging
 
     _check_model_folder(name_or_path)
     verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
@@ -306,8 +297,6 @@ def _check_model_folder(name_or_path: Union[str, Path]) -> None:
 
 def model_fingerprint(model: torch.nn.Module, tokenizer: Any = None) -> str:
     """A short hash of a model's weights (and tokenizer vocabulary): the reference-cache key."""
-    import hashlib
-
     h = hashlib.sha256()
     config = getattr(model, "config", None)
     if config is not None:

@@ -55,7 +55,9 @@ does, when a run asks for ``--generator vllm``.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
+import logging
 import os
 import random
 import tempfile
@@ -63,9 +65,12 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
+import numpy as np
 import torch
+from transformers.utils import logging as hf_logging
 
 from offline_plugins.errors import UserError
+from offline_plugins.modules.generation import Generation, left_pad, model_context
 
 __all__ = ["GENERATORS", "INSTALL_HINT", "GeneratorError", "VLLMGenerator", "LocalVLLMEngine", "require_vllm",
            "vllm_architecture", "policy_weights"]
@@ -165,8 +170,6 @@ def policy_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def _keep_global_state():
     """Put back Python's, numpy's and torch's global generators and torch's thread count, which
     vLLM's in-process engine sets when it starts."""
-    import numpy as np
-
     states = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
               torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
     threads = torch.get_num_threads()
@@ -186,8 +189,6 @@ def _keep_global_state():
 @contextlib.contextmanager
 def _no_transformers_progress_bar():
     """No "Writing model shards" bar for the engine's temporary folder."""
-    from transformers.utils import logging as hf_logging
-
     was = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
@@ -202,8 +203,6 @@ def _quiet_chat_template_warmup():
     """Drop vLLM's "Chat template warmup failed" warning and its traceback: with
     ``skip_tokenizer_init`` (token ids in, token ids out: the run's tokenizer stays ours) there is no
     chat template to warm up, and vLLM 0.32 logs that as a failure."""
-    import logging
-
     logger = logging.getLogger("vllm.renderers.base")
     drop = lambda record: "Chat template warmup" not in str(record.msg)  # noqa: E731
     logger.addFilter(drop)
@@ -318,7 +317,6 @@ class VLLMGenerator:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if device.type == "cpu":
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        from offline_plugins.modules.generation import model_context
 
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="offline-plugins-vllm-") as folder:
@@ -382,7 +380,6 @@ class VLLMGenerator:
         with contextlib.suppress(Exception):
             llm.llm_engine.engine_core.shutdown()
         del llm
-        import gc
 
         gc.collect()
 
@@ -402,8 +399,6 @@ class VLLMGenerator:
             raise RuntimeError("VLLMGenerator.generate before start(): call before_round(model, step) first")
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
-
-        from offline_plugins.modules.generation import Generation, left_pad
 
         n = len(prompt_ids) * num_samples
         seeds = torch.randint(0, 2**31 - 1, (n,), generator=torch.Generator().manual_seed(int(seed))).tolist()

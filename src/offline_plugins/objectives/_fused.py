@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from tensordict.utils import unravel_key
 from torch import nn
+from torchrl.objectives.value import TD0Estimator
 
 __all__ = [
     "transition",
@@ -72,8 +73,6 @@ def torchrl_blocker(loss, torchrl_cls: type, methods: tuple, *, value_network, v
     Read on every forward, as ``make_value_estimator`` may be called at any time; a few
     attribute reads.
     """
-    from torchrl.objectives.value import TD0Estimator
-
     cls = type(loss)
     for name in methods:
         if getattr(cls, name) is not getattr(torchrl_cls, name) or name in loss.__dict__:

@@ -23,6 +23,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase, dispatch
 from tensordict.utils import NestedKey
+from torchrl.objectives.utils import ValueEstimators, dispatch_value_estimator
 
 from offline_plugins.errors import OfflineLossError
 
@@ -345,8 +346,6 @@ def td0_value_estimator_keys(loss, value_key: NestedKey) -> None:
 
 def make_td0_value_estimator(loss, value_type, value_key: NestedKey, **hyperparams) -> None:
     """Give ``loss`` a TD(0) estimator that reads the next-state value the loss writes at ``value_key``."""
-    from torchrl.objectives.utils import ValueEstimators, dispatch_value_estimator  # lazy: _glue imports this module
-
     if value_type is None:
         value_type = loss.default_value_estimator
     dispatch_value_estimator(

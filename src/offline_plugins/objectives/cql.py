@@ -47,12 +47,13 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import dispatch
 from torchrl.data.utils import _find_action_space
 from torchrl.objectives import CQLLoss as _TorchRLCQLLoss
 from torchrl.objectives import DiscreteCQLLoss as _TorchRLDiscreteCQLLoss
 
+from offline_plugins.modules.networks import QValueNet
 from offline_plugins.objectives import _fused
 from offline_plugins.objectives.columns import DatasetColumns
 from offline_plugins.objectives.common import DiagnosticsContract, MCReturnKey, check_range
@@ -210,8 +211,6 @@ class CQLLoss(DiagnosticsContract, _TorchRLCQLLoss):
         bias add per layer).
         """
         if self._q_chain is False:
-            from offline_plugins.modules.networks import QValueNet
-
             net = getattr(self.qvalue_network, "module", None)
             keys = self.qvalue_network.in_keys
             ok = (isinstance(net, QValueNet) and len(keys) == 2 and keys[1] == self.tensor_keys.action
@@ -314,8 +313,6 @@ class CQLLoss(DiagnosticsContract, _TorchRLCQLLoss):
         :math:`\\alpha'` loss per sample, :math:`-\\tfrac12 \\alpha' ((g_{1,i} - \\tau) + (g_{2,i} - \\tau))`,
         whose batch mean is the reduced loss. TorchRL's ``forward`` takes that mean itself and then
         cannot put the scalar into a per-sample TensorDict (its own class raises there too)."""
-        from tensordict import TensorDict
-
         self._check_batch(tensordict)
         keys = self.tensor_keys
         q_loss, metadata = self.q_loss(tensordict)

@@ -18,10 +18,14 @@ from typing import Optional
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import dispatch
+from torchrl.data import Composite
+from torchrl.data.utils import _find_action_space
+from torchrl.modules import TanhNormal
 from torchrl.objectives import DiscreteIQLLoss as _TorchRLDiscreteIQLLoss
 from torchrl.objectives import IQLLoss as _TorchRLIQLLoss
 from torchrl.objectives.utils import distance_loss
 
+from offline_plugins.modules.networks import QValueNet
 from offline_plugins.objectives import _fused
 from offline_plugins.objectives.columns import DatasetColumns
 from offline_plugins.objectives.common import DiagnosticsContract, MCReturnKey, advantage_diagnostics, check_range
@@ -256,10 +260,6 @@ class IQLLoss(_fused.FusedPath, _IQLCommon, _TorchRLIQLLoss):
 
     def _fused_plan(self):
         """What the fused path needs, or None when the networks are not our plain MLPs."""
-        from torchrl.modules import TanhNormal
-
-        from offline_plugins.modules.networks import QValueNet
-
         if self.reduction != "mean" or self.num_qvalue_nets < 2:
             return None
         actor = self.actor_network
@@ -354,9 +354,6 @@ def _drop_fused_bounds(module, state_dict, prefix, *args) -> None:
 
 def _actor_action_space(actor) -> Optional[str]:
     """``"categorical"``/``"one_hot"``/... from the actor's action spec; None when it has none."""
-    from torchrl.data import Composite
-    from torchrl.data.utils import _find_action_space
-
     spec = getattr(actor, "spec", None)
     if isinstance(spec, Composite):
         leaves = {k: spec[k] for k in spec.keys(True, True) if spec[k] is not None}

@@ -11,6 +11,7 @@ from tensordict.nn import dispatch
 from torchrl.objectives import TD3BCLoss as _TorchRLTD3BCLoss
 from torchrl.objectives.utils import distance_loss
 
+from offline_plugins.modules.networks import QValueNet, ScaledTanh
 from offline_plugins.objectives import _fused
 from offline_plugins.objectives.columns import DatasetColumns
 from offline_plugins.objectives.common import DiagnosticsContract, MCReturnKey, check_range
@@ -165,8 +166,6 @@ class TD3BCLoss(_fused.FusedPath, DiagnosticsContract, _TorchRLTD3BCLoss):
 
     def _fused_plan(self):
         """What the fused path needs, or None when the networks are not our plain MLPs."""
-        from offline_plugins.modules.networks import QValueNet, ScaledTanh
-
         if self.reduction != "mean" or self.num_qvalue_nets < 1 or self.use_prioritized_weights is True:
             return None
         actor = self.actor_network

@@ -353,8 +353,6 @@ class DataKind(abc.ABC):
         """Refuse ``--online-steps`` where the run cannot act online after its offline steps (checked
         before anything is built). Default: this kind has no online phase."""
         if online_steps:
-            from offline_plugins.errors import UserError
-
             raise UserError(f"--online-steps: {spec.name!r} trains on {self.name} data, which has no online phase "
                             "(offline-to-online fine-tuning acts in a dataset's environment); drop --online-steps")
 

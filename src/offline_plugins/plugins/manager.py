@@ -8,9 +8,12 @@ shipping the same entry-point name are reported instead of one being skipped.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
+import sys
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Iterable, Optional
@@ -165,9 +168,6 @@ class UnknownPluginWarning(UserWarning):
 
 
 def _warn_unknown_blocked(blocked: set[str], known: set[str]) -> None:
-    import difflib
-    import warnings
-
     for name in sorted(blocked - known):
         close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.5)
         hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -242,8 +242,6 @@ def shared_registry(disable: Optional[Iterable[str]] = None) -> Registry:
     >>> shared_registry() is shared_registry()
     True
     """
-    import sys
-
     blocked = frozenset(disabled_from_env() | set(disable or ()))
     key = (blocked, tuple(sys.path))
     registry = _SHARED.get(key)

@@ -24,14 +24,18 @@ offline_plugins.plugins.registry.UnknownNameError: unknown algorithm 'awq'; did 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import importlib
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Optional, Union
 
+from offline_plugins.config import describe_config
 from offline_plugins.errors import UserError
 from offline_plugins.plugins.datakind import DataKind
+from offline_plugins.plugins.hookspecs import hookimpl
 
 __all__ = [
     "FAMILIES",
@@ -191,8 +195,6 @@ class AlgorithmSpec:
         return f"{self.loss.__module__}:{self.loss.__qualname__}"
 
     def to_dict(self) -> dict[str, Any]:
-        from offline_plugins.config import describe_config
-
         return {
             "name": self.name,
             "summary": self.summary,
@@ -273,8 +275,6 @@ def builtin_hook(*specs: AlgorithmSpec) -> Callable:
     >>> sorted(registry.algorithms), hook.__name__
     (['iql'], 'offline_plugins_register_algorithms')
     """
-    from offline_plugins.plugins.hookspecs import hookimpl
-
     @hookimpl
     def offline_plugins_register_algorithms(registry):
         for spec in specs:
@@ -459,8 +459,6 @@ class ToolSpec:
 
     def make(self, *, timeout: float = 5.0, sandbox: Optional[str] = None) -> Any:
         """The tool, built with the settings its factory takes."""
-        import inspect
-
         factory = resolve(self.tool)
         try:
             params = inspect.signature(factory).parameters
@@ -704,7 +702,6 @@ class ScopedRegistrar:
                 plugin=self.plugin,
             )
         else:  # a DataKind instance: stamp a copy
-            import copy
 
             spec = copy.copy(spec)
             spec.provider = getattr(spec, "provider", "") or self.provider

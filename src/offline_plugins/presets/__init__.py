@@ -16,6 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from offline_plugins.config import load_config_file
+from offline_plugins.errors import UserError
+
 __all__ = ["presets", "preset"]
 
 _FOLDER = Path(__file__).parent
@@ -28,9 +31,6 @@ def presets() -> dict[str, Path]:
 
 def preset(name: str, algorithm: str) -> dict[str, Any]:
     """The overrides preset ``name`` holds for ``algorithm``; a clear error when either is unknown."""
-    from offline_plugins.config import load_config_file
-    from offline_plugins.errors import UserError
-
     known = presets()
     if name not in known:
         raise UserError(f"unknown preset {name!r}; the presets are {', '.join(known)} "

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from offline_plugins.config import ConfigError
 from offline_plugins.objectives.sequence.common import ContextLengthError
 
 __all__ = ["step_counts", "discounted_returns", "check_window", "check_batch_windows", "add_step_count", "add_discounted_return"]
@@ -101,8 +102,6 @@ def check_batch_windows(config: Any, data: Any, algorithm: str, window: int, wha
     ``config.batch_size`` (steps) is a whole number of windows; the fix suggests ``example`` windows."""
     check_window(data, algorithm, window, what, config.drop_short_episodes)
     if config.batch_size % window:
-        from offline_plugins.config import ConfigError
-
         raise ConfigError(
             f"{algorithm}: batch_size={config.batch_size} must be a multiple of {what}={window}{note}; "
             f"e.g. --set batch_size={example * window}"

@@ -16,10 +16,12 @@ The learning-rate warm-up is Decision Transformer's (``dt.make_warmup_scheduler`
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
-from offline_plugins.config import config_field
+from offline_plugins.algorithms.sequence.dt import make_warmup_scheduler
+from offline_plugins.config import ConfigError, config_field
 from offline_plugins.plugins.registry import builtin_algorithm, builtin_hook
 
 __all__ = ["ADConfig", "build", "add_previous_steps", "in_context_returns"]
@@ -79,15 +81,14 @@ def in_context_returns(policy, make_env, *, tasks: int = 10, seed: int = 0, devi
 
 def build(config: ADConfig, data: Any):
     """Algorithm Distillation on discrete actions: our causal transformer, its cross-entropy loss, the in-context policy."""
-    import functools
-
     from offline_plugins.algorithms import _glue
     from offline_plugins.algorithms.base import AlgorithmParts
     from offline_plugins.algorithms.sequence import _common
-    from offline_plugins.algorithms.sequence.dt import make_warmup_scheduler
-    from offline_plugins.config import ConfigError
     from offline_plugins.modules.sequence.algorithm_distillation import (
-        AlgorithmDistillationActor, AlgorithmDistillationNet, AlgorithmDistillationPolicy)
+        AlgorithmDistillationActor,
+        AlgorithmDistillationNet,
+        AlgorithmDistillationPolicy,
+    )
     from offline_plugins.objectives.common import check_range
     from offline_plugins.objectives.sequence.algorithm_distillation import AlgorithmDistillationLoss
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from offline_plugins.config import config_field
+from offline_plugins.config import ConfigError, config_field
 from offline_plugins.plugins.registry import builtin_hook, builtin_sequence_model
 
 __all__ = ["DiffuserConfig", "build"]
@@ -81,14 +81,18 @@ def build(config: DiffuserConfig, data: Any):
     from offline_plugins.algorithms import _glue
     from offline_plugins.algorithms.base import AlgorithmParts
     from offline_plugins.algorithms.sequence import _common
-    from offline_plugins.config import ConfigError
+    from offline_plugins.envs.maze import maze_goal
     from offline_plugins.modules.sequence.diffuser import DiffuserPlanner
     from offline_plugins.modules.sequence.diffusion import DDPMSchedule
     from offline_plugins.modules.sequence.unet import TemporalUnet, ValueUnet
     from offline_plugins.objectives.common import check_range
-    from offline_plugins.envs.maze import maze_goal
     from offline_plugins.objectives.sequence.diffuser import (
-        Affine, DiffuserLoss, DiffuserValueLoss, DiffuserWithValueLoss, GoalInpaintingPlanner)
+        Affine,
+        DiffuserLoss,
+        DiffuserValueLoss,
+        DiffuserWithValueLoss,
+        GoalInpaintingPlanner,
+    )
 
     name = "diffuser"
     _glue.check_inputs(config, data, name, "continuous")

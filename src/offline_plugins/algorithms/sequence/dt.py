@@ -13,10 +13,14 @@ gradient step.
 
 from __future__ import annotations
 
+import functools
+import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from offline_plugins.config import config_field
+from offline_plugins.config import ConfigError, config_field
+from offline_plugins.objectives.sequence.common import TargetReturnWarning
 from offline_plugins.plugins.registry import builtin_hook, builtin_sequence_model
 
 __all__ = ["DTConfig", "build", "prepare", "assemble", "warmup_factor", "make_warmup_scheduler", "auto_return_scale", "check_target_return"]
@@ -58,8 +62,6 @@ def warmup_factor(step: int, warmup_steps: int) -> float:
 
 def make_warmup_scheduler(optimizer, warmup_steps: int):
     """``LambdaLR`` with the linear warm-up of the reference implementation."""
-    import functools
-
     import torch
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(warmup_factor, warmup_steps=warmup_steps))
@@ -71,18 +73,12 @@ def auto_return_scale(episode_returns) -> float:
     >>> auto_return_scale([-1500.0, -150.0]), auto_return_scale([3200.0]), auto_return_scale([0.5])
     (1000.0, 1000.0, 1.0)
     """
-    import math
-
     biggest = max(abs(float(r)) for r in episode_returns)
     return float(10 ** math.floor(math.log10(biggest))) if biggest >= 1 else 1.0
 
 
 def check_target_return(target: float, episode_returns, algorithm: str = "dt") -> None:
     """Warn (``TargetReturnWarning``) when ``target`` has the wrong sign or scale for the data's returns."""
-    import warnings
-
-    from offline_plugins.objectives.sequence.common import TargetReturnWarning
-
     returns = [float(r) for r in episode_returns]
     best, worst = max(returns), min(returns)
     spread = max(best - worst, abs(best), 1e-8)
@@ -111,7 +107,6 @@ def prepare(config: DTConfig, data: Any, name: str) -> dict:
 
     from offline_plugins.algorithms import _glue
     from offline_plugins.algorithms.sequence import _common
-    from offline_plugins.config import ConfigError
     from offline_plugins.modules.networks import action_bounds
     from offline_plugins.objectives.common import check_range
 
@@ -149,8 +144,6 @@ def assemble(config: DTConfig, data: Any, settings: dict, net, loss, context_len
     conditions on ``context_len`` steps and :func:`prepare`'s ``settings["target_return"]``; the
     actor's optimiser (on ``loss_keys``, with ``config``'s weight decay and gradient clipping),
     then ``groups``; the learning-rate warm-up."""
-    import functools
-
     from offline_plugins.algorithms import _glue
     from offline_plugins.algorithms.base import AlgorithmParts
     from offline_plugins.modules.sequence.decision_transformer import DecisionTransformerPolicy

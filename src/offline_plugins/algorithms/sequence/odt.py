@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from offline_plugins.algorithms.sequence import dt
 from offline_plugins.algorithms.sequence.dt import DTConfig
 from offline_plugins.config import config_field
 from offline_plugins.plugins.registry import builtin_hook, builtin_sequence_model
@@ -41,8 +42,10 @@ def build(config: ODTConfig, data):
     from torchrl.modules import ProbabilisticActor, TanhNormal
 
     from offline_plugins.algorithms import _glue
-    from offline_plugins.algorithms.sequence import dt
-    from offline_plugins.modules.sequence.decision_transformer import DecisionTransformerActor, StochasticDecisionTransformerNet
+    from offline_plugins.modules.sequence.decision_transformer import (
+        DecisionTransformerActor,
+        StochasticDecisionTransformerNet,
+    )
     from offline_plugins.objectives.common import check_range
     from offline_plugins.objectives.sequence.decision_transformer import OnlineDecisionTransformerLoss
 

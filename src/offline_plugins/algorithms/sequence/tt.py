@@ -20,9 +20,11 @@ reference uses); the learning-rate warm-up is a factory in
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
+from offline_plugins.algorithms.sequence.dt import make_warmup_scheduler
 from offline_plugins.config import config_field
 from offline_plugins.plugins.registry import builtin_hook, builtin_sequence_model
 
@@ -80,17 +82,17 @@ def _decay_split(module):
 
 def build(config: TTConfig, data: Any):
     """Trajectory Transformer on continuous actions."""
-    import functools
-
     import torch
     from tensordict.nn import TensorDictModule
 
     from offline_plugins.algorithms import _glue
     from offline_plugins.algorithms.base import AlgorithmParts
     from offline_plugins.algorithms.sequence import _common
-    from offline_plugins.algorithms.sequence.dt import make_warmup_scheduler
     from offline_plugins.modules.sequence.discretizer import Discretizer
-    from offline_plugins.modules.sequence.trajectory_transformer import TrajectoryTransformerNet, TrajectoryTransformerPlanner
+    from offline_plugins.modules.sequence.trajectory_transformer import (
+        TrajectoryTransformerNet,
+        TrajectoryTransformerPlanner,
+    )
     from offline_plugins.objectives.common import check_range
     from offline_plugins.objectives.sequence.trajectory_transformer import TrajectoryTransformerLoss
 

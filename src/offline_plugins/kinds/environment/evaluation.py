@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+from offline_plugins.eval.rollout import evaluate_policy
 from offline_plugins.lightning.callbacks import ScheduledEvaluation
 
 __all__ = ["PolicyEvaluation"]
@@ -53,8 +54,6 @@ class PolicyEvaluation(ScheduledEvaluation):
         return "PolicyEvaluation"
 
     def _score(self, trainer, pl_module) -> tuple[dict, dict]:
-        from offline_plugins.eval.rollout import evaluate_policy
-
         result = evaluate_policy(
             pl_module.policy,
             self.make_env,

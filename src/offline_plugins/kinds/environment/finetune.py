@@ -30,14 +30,23 @@ rank 0's (refused with a clear error).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Optional
 
 import torch
 from lightning.pytorch import LightningDataModule
 from tensordict import TensorDict
+from tensordict.nn import ProbabilisticTensorDictSequential, TensorDictSequential
+from torchrl.collectors import Collector
+from torchrl.data import LazyTensorStorage, RandomSampler, TensorDictReplayBuffer
+from torchrl.envs import Compose, DoubleToFloat, GymWrapper, ObservationNorm, RewardScaling, TransformedEnv
+from torchrl.envs.utils import ExplorationType
+from torchrl.modules import AdditiveGaussianModule
 
 from offline_plugins.errors import UserError
 from offline_plugins.lightning.data import SAMPLE_STREAM, ReplayBufferStream, StepBatches, StepStream, step_seed
+from offline_plugins.objectives.columns import discounted_returns
+from offline_plugins.plugins import shared_registry
 
 __all__ = ["FineTuneDataModule", "check_online", "exploration_policy", "online_algorithms"]
 
@@ -49,10 +58,6 @@ def online_algorithms(registry: Any = None) -> list[str]:
     """The installed algorithms with an online phase: those whose config declares one (it mixes in
     :class:`~offline_plugins.config.FineTuneConfig`, whose ``online_ratio`` and other ``online_*`` fields
     the phase reads) and that act with continuous actions (the phase's), by name."""
-    import dataclasses
-
-    from offline_plugins.plugins import shared_registry
-
     registry = registry or shared_registry()
     return sorted(name for name, spec in registry.algorithms.items()
                   if dataclasses.is_dataclass(spec.config) and "continuous" in (spec.action_spaces or ("continuous",))
@@ -90,9 +95,6 @@ def exploration_policy(parts: Any, data: Any, noise: float):
     """The actor the online phase acts with: a stochastic actor as it is (the collector samples it),
     a deterministic one followed by TorchRL's ``AdditiveGaussianModule`` with std ``noise`` times half
     the action range, projected into the action bounds."""
-    from tensordict.nn import ProbabilisticTensorDictSequential, TensorDictSequential
-    from torchrl.modules import AdditiveGaussianModule
-
     actor = getattr(parts.policy, "module", parts.policy)
     if isinstance(actor, ProbabilisticTensorDictSequential):
         return actor
@@ -173,8 +175,6 @@ class FineTuneDataModule(LightningDataModule):
 
     # -- Lightning's data hooks ------------------------------------------------------------------
     def setup(self, stage: str) -> None:
-        from torchrl.data import LazyTensorStorage, RandomSampler, TensorDictReplayBuffer
-
         if self.stream is not None:
             return
         trainer = self.trainer
@@ -244,10 +244,6 @@ class FineTuneDataModule(LightningDataModule):
 
     # -- rounds ----------------------------------------------------------------------------------
     def _make_collector(self) -> None:
-        from torchrl.collectors import Collector
-        from torchrl.envs import Compose, DoubleToFloat, GymWrapper, ObservationNorm, RewardScaling, TransformedEnv
-        from torchrl.envs.utils import ExplorationType
-
         stats = self.data.stats
         env = TransformedEnv(
             GymWrapper(self.data.make_env(), device="cpu"),
@@ -290,8 +286,6 @@ class FineTuneDataModule(LightningDataModule):
     def _rows(self, out: TensorDict, r: int) -> tuple[TensorDict, dict]:
         """The collector's steps in the dataset's layout (the round's end cuts its last episode), with the
         loss's extra columns, and the round's figures."""
-        from offline_plugins.objectives.columns import discounted_returns
-
         rows = out.select(*_STEP_KEYS).to(self.buffer.storage.device)
         last = torch.zeros_like(rows.get(("next", "truncated")))
         last[-1] = True

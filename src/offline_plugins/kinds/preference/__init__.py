@@ -12,9 +12,11 @@ KTO reads; pairs serve it too (each pair becomes a desirable and an undesirable 
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Optional
 
+from offline_plugins.data.files import atomic_folder
 from offline_plugins.errors import UserError
 from offline_plugins.plugins.datakind import (
     LOSS_PANEL,
@@ -118,7 +120,6 @@ class PreferenceText(DataKind):
         a LoRA run also writes its adapters to ``out/adapter`` (``peft.PeftModel.from_pretrained``)
         and ``out/model`` holds the merged weights. Each folder is written beside its place and swapped
         in whole (:func:`~offline_plugins.data.files.atomic_folder`): a full disk leaves the previous one."""
-        from offline_plugins.data.files import atomic_folder
         from offline_plugins.lightning.files import RESUME_FIX
 
         model = parts.model
@@ -141,7 +142,6 @@ class PreferenceText(DataKind):
         tokenizer = parts.tokenizer if hasattr(parts.tokenizer, "save_pretrained") else None
         try:
             if hasattr(model, "merge_and_unload"):  # LoRA (peft): the adapters, and the merged model
-                import copy
 
                 with atomic_folder(out / "adapter", fix=RESUME_FIX) as folder:
                     model.save_pretrained(folder)

@@ -8,7 +8,10 @@ from typing import Any, Optional
 import torch
 
 from offline_plugins.errors import UserError
+from offline_plugins.eval.preference import evaluate_preference_model, pairwise_scores
 from offline_plugins.lightning.callbacks import ScheduledEvaluation
+from offline_plugins.lightning.fsdp import is_sharded
+from offline_plugins.modules.causal_lm import CausalLMLogProbs
 
 __all__ = ["PreferenceEvaluation"]
 
@@ -71,9 +74,6 @@ class PreferenceEvaluation(ScheduledEvaluation):
         return self._train_subset
 
     def _reference_scores(self, pl_module) -> dict:
-        from offline_plugins.eval.preference import evaluate_preference_model
-        from offline_plugins.modules.causal_lm import CausalLMLogProbs
-
         reference = self.data.reference
         scores = evaluate_preference_model(CausalLMLogProbs(reference), self.data, model=reference,
                                            exact_match_n=self.exact_match_n, kl=False)
@@ -83,16 +83,12 @@ class PreferenceEvaluation(ScheduledEvaluation):
     def on_train_start(self, trainer, pl_module) -> None:
         # a reward model (no language model to generate with) has no "before" to compare to
         if self.before is None and pl_module.parts.model is not None:
-            from offline_plugins.lightning.fsdp import is_sharded
-
             # a LoRA reference is the policy with its adapters off: sharded, it scores on every rank
             if trainer.global_rank == 0 or is_sharded(self.data.reference):
                 before = self._reference_scores(pl_module)
                 self.before = before if trainer.global_rank == 0 else None
 
     def _score(self, trainer, pl_module) -> tuple[dict, dict]:
-        from offline_plugins.eval.preference import evaluate_preference_model, pairwise_scores
-
         scores = evaluate_preference_model(pl_module.policy, self.data, model=pl_module.parts.model,
                                            exact_match_n=self.exact_match_n)
         train_pairs = self._training_pairs()

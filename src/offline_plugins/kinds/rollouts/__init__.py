@@ -18,17 +18,23 @@ kinds): the hooks import them when a run needs them.
 
 from __future__ import annotations
 
+import difflib
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 
 from offline_plugins.config import ROLLOUT_DEFAULTS
+from offline_plugins.data.text_ids import resolve_rollout_id, text_task_names, text_tasks
 from offline_plugins.errors import UserError
+from offline_plugins.kinds.preference import PreferenceText
 from offline_plugins.plugins.datakind import (
     LOSS_PANEL,
+    BatchLayout,
     CurvePanel,
     DataKind,
     DataOptions,
     LoadedData,
+    check_memory,
     config_value,
     figures,
     result_line,
@@ -75,15 +81,10 @@ class TextRollouts(DataKind):
     }
 
     def claims(self, dataset: str) -> bool:
-        from offline_plugins.data.text_ids import resolve_rollout_id
-
         return resolve_rollout_id(dataset) is not None
 
     def resolve(self, dataset: str, *, spec, registry) -> tuple[str, Optional[str]]:
-        import difflib
-
         from offline_plugins.data.rollouts import RolloutError
-        from offline_plugins.data.text_ids import resolve_rollout_id, text_task_names, text_tasks
 
         resolved = resolve_rollout_id(dataset, registry)
         if resolved is None:
@@ -115,16 +116,13 @@ class TextRollouts(DataKind):
         return LoadedData(data, {})
 
     def batch_layout(self, config):
-        from offline_plugins.plugins.datakind import BatchLayout
-
         return BatchLayout(int(config_value(config, "batch_size", ROLLOUT_DEFAULTS["batch_size"])))
 
     def check_scale(self, config, data, layout, *, accumulate: int = 1, device: Any = None) -> None:
         """A round (``prompts_per_round * group_size`` responses generated and scored by the
         reference at once) and a micro-batch of rollouts whose forward and backward fit in memory."""
-        from offline_plugins.modules.causal_lm import forward_memory_bytes
         from offline_plugins.kinds._scale import check_lm_batch
-        from offline_plugins.plugins.datakind import check_memory
+        from offline_plugins.modules.causal_lm import forward_memory_bytes
 
         c = data.collector
         rows = c.rows
@@ -149,8 +147,6 @@ class TextRollouts(DataKind):
         # names: the task's own verifier where --reward replaced it, exact match where the reward is
         # exact match against answers, else the reward on the held-out prompts
         if not every and data.gold_key is not None:
-            import warnings
-
             from offline_plugins.kinds.rollouts.monitor import RewardHackingWarning
 
             warnings.warn(RewardHackingWarning(
@@ -201,8 +197,6 @@ class TextRollouts(DataKind):
 
     def export(self, parts, out: Path) -> dict[str, Any]:
         """The trained policy and its tokenizer as a ``save_pretrained`` folder ``out/model``."""
-        from offline_plugins.kinds.preference import PreferenceText
-
         return PreferenceText.export(self, parts, out)
 
     def evaluate(self, module, data, *, episodes: int, seed: int, device: str) -> dict[str, Any]:
@@ -253,8 +247,6 @@ class TextCompletions(TextRollouts):
         return LoadedData(data, {})
 
     def batch_layout(self, config):
-        from offline_plugins.plugins.datakind import BatchLayout
-
         return BatchLayout(int(config_value(config, "batch_size", 64)))
 
     def evaluation(self, data, *, every: int, episodes: int, seed: int):

@@ -8,6 +8,7 @@ from typing import Any, Optional
 from offline_plugins.kinds.rollouts.monitor import RewardHackingMonitor
 from offline_plugins.kinds.rollouts.rounds import RolloutDataModule
 from offline_plugins.lightning.callbacks import ScheduledEvaluation
+from offline_plugins.lightning.fsdp import is_sharded
 
 __all__ = ["RolloutEvaluation"]
 
@@ -61,8 +62,6 @@ class RolloutEvaluation(ScheduledEvaluation):
 
     def on_train_start(self, trainer, pl_module) -> None:
         if self.before is None:
-            from offline_plugins.lightning.fsdp import is_sharded
-
             plan = self._plan(pl_module)
             reference = self.rounds.reference if self.rounds is not None else self.data.reference
             # a LoRA reference under --strategy fsdp is the sharded policy with its adapters off:

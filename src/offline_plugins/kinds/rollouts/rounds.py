@@ -46,10 +46,14 @@ from typing import Any, Optional
 import torch
 from lightning.pytorch import LightningDataModule
 from tensordict import NonTensorStack, TensorDict
+from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
+from offline_plugins.data.async_sampler import AsyncSampler
 from offline_plugins.data.prompts import RolloutError, rollout_seed
 from offline_plugins.errors import UserError
 from offline_plugins.lightning.data import StepBatches, StepStream
+from offline_plugins.lightning.guards import RunFolderLock
+from offline_plugins.objectives.llm.estimators import group_statistics
 
 __all__ = ["RolloutDataModule"]
 
@@ -126,8 +130,6 @@ class RolloutDataModule(LightningDataModule):
 
     # -- Lightning's data hooks ------------------------------------------------------------------
     def setup(self, stage: str) -> None:
-        from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
-
         if self.buffer is not None:
             return
         trainer = self.trainer
@@ -231,11 +233,8 @@ class RolloutDataModule(LightningDataModule):
         """Round ``r`` from the sampler process: the one it sampled beside the last round's training (or
         kept in a checkpoint), else sampled now from the policy as it is; the loss's ``process_rollouts``
         runs here, on the trainer's weights (its rollout correction weighs the sampler's lag)."""
-        from offline_plugins.data.async_sampler import AsyncSampler
-
         if self.sampler is None:
             loss = getattr(self.plan.process, "__self__", None)
-            from offline_plugins.lightning.guards import RunFolderLock
 
             self.sampler = AsyncSampler(self.collector, self.model, signal=_signal_of(loss),
                                         dynamic_sampling=bool(self.plan.dynamic_sampling),
@@ -362,8 +361,6 @@ def _signal_of(loss: Any):
     """``signal(rows) -> rows`` with ``"has_signal"``: whether each row's group has rewards that differ,
     from the loss's ``rollout_rewards`` (a function of the rows, no forward), for dynamic sampling in the
     sampler process."""
-    from offline_plugins.objectives.llm.estimators import group_statistics
-
     rewards_of = getattr(loss, "rollout_rewards", None)
 
     def signal(td: TensorDict) -> TensorDict:

@@ -12,8 +12,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
+from offline_plugins.data.files import atomic_folder
 from offline_plugins.errors import UserError
-from offline_plugins.plugins.datakind import CurvePanel, LOSS_PANEL, DataKind, DataOptions, LoadedData, pct, result_line
+from offline_plugins.plugins.datakind import (
+    LOSS_PANEL,
+    CurvePanel,
+    DataKind,
+    DataOptions,
+    LoadedData,
+    config_value,
+    pct,
+    result_line,
+)
 
 __all__ = ["StepLabels"]
 
@@ -52,7 +62,6 @@ class StepLabels(DataKind):
              options: DataOptions) -> LoadedData:
         from offline_plugins.data.steps import load_step_source
         from offline_plugins.kinds.sft import supervised_finetune
-        from offline_plugins.plugins.datakind import config_value
 
         return LoadedData(load_step_source(dataset_id, model=options.model or "tiny", progress=progress,
                                            reference_sft_steps=int(config_value(config, "reference_sft_steps", 0)),
@@ -87,11 +96,10 @@ class StepLabels(DataKind):
 
     def export(self, parts, out: Path) -> dict[str, Any]:
         """The PRM as the reward model is exported: ``out/reward_model`` (backbone, tokenizer, head)."""
-        from offline_plugins.data.files import atomic_folder
+        from transformers.utils import logging as hf_logging
+
         from offline_plugins.data.reward_source import save_reward_model
         from offline_plugins.lightning.files import RESUME_FIX
-
-        from transformers.utils import logging as hf_logging
 
         bars = hf_logging.is_progress_bar_enabled()
         hf_logging.disable_progress_bar()  # a bar per shard; the PRM's one small file needs none

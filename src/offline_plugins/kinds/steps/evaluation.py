@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from offline_plugins.eval.search import evaluate_prm
 from offline_plugins.lightning.callbacks import ScheduledEvaluation
 
 __all__ = ["StepEvaluation"]
@@ -22,7 +23,5 @@ class StepEvaluation(ScheduledEvaluation):
         return "StepEvaluation"
 
     def _score(self, trainer, pl_module) -> tuple[dict, dict]:
-        from offline_plugins.eval.search import evaluate_prm
-
         scores = evaluate_prm(pl_module.policy, self.data.test)
         return scores, {f"eval/{k}": v for k, v in scores.items() if k != "heldout_rows"}

@@ -32,6 +32,7 @@ from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 from torch import nn
 
+from offline_plugins.errors import SequenceModelError
 from offline_plugins.modules.sequence.decision_transformer import env_rows, windows
 from offline_plugins.modules.sequence.gpt import CausalTransformer
 
@@ -167,8 +168,6 @@ class AlgorithmDistillationPolicy(TensorDictModuleBase):
             else:
                 reward = td.get("reward", None)
                 if reward is None:
-                    from offline_plugins.errors import SequenceModelError
-
                     raise SequenceModelError(f"{type(self).__name__} got no 'reward': after a history's first step pass the "
                                      "previous step's reward as 'reward' [n, 1], or call reset() to start a new task")
                 reward = reward.reshape(-1, 1).to(obs.dtype) * self.reward_scale + self.reward_shift

@@ -33,6 +33,7 @@ from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 from torch import nn
 
+from offline_plugins.errors import OfflineLossError
 from offline_plugins.modules.sequence.gpt import CausalTransformer
 
 __all__ = ["DecisionTransformerNet", "StochasticDecisionTransformerNet", "DecisionTransformerActor", "DecisionTransformerPolicy", "windows", "env_rows"]
@@ -44,8 +45,6 @@ def windows(tensordict: TensorDictBase, length: int, owner: str) -> TensorDictBa
         return tensordict
     n = tensordict.shape[0]
     if n % length:
-        from offline_plugins.errors import OfflineLossError
-
         raise OfflineLossError(
             f"{owner}: a flat batch of {n} steps is not a whole number of windows of {length} steps; sample "
             f"with SliceSampler(slice_len={length}) and a batch size that is a multiple of {length}, or pass "

@@ -23,6 +23,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase, TensorDictParams
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 
+from offline_plugins.modules.sequence.decision_transformer import env_rows
 from offline_plugins.modules.sequence.diffusion import DDPMSchedule
 from offline_plugins.modules.sequence.planning import PlannerMixin, clock_now
 
@@ -166,8 +167,6 @@ class DiffuserPlanner(PlannerMixin, TensorDictModuleBase):
         return x, values.reshape(-1)
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        from offline_plugins.modules.sequence.decision_transformer import env_rows
-
         start = clock_now()
         single = tensordict.batch_dims == 0
         td = tensordict.unsqueeze(0) if single else tensordict

@@ -42,6 +42,7 @@ from typing import Optional
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from offline_plugins.modules.causal_lm import CausalLMLogProbs
 from offline_plugins.objectives.llm.rollout import RolloutLoss
 
 __all__ = ["kl_divergence", "generalized_jsd", "TextDistillationLoss", "OnPolicyDistillationLoss", "GKDLoss"]
@@ -102,7 +103,6 @@ class TextDistillationLoss(RolloutLoss):
 
     def __init__(self, actor_network: torch.nn.Module, teacher: torch.nn.Module) -> None:
         super().__init__()
-        from offline_plugins.modules.causal_lm import CausalLMLogProbs
 
         self.actor_network = actor_network
         if not isinstance(teacher, CausalLMLogProbs):

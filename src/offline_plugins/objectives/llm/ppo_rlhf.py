@@ -39,6 +39,7 @@ from typing import Optional
 
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
+from torchrl.objectives.value.functional import generalized_advantage_estimate
 
 from offline_plugins.errors import UserError
 from offline_plugins.objectives.llm.estimators import masked_whiten  # noqa: F401 - re-exported (its home before)
@@ -101,8 +102,6 @@ def token_gae(rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.
     zeroed (their terms never reach a response token: GAE runs backwards and the response
     is one contiguous block ending in ``done``).
     """
-    from torchrl.objectives.value.functional import generalized_advantage_estimate
-
     mask = response_mask.bool()
     pos = torch.arange(mask.shape[-1], device=mask.device)
     last = torch.where(mask, pos, torch.full_like(pos, -1)).amax(-1, keepdim=True)
