@@ -90,15 +90,15 @@ def binomial_half_width(p: float, n: int) -> float:
 
 
 # -- scoring: every policy on the same held-out prompts --------------------------------------------------
-def heldout_scores(dataset: str, model: str, n: int) -> list[float]:
+def heldout_scores(dataset: str, model: str, n: int, max_new_tokens: Optional[int] = None) -> list[float]:
     """The task's verifier on ``model``'s greedy answers (episodes, for a multi-turn task) to the first
-    ``n`` test-split prompts, one score a prompt."""
+    ``n`` test-split prompts, one score a prompt; ``max_new_tokens``: the task's own unless given."""
     from offline_plugins.data.rollouts import _task_of, load_rollout_data
 
     data = load_rollout_data(dataset, model=model, eval_prompts=n)
     rows = data.source.held_out[:n]
     responses, _ = data.greedy_answers(data.reference, data.tokenizer, rows, None,
-                                       max_new_tokens=data.collector.max_new_tokens, batch_size=100,
+                                       max_new_tokens=max_new_tokens or data.collector.max_new_tokens, batch_size=100,
                                        multiturn=data.source.multiturn, width=data.collector.width)
     task = _task_of(dataset, "")[1]
     return [float(x) for x in task.rewards([r["prompt"] for r in rows], responses)]
@@ -117,12 +117,12 @@ def reference_folder(dataset: str, budget: dict) -> Path:
     return reference_dir(task, **settings)
 
 
-def _scored(path: Path, dataset: str, model: str, n: int) -> list[float]:
+def _scored(path: Path, dataset: str, model: str, n: int, max_new_tokens: Optional[int] = None) -> list[float]:
     if path.is_file():
         found = json.loads(path.read_text())
         if found.get("n") == n and found.get("model") == model:
             return found["scores"]
-    scores = heldout_scores(dataset, model, n)
+    scores = heldout_scores(dataset, model, n, max_new_tokens)
     path.write_text(json.dumps({"dataset": dataset, "model": model, "n": n, "scores": scores}) + "\n")
     return scores
 
@@ -165,6 +165,11 @@ def _ppo_rlhf(seed: int, b: dict, root: Path) -> list[str]:
             str(max(b["online_steps"] // 4, 1)), "--seed", str(seed), "--set", f"eval_prompts={b['run_eval_prompts']}",
             "--set", f"reference_sft_steps={b['reference_sft_steps']}", *b.get("online_set", [])]
 
+
+#: ``--smoke``: every run at a tiny budget, responses of 16 tokens (an untrained policy writes to the limit)
+_SMOKE = {"online_steps": 2, "offline_steps": 2, "eval_prompts": 4, "run_eval_prompts": 4, "reference_sft_steps": 2,
+          "max_new_tokens": 16, "online_set": ["--set", "group_size=2", "--set", "prompts_per_round=4", "--set",
+                                                "batch_size=4", "--set", "max_new_tokens=16"]}
 
 ONLINE = ("grpo", "dapo", "dr-grpo", "rloo", "gspo", "reinforce-pp", "expert-iteration", "online-dpo")
 
@@ -230,8 +235,7 @@ TABLES: dict[str, Table] = {
               _online("grpo", "word-problems-calculator")],
         budget={"online_steps": 200, "offline_steps": 400, "eval_prompts": 2000, "run_eval_prompts": 100,
                 "reference_sft_steps": 900},
-        smoke={"online_steps": 2, "offline_steps": 2, "eval_prompts": 4, "run_eval_prompts": 4, "reference_sft_steps": 2,
-               "online_set": ["--set", "group_size=2", "--set", "prompts_per_round=4", "--set", "batch_size=4"]},
+        smoke=_SMOKE,
         render=_render_word_problems,
     ),
     "variants-2026": Table(
@@ -247,8 +251,7 @@ TABLES: dict[str, Table] = {
               _online("grpo", name="grpo-v32", label="grpo, unbiased KL + off-policy mask 0.5",
                       extra=("--set", "unbiased_kl=true", "--set", "off_policy_mask=0.5"))],
         budget={"online_steps": 200, "eval_prompts": 2000, "run_eval_prompts": 100, "reference_sft_steps": 900},
-        smoke={"online_steps": 2, "eval_prompts": 4, "run_eval_prompts": 4, "reference_sft_steps": 2,
-               "online_set": ["--set", "group_size=2", "--set", "prompts_per_round=4", "--set", "batch_size=4"]},
+        smoke=_SMOKE,
         render=_render_word_problems,
         base="word-problems",
     ),
@@ -331,7 +334,8 @@ def run(args) -> None:
     for dataset in sorted({r.dataset for r in table.runs if r.dataset}):  # the references the runs start from
         folder = table.folder(root, "reference" if dataset == "word-problems" else f"reference-{dataset}")
         folder.mkdir(parents=True, exist_ok=True)
-        _scored(folder / "heldout_scores.json", dataset, str(reference_folder(dataset, budget)), n)
+        _scored(folder / "heldout_scores.json", dataset, str(reference_folder(dataset, budget)), n,
+                budget.get("max_new_tokens"))
     for seed in args.seeds:
         for run_ in table.runs:
             if not run_.seeded and seed != args.seeds[0]:
@@ -341,7 +345,7 @@ def run(args) -> None:
             out = table.folder(root, run_.name) / f"s{seed_}"
             if run_.dataset and (out / "model").is_dir():
                 print(f"scoring {out}/model on {n} held-out prompts", flush=True)
-                _scored(out / "heldout_scores.json", run_.dataset, str(out / "model"), n)
+                _scored(out / "heldout_scores.json", run_.dataset, str(out / "model"), n, budget.get("max_new_tokens"))
 
 
 def write(args) -> None:

@@ -26,16 +26,24 @@ def _names() -> list[str]:
     return [line.split()[0] for line in listed.splitlines() if line.strip()]
 
 
+@pytest.fixture(scope="module")
+def smoke_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("tables")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
+@pytest.mark.xdist_group("tables")  # one worker makes them all (pytest -n with --dist loadgroup)
 @pytest.mark.parametrize("table", _names())
-def test_each_table_runs_and_writes_at_a_smoke_budget(table, tmp_path):
-    env = {"OFFLINE_PLUGINS_CACHE": str(tmp_path / "cache")}
-    done = _tables("run", table, "--smoke", "--root", str(tmp_path), "--seeds", "0", env=env)
+def test_each_table_runs_and_writes_at_a_smoke_budget(table, smoke_root):
+    # one root and cache for the tables, as a user making them all has: a table that reads another's runs
+    # (variants-2026 reads word-problems' grpo and dapo) reuses them, and the SFT references are made once
+    env = {"OFFLINE_PLUGINS_CACHE": str(smoke_root / "cache")}
+    done = _tables("run", table, "--smoke", "--root", str(smoke_root), "--seeds", "0", env=env)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    done = _tables("write", table, "--smoke", "--root", str(tmp_path), env=env)
+    done = _tables("write", table, "--smoke", "--root", str(smoke_root), env=env)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    text = (tmp_path / table / "results.md").read_text()
+    text = (smoke_root / table / "results.md").read_text()
     assert text.startswith(f"<!-- table:{table} -->") and text.rstrip().endswith(f"<!-- /table:{table} -->")
     stamp = next(line for line in text.splitlines() if line.startswith("Made by"))
     in_git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=SCRIPT.parent, capture_output=True).returncode == 0
@@ -44,7 +52,7 @@ def test_each_table_runs_and_writes_at_a_smoke_budget(table, tmp_path):
     assert "cores" in stamp and "seeds 0" in stamp
     rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| method")]
     assert rows and not any("not run" in row for row in rows), text
-    prov = json.loads((tmp_path / table / "provenance.json").read_text())
+    prov = json.loads((smoke_root / table / "provenance.json").read_text())
     assert prov["seeds"] == [0] and prov["budget"]["online_steps"] == 2
 
 
