@@ -29,7 +29,7 @@ import copy
 import dataclasses
 import warnings
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional
+from typing import Any, Optional
 
 from offline_plugins.config import config_field
 from offline_plugins.errors import UserError
@@ -46,6 +46,7 @@ __all__ = [
     "SimPOConfig",
     "RewardModelConfig",
     "LoRAFields",
+    "preference_config",
     "FROM_SCRATCH_LR",
     "resolve_lr",
 ]
@@ -101,79 +102,68 @@ def _with_lora(cls: type) -> type:
                                                  "__qualname__": cls.__qualname__})
 
 
-@_with_lora
-@dataclass
+def preference_config(pretrained_lr: float, rows: str = "preference pairs"):
+    """A policy-training preference config from a class holding its loss's own fields: ``lr`` (its
+    ``pretrained_lr`` for a pretrained or SFT reference), ``batch_size`` (``rows`` a step) and
+    ``max_grad_norm`` before them, the :class:`LoRAFields` after them.
+
+    >>> @preference_config(3e-5)
+    ... class MarginConfig:
+    ...     margin: float = 1.0
+    >>> [f.name for f in dataclasses.fields(MarginConfig)][:5], MarginConfig.pretrained_lr
+    (['lr', 'batch_size', 'max_grad_norm', 'margin', 'lora_r'], 3e-05)
+    """
+    def wrap(cls: type) -> type:
+        head = [("lr", "Optional[float]", config_field(None, _lr_help(pretrained_lr))),
+                ("batch_size", "int", config_field(16, f"{rows} per gradient step")),
+                ("max_grad_norm", "float", config_field(1.0, "clip the policy's gradient norm to this"))]
+        own = [(f.name, f.type, dataclasses.field(default=f.default, metadata=f.metadata))
+               for f in dataclasses.fields(dataclass(cls))]
+        config = dataclasses.make_dataclass(cls.__name__, head + own, namespace={
+            "__module__": cls.__module__, "__doc__": cls.__doc__, "__qualname__": cls.__qualname__,
+            "pretrained_lr": pretrained_lr})
+        return _with_lora(config)
+    return wrap
+
+
+@preference_config(1e-5)
 class DPOConfig:
-    pretrained_lr: ClassVar[float] = 1e-5
-    lr: Optional[float] = config_field(None, _lr_help(pretrained_lr))
-    batch_size: int = config_field(16, "preference pairs per gradient step")
-    max_grad_norm: float = config_field(1.0, "clip the policy's gradient norm to this")
     beta: float = config_field(0.1, "inverse temperature of the implicit reward beta * log(pi / pi_ref)", bounds=">0")
     label_smoothing: float = config_field(0.0, "assumed label-flip rate (conservative DPO); 0 is DPO")
 
 
-@_with_lora
-@dataclass
+@preference_config(1e-5)
 class RobustDPOConfig:
-    pretrained_lr: ClassVar[float] = 1e-5
-    lr: Optional[float] = config_field(None, _lr_help(pretrained_lr))
-    batch_size: int = config_field(16, "preference pairs per gradient step")
-    max_grad_norm: float = config_field(1.0, "clip the policy's gradient norm to this")
     beta: float = config_field(0.1, "inverse temperature of the implicit reward", bounds=">0")
     label_smoothing: float = config_field(0.1, "label-flip rate the loss is unbiased under, in [0, 0.5)")
 
 
-@_with_lora
-@dataclass
+@preference_config(3e-5)
 class RPOConfig:
-    pretrained_lr: ClassVar[float] = 3e-5
-    lr: Optional[float] = config_field(None, _lr_help(pretrained_lr))
-    batch_size: int = config_field(16, "preference pairs per gradient step")
-    max_grad_norm: float = config_field(1.0, "clip the policy's gradient norm to this")
     beta: float = config_field(0.1, "inverse temperature of the implicit reward", bounds=">0")
     alpha: float = config_field(1.0, "weight of the length-normalised NLL term on the chosen response")
 
 
-@_with_lora
-@dataclass
+@preference_config(1e-5)
 class IPOConfig:
-    pretrained_lr: ClassVar[float] = 1e-5
-    lr: Optional[float] = config_field(None, _lr_help(pretrained_lr))
-    batch_size: int = config_field(16, "preference pairs per gradient step")
-    max_grad_norm: float = config_field(1.0, "clip the policy's gradient norm to this")
     tau: float = config_field(0.1, "regularisation; the target log-ratio gap is 1 / (2 tau)")
     length_normalize: bool = config_field(True, "average log-probs over response tokens (false: sums)")
 
 
-@_with_lora
-@dataclass
+@preference_config(1e-5, rows="unpaired rows")
 class KTOConfig:
-    pretrained_lr: ClassVar[float] = 1e-5
-    lr: Optional[float] = config_field(None, _lr_help(pretrained_lr))
-    batch_size: int = config_field(16, "unpaired rows per gradient step")
-    max_grad_norm: float = config_field(1.0, "clip the policy's gradient norm to this")
     beta: float = config_field(0.1, "implicit-reward scale", bounds=">0")
     desirable_weight: float = config_field(1.0, "weight of desirable (label true) rows")
     undesirable_weight: float = config_field(1.0, "weight of undesirable (label false) rows")
 
 
-@_with_lora
-@dataclass
+@preference_config(3e-5)
 class ORPOConfig:
-    pretrained_lr: ClassVar[float] = 3e-5
-    lr: Optional[float] = config_field(None, _lr_help(pretrained_lr))
-    batch_size: int = config_field(16, "preference pairs per gradient step")
-    max_grad_norm: float = config_field(1.0, "clip the policy's gradient norm to this")
     lam: float = config_field(0.1, "weight lambda of the log odds-ratio term")
 
 
-@_with_lora
-@dataclass
+@preference_config(1e-5)
 class SimPOConfig:
-    pretrained_lr: ClassVar[float] = 1e-5
-    lr: Optional[float] = config_field(None, _lr_help(pretrained_lr))
-    batch_size: int = config_field(16, "preference pairs per gradient step")
-    max_grad_norm: float = config_field(1.0, "clip the policy's gradient norm to this")
     beta: float = config_field(2.0, "scale of the length-averaged log-prob reward", bounds=">0")
     gamma: float = config_field(1.0, "absolute target reward margin", bounds=">=0")
 
