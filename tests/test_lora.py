@@ -22,37 +22,54 @@ def _pairs(tmp_path, n=200):
 
 
 def test_dpo_with_lora_trains_adapters_only_against_the_base_with_adapters_off(tmp_path, monkeypatch):
+    from offline_plugins.algorithms.preference import DPOConfig, build_dpo
     from offline_plugins.data.preference_sources import load_preference_source
     from offline_plugins.lightning.run import train_algorithm
     from offline_plugins.modules.causal_lm import AdaptersOff
 
     monkeypatch.setenv("OFFLINE_PLUGINS_CACHE", str(tmp_path / "cache"))
     data = load_preference_source(str(_pairs(tmp_path)), kind="preference-pairs", progress=False)
-    base = {k: v.clone() for k, v in data.reference.state_dict().items()}
+    loaded = data.reference
+    base = {k: v.clone() for k, v in loaded.state_dict().items()}
     ids = data.test_pairs["tokens", "full"][:4, 0]
     with torch.no_grad():
-        before = data.reference(input_ids=ids).logits
-    summary = train_algorithm("dpo", data, steps=20, out_dir=tmp_path / "run", progress=False, eval_every=0,
-                    overrides={"batch_size": 8, "lora_r": 4, "lr": 1e-2})
-    # one set of weights: the reference is the policy's base, seen with the adapters off
-    assert isinstance(data.reference, AdaptersOff)
-    policy = data.reference.peft_model
+        before = loaded(input_ids=ids).logits
+    # the parts carry the reference (the policy's base seen with the adapters off); the data is not rewritten
+    parts = build_dpo(DPOConfig(batch_size=8, lora_r=4, lr=1e-2), data)
+    assert data.reference is loaded and isinstance(parts.reference, AdaptersOff)
+    policy = parts.reference.peft_model
+    assert policy is parts.model
+    optimizer = torch.optim.Adam(parts.optimizers[0].params, lr=parts.optimizers[0].lr)
+    for step in range(20):  # a plain loop over the parts, as a TorchRL user would write it
+        batch = data.train_pairs[(torch.arange(8) + 8 * step) % data.train_pairs.batch_size[0]]
+        loss = parts.loss(batch)["loss_dpo"]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
     trainable = [n for n, p in policy.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     after_base = {k.replace("base_model.model.", "").replace(".base_layer", ""): v
                   for k, v in policy.state_dict().items() if "lora_" not in k}
     assert all(torch.equal(after_base[k], v) for k, v in base.items())  # the base weights never moved
     with torch.no_grad():
-        assert torch.allclose(data.reference(input_ids=ids).logits, before, atol=1e-6)  # adapters off: the reference
+        assert torch.allclose(parts.reference(input_ids=ids).logits, before, atol=1e-6)  # adapters off: the reference
         assert not torch.allclose(policy(input_ids=ids).logits, before, atol=1e-4)  # the adapters learnt something
+
+    # through the shell: the evaluation compares with the adapters-off reference, and the export
+    summary = train_algorithm("dpo", str(_pairs(tmp_path)), steps=20, out_dir=tmp_path / "run", progress=False,
+                              eval_every=0, overrides={"batch_size": 8, "lora_r": 4, "lr": 1e-2})
     assert summary["kl_to_reference"] > 0
     # the export: adapters for peft, and the merged model for transformers, giving the policy's log-probs
     from transformers import AutoModelForCausalLM
 
+    from offline_plugins.modules.tiny_lm import load_causal_lm
+
     assert (tmp_path / "run" / "adapter" / "adapter_config.json").is_file()
     merged = AutoModelForCausalLM.from_pretrained(summary["model_dir"])
+    adapters = peft.PeftModel.from_pretrained(load_causal_lm("tiny", seed=0)[0], str(tmp_path / "run" / "adapter"))
     with torch.no_grad():
-        assert torch.allclose(merged(input_ids=ids).logits, policy(input_ids=ids).logits, atol=1e-4)
+        assert torch.allclose(merged(input_ids=ids).logits, adapters(input_ids=ids).logits, atol=1e-4)
+        assert not torch.allclose(merged(input_ids=ids).logits, before, atol=1e-4)
 
 
 def test_eval_rebuilds_a_lora_checkpoint(tmp_path, capsys, monkeypatch):

@@ -67,6 +67,9 @@ def test_build_and_one_step(name, data):
     total = sum(out[k] for k in group.loss_keys)
     assert torch.isfinite(total)
     assert "preference_accuracy" in out.keys()
+    if hasattr(type(parts.loss), "optimised_terms"):  # the loss says what a trainer minimises: every loss_* it writes
+        assert tuple(group.loss_keys) == type(parts.loss).optimised_terms
+        assert sorted(k for k in out.keys() if k.startswith("loss_")) == sorted(group.loss_keys)
     opt.zero_grad()
     total.backward()
     opt.step()

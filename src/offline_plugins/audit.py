@@ -495,7 +495,8 @@ def _load_scorer(model: Union[str, os.PathLike], *, registry: Any, device: str, 
         ) from None
     module, plan = trained.module, trained.plan
     module.eval()
-    reference = plan.data.reference.to(device)
+    # with LoRA the run's reference is the policy with its adapters off (AlgorithmParts.reference)
+    reference = (module.parts.reference if module.parts.reference is not None else plan.data.reference).to(device)
     config = info.get("config", {})
     scale = 1.0 if hasattr(module.policy, "rewards") else (
         float(config["beta"]) if spec.name in _BETA_SIGMOID and "beta" in config else None)

@@ -212,6 +212,8 @@ class AlgorithmParts:
         rollout: online algorithms: the :class:`RolloutPlan` of their rounds of rollouts
             (None for algorithms trained on a fixed dataset).
         extra: anything else the algorithm wants to keep (the shell reads none of it).
+        reference: the frozen reference model ``model`` is compared with (the KL to the reference, the
+            "before" scores), when it is not the data's own: with LoRA, the policy with its adapters off.
     """
 
     loss: LossModule
@@ -224,6 +226,7 @@ class AlgorithmParts:
     tokenizer: Optional[Any] = None
     rollout: Optional[RolloutPlan] = None
     extra: dict[str, Any] = field(default_factory=dict)
+    reference: Optional[torch.nn.Module] = None
 
     def __post_init__(self) -> None:
         moved = [k for k in _TYPED_EXTRA if k in self.extra]

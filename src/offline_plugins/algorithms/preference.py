@@ -273,15 +273,6 @@ def policy_log_probs(config: Any, policy: Any, name: str) -> Any:
         raise UserError(f"{name}: {exc}; fix it with --set logprob_chunk=0 and --set shared_prefix=false") from None
 
 
-def trainable_policy(config: Any, data: Any, name: str) -> Any:
-    """The policy of :func:`policy_and_reference` for preference data, whose ``reference`` is
-    read by its evaluation: with LoRA, ``data.reference`` becomes the policy with adapters off."""
-    policy_model, reference = policy_and_reference(config, data, name)
-    if reference is not data.reference:
-        data.reference = reference
-    return policy_model
-
-
 def _scratch(lr: float, data: Any) -> float:
     """A from-scratch default ``lr`` (tiny's) for the built-in model ``data`` was made from."""
     from offline_plugins.modules.tiny_lm import from_scratch_lr
@@ -306,55 +297,68 @@ def resolve_lr(config: Any, data: Any, name: str) -> float:
     return config.lr
 
 
-def _policy_parts(config: Any, data: Any, name: str, loss_cls_name: str, kwargs: dict, loss_keys: tuple):
-    import offline_plugins.objectives.llm as llm
+def _policy_parts(config: Any, data: Any, name: str, loss_cls: type, kwargs: dict, *,
+                  kind: str = "preference-pairs"):
+    """The parts of a policy-training preference algorithm: ``loss_cls`` (a loss of
+    :mod:`offline_plugins.objectives.llm`, its ``optimised_terms`` minimised) around the policy."""
     from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
     from offline_plugins.data.preference import check_preference_data
 
-    kind = "unpaired-feedback" if loss_cls_name == "KTOLoss" else "preference-pairs"
     check_preference_data(data, name, kind, needs_reference=True)
-    policy_model = trainable_policy(config, data, name)
+    policy_model, reference = policy_and_reference(config, data, name)
     actor = policy_log_probs(config, policy_model, name)
-    loss = getattr(llm, loss_cls_name)(actor, **kwargs)
-    group = OptimizerGroup("policy", list(policy_model.parameters()), resolve_lr(config, data, name), loss_keys,
-                           max_grad_norm=config.max_grad_norm)
-    return AlgorithmParts(loss=loss, policy=actor, optimizers=[group], model=policy_model, tokenizer=data.tokenizer)
+    loss = loss_cls(actor, **kwargs)
+    group = OptimizerGroup("policy", list(policy_model.parameters()), resolve_lr(config, data, name),
+                           loss_cls.optimised_terms, max_grad_norm=config.max_grad_norm)
+    # with LoRA the data's reference is the base the adapters now sit in: the evaluation reads this one
+    return AlgorithmParts(loss=loss, policy=actor, optimizers=[group], model=policy_model, tokenizer=data.tokenizer,
+                          reference=reference if reference is not data.reference else None)
 
 
 def build_dpo(config: DPOConfig, data: Any):
     """DPO (cDPO with ``label_smoothing > 0``) on preference pairs."""
-    return _policy_parts(config, data, "dpo", "DPOLoss",
-                         {"beta": config.beta, "label_smoothing": config.label_smoothing}, ("loss_dpo",))
+    from offline_plugins.objectives.llm import DPOLoss
+
+    return _policy_parts(config, data, "dpo", DPOLoss, {"beta": config.beta, "label_smoothing": config.label_smoothing})
 
 
 def build_robust_dpo(config: RobustDPOConfig, data: Any):
-    return _policy_parts(config, data, "robust-dpo", "RobustDPOLoss",
-                         {"beta": config.beta, "label_smoothing": config.label_smoothing}, ("loss_dpo",))
+    from offline_plugins.objectives.llm import RobustDPOLoss
+
+    return _policy_parts(config, data, "robust-dpo", RobustDPOLoss,
+                         {"beta": config.beta, "label_smoothing": config.label_smoothing})
 
 
 def build_rpo(config: RPOConfig, data: Any):
-    return _policy_parts(config, data, "rpo", "RPOLoss", {"beta": config.beta, "alpha": config.alpha},
-                         ("loss_dpo", "loss_nll"))
+    from offline_plugins.objectives.llm import RPOLoss
+
+    return _policy_parts(config, data, "rpo", RPOLoss, {"beta": config.beta, "alpha": config.alpha})
 
 
 def build_ipo(config: IPOConfig, data: Any):
-    return _policy_parts(config, data, "ipo", "IPOLoss",
-                         {"tau": config.tau, "length_normalize": config.length_normalize}, ("loss_ipo",))
+    from offline_plugins.objectives.llm import IPOLoss
+
+    return _policy_parts(config, data, "ipo", IPOLoss, {"tau": config.tau, "length_normalize": config.length_normalize})
 
 
 def build_kto(config: KTOConfig, data: Any):
-    return _policy_parts(config, data, "kto", "KTOLoss",
+    from offline_plugins.objectives.llm import KTOLoss
+
+    return _policy_parts(config, data, "kto", KTOLoss,
                          {"beta": config.beta, "desirable_weight": config.desirable_weight,
-                          "undesirable_weight": config.undesirable_weight}, ("loss_kto",))
+                          "undesirable_weight": config.undesirable_weight}, kind="unpaired-feedback")
 
 
 def build_orpo(config: ORPOConfig, data: Any):
-    return _policy_parts(config, data, "orpo", "ORPOLoss", {"lam": config.lam}, ("loss_nll", "loss_odds_ratio"))
+    from offline_plugins.objectives.llm import ORPOLoss
+
+    return _policy_parts(config, data, "orpo", ORPOLoss, {"lam": config.lam})
 
 
 def build_simpo(config: SimPOConfig, data: Any):
-    return _policy_parts(config, data, "simpo", "SimPOLoss", {"beta": config.beta, "gamma": config.gamma},
-                         ("loss_simpo",))
+    from offline_plugins.objectives.llm import SimPOLoss
+
+    return _policy_parts(config, data, "simpo", SimPOLoss, {"beta": config.beta, "gamma": config.gamma})
 
 
 def build_reward_model(config: RewardModelConfig, data: Any):

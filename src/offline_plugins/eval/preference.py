@@ -109,6 +109,7 @@ def evaluate_preference_model(
     exact_match_n: int = 500,
     batch_size: int = 64,
     kl: bool = True,
+    reference: Optional[torch.nn.Module] = None,
 ) -> dict[str, Optional[float]]:
     """All held-out scores of ``policy`` (a ``CausalLMLogProbs`` or ``CausalLMReward``) on ``data``.
 
@@ -120,6 +121,7 @@ def evaluate_preference_model(
         model: the transformers model inside ``policy`` (for KL and generation).
         exact_match_n: held-out task prompts for exact match (built-in tasks only).
         kl: compute the KL to the reference (False when ``policy`` is the reference).
+        reference: the reference to compare with (the run's ``AlgorithmParts.reference``); None: the data's.
 
     Returns:
         ``preference_accuracy``, ``likelihood_accuracy``, ``kl_to_reference`` and
@@ -138,7 +140,8 @@ def evaluate_preference_model(
         is_reward = hasattr(policy, "rewards")
         held_out = pairs if pairs is not None else getattr(data, "test", None)
         if kl and not is_reward and model is not None and held_out is not None and held_out.batch_size[0]:
-            out["kl_to_reference"] = kl_to_reference(model, data.reference, held_out, batch_size=batch_size)
+            reference = reference if reference is not None else data.reference
+            out["kl_to_reference"] = kl_to_reference(model, reference, held_out, batch_size=batch_size)
         task = getattr(data, "task", None)
         if not is_reward and model is not None and task is not None and exact_match_n > 0:
             out["exact_match"] = exact_match_accuracy(task, model, data.tokenizer, n=exact_match_n)

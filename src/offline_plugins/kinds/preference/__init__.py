@@ -161,7 +161,8 @@ class PreferenceText(DataKind):
     def evaluate(self, module, data, *, episodes: int, seed: int, device: str) -> dict[str, Any]:
         from offline_plugins.eval.preference import evaluate_preference_model
 
-        return evaluate_preference_model(module.policy, data, model=module.parts.model)
+        return evaluate_preference_model(module.policy, data, model=module.parts.model,
+                                         reference=module.parts.reference)
 
     def describe(self, result: dict) -> str:
         parts = [f"held-out preference accuracy {pct(result.get('preference_accuracy'))}",

@@ -73,8 +73,14 @@ class PreferenceEvaluation(ScheduledEvaluation):
             self._train_subset = pairs[order.to(pairs.device) if pairs.device is not None else order]
         return self._train_subset
 
+    def _reference(self, pl_module):
+        """The reference the policy is compared with: the run's (LoRA: the policy with its adapters off),
+        else the data's."""
+        reference = getattr(pl_module.parts, "reference", None)
+        return reference if reference is not None else self.data.reference
+
     def _reference_scores(self, pl_module) -> dict:
-        reference = self.data.reference
+        reference = self._reference(pl_module)
         scores = evaluate_preference_model(CausalLMLogProbs(reference), self.data, model=reference,
                                            exact_match_n=self.exact_match_n, kl=False)
         # the reference's implicit reward is 0 on every response, and its KL to itself 0
@@ -84,13 +90,13 @@ class PreferenceEvaluation(ScheduledEvaluation):
         # a reward model (no language model to generate with) has no "before" to compare to
         if self.before is None and pl_module.parts.model is not None:
             # a LoRA reference is the policy with its adapters off: sharded, it scores on every rank
-            if trainer.global_rank == 0 or is_sharded(self.data.reference):
+            if trainer.global_rank == 0 or is_sharded(self._reference(pl_module)):
                 before = self._reference_scores(pl_module)
                 self.before = before if trainer.global_rank == 0 else None
 
     def _score(self, trainer, pl_module) -> tuple[dict, dict]:
         scores = evaluate_preference_model(pl_module.policy, self.data, model=pl_module.parts.model,
-                                           exact_match_n=self.exact_match_n)
+                                           exact_match_n=self.exact_match_n, reference=self._reference(pl_module))
         train_pairs = self._training_pairs()
         scores["train_preference_accuracy"] = None
         if train_pairs is not None:

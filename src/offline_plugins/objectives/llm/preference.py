@@ -62,6 +62,9 @@ class DPOLoss(PreferenceLossBase):
         >>> out["loss_dpo"].backward()
     """
 
+    #: the ``loss_*`` terms a trainer minimises (their sum)
+    optimised_terms: tuple[str, ...] = ("loss_dpo",)
+
     @dataclass
     class _AcceptedKeys:
         """Keys the loss reads; rename with ``set_keys``.
@@ -183,6 +186,9 @@ class RPOLoss(DPOLoss):
         beta, label_smoothing, reduction: as :class:`DPOLoss`.
     """
 
+    #: the ``loss_*`` terms a trainer minimises (their sum)
+    optimised_terms: tuple[str, ...] = ("loss_dpo", "loss_nll")
+
     def __init__(self, actor_network=None, *, alpha: float = 1.0, beta: float = 0.1, label_smoothing: float = 0.0,
                  reduction: str = "mean"):
         super().__init__(actor_network, beta=beta, label_smoothing=label_smoothing, reduction=reduction)
@@ -211,6 +217,9 @@ class IPOLoss(DPOLoss):
         >>> round(IPOLoss(tau=0.5).pair_loss(torch.tensor(2.), torch.tensor(0.), torch.tensor(0.), torch.tensor(0.)).item(), 3)
         1.0
     """
+
+    #: the ``loss_*`` terms a trainer minimises (their sum)
+    optimised_terms: tuple[str, ...] = ("loss_ipo",)
 
     loss_name = "loss_ipo"
 
@@ -266,6 +275,9 @@ class ORPOLoss(_ReferenceFreeLoss):
         ['loss_nll', 'loss_odds_ratio']
     """
 
+    #: the ``loss_*`` terms a trainer minimises (their sum)
+    optimised_terms: tuple[str, ...] = ("loss_nll", "loss_odds_ratio")
+
     loss_name = "loss_odds_ratio"
 
     def __init__(self, actor_network=None, *, lam: float = 0.1, reduction: str = "mean"):
@@ -305,6 +317,9 @@ class SimPOLoss(_ReferenceFreeLoss):
         >>> round(SimPOLoss(beta=2.0, gamma=1.0)(batch)["loss_simpo"].item(), 4)
         0.3133
     """
+
+    #: the ``loss_*`` terms a trainer minimises (their sum)
+    optimised_terms: tuple[str, ...] = ("loss_simpo",)
 
     loss_name = "loss_simpo"
 
@@ -350,6 +365,9 @@ class KTOLoss(PreferenceLossBase):
         >>> KTOLoss()(batch)["loss_kto"]
         tensor(0.5000)
     """
+
+    #: the ``loss_*`` terms a trainer minimises (their sum)
+    optimised_terms: tuple[str, ...] = ("loss_kto",)
 
     @dataclass
     class _AcceptedKeys:
