@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
+from offline_plugins.algorithms.llm import policy_and_reference, policy_log_probs, resolve_lr
 from offline_plugins.algorithms.online import GeneratorFields, _RolloutFields, rollout_generator, sync_check
-from offline_plugins.algorithms.preference import policy_and_reference, policy_log_probs, resolve_lr
 from offline_plugins.config import config_field
 from offline_plugins.errors import UserError
 from offline_plugins.plugins.registry import builtin_hook, builtin_text_algorithm

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Optional
 
-from offline_plugins.algorithms.preference import LoRAFields, policy_and_reference, policy_log_probs, resolve_lr
+from offline_plugins.algorithms.llm import LoRAFields, lr_help, policy_and_reference, policy_log_probs, resolve_lr
 from offline_plugins.config import ROLLOUT_DEFAULTS as _D
 from offline_plugins.config import config_field
 from offline_plugins.errors import UserError
@@ -39,8 +39,7 @@ __all__ = ["GeneratorFields", "rollout_generator", "sync_check", "VLLM_ROLLOUT_C
 
 
 def _lr_help(pretrained: float) -> str:
-    return (f"Adam learning rate of the policy; unset: {pretrained:g} for a pretrained or SFT reference, "
-            "1e-3 for a built-in --model (tiny, small) from its random init (a .jsonl task)")
+    return lr_help(pretrained, source="a .jsonl task")
 
 
 @dataclass

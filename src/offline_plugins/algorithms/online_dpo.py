@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import offline_plugins.algorithms.preference as preference
+from offline_plugins.algorithms.llm import FROM_SCRATCH_LR, policy_and_reference, policy_log_probs, scratch_lr
 from offline_plugins.algorithms.online import GeneratorFields, SamplingFields, rollout_generator, sync_check
-from offline_plugins.algorithms.preference import FROM_SCRATCH_LR, _scratch, policy_and_reference, policy_log_probs
 from offline_plugins.config import ROLLOUT_DEFAULTS, config_field
 from offline_plugins.errors import UserError
 from offline_plugins.plugins.registry import builtin_hook, builtin_text_algorithm
@@ -150,7 +150,7 @@ def _build(config: Any, data: Any, name: str, *, reference: str):
     generator = rollout_generator(config, data, name)
     lr = config.lr
     if lr is None:
-        lr = _scratch(FROM_SCRATCH_LR, data) if getattr(data, "from_scratch", False) else inner_cfg.pretrained_lr
+        lr = scratch_lr(FROM_SCRATCH_LR, data) if getattr(data, "from_scratch", False) else inner_cfg.pretrained_lr
     elif isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < float(lr) < float("inf"):
         raise UserError(f"{name}: lr must be a positive number (or unset for the inner loss's default), got "
                         f"{lr!r}; fix it with --set lr=1e-5")

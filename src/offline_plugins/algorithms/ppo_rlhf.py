@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from offline_plugins.algorithms.llm import policy_and_reference, policy_log_probs, resolve_lr, trainable_copy
 from offline_plugins.algorithms.online import GeneratorFields, _RolloutFields, rollout_generator, sync_check
-from offline_plugins.algorithms.preference import _trainable_copy, policy_and_reference, policy_log_probs, resolve_lr
 from offline_plugins.config import config_field
 from offline_plugins.plugins.hookspecs import hookimpl
 from offline_plugins.plugins.registry import AlgorithmSpec
@@ -55,7 +55,7 @@ def build(config: PPORLHFConfig, data: Any, *, name: str = "ppo-rlhf", loss_cls:
     require_rollouts(data, name)
     generator = rollout_generator(config, data, name)
     # the critic is copied before LoRA (if asked) wraps the reference in place: a full trainable copy
-    critic = TokenValueHead(_trainable_copy(data.reference))
+    critic = TokenValueHead(trainable_copy(data.reference))
     critic.train()
     policy, reference = policy_and_reference(config, data, name)
     actor = policy_log_probs(config, policy, name)

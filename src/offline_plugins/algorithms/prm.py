@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from offline_plugins.algorithms.preference import _trainable_copy
+from offline_plugins.algorithms.llm import trainable_copy
 from offline_plugins.config import config_field
 from offline_plugins.errors import UserError
 from offline_plugins.plugins.hookspecs import hookimpl
@@ -45,7 +45,7 @@ def build_prm(config: PRMConfig, data):
         raise UserError(f"prm: build(config, data) expects an offline_plugins.data.steps.StepData (step-labelled "
                         f"rows: load_step_source), got {type(data).__name__}")
     lm = config.lm_coef > 0
-    prm = CausalLMStepReward(_trainable_copy(data.reference), logits_key=("steps", "lm_logits") if lm else None).train()
+    prm = CausalLMStepReward(trainable_copy(data.reference), logits_key=("steps", "lm_logits") if lm else None).train()
     group = OptimizerGroup("prm", list(prm.parameters()), config.lr, ("loss_prm",) + (("loss_lm",) if lm else ()),
                            max_grad_norm=config.max_grad_norm)
     return AlgorithmParts(loss=ProcessRewardLoss(prm, lm_coef=config.lm_coef), policy=prm, optimizers=[group],

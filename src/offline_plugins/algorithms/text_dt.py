@@ -47,8 +47,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
+from offline_plugins.algorithms.llm import policy_and_reference, policy_log_probs, resolve_lr
 from offline_plugins.algorithms.online import _lr_help, _RolloutFields
-from offline_plugins.algorithms.preference import policy_and_reference, policy_log_probs, resolve_lr
 from offline_plugins.config import config_field
 from offline_plugins.data.prompts import PromptSource
 from offline_plugins.errors import UserError
