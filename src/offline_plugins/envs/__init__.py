@@ -2,9 +2,12 @@
 word problems, step chains, tool tasks), tools and their sandboxes, and the maze environment.
 
 Importing this package imports neither torch nor gymnasium; :class:`TextEnv` (the TorchRL
-environment the rollout collector steps every round) lives in :mod:`offline_plugins.envs.text`,
-the tasks in :mod:`offline_plugins.envs.tasks`, their Gymnasium view in
-:mod:`offline_plugins.envs.gym_text`.
+environment the rollout collector steps every round) lives in :mod:`offline_plugins.envs.text`; the
+tasks in :mod:`~offline_plugins.envs.arithmetic`, :mod:`~offline_plugins.envs.word_problems`,
+:mod:`~offline_plugins.envs.steps` and :mod:`~offline_plugins.envs.multiturn` (what they share in
+:mod:`~offline_plugins.envs.task_base`, the catalog ``make_task`` in :mod:`offline_plugins.envs.tasks`);
+tools and sandboxes in :mod:`~offline_plugins.envs.tools` and :mod:`~offline_plugins.envs.sandbox`;
+their Gymnasium view in :mod:`offline_plugins.envs.gym_text`.
 """
 
 from __future__ import annotations

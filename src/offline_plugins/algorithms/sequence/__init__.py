@@ -1,1 +1,1 @@
-"""Glue of the sequence-model algorithms (``dt``, ``tt``, ``diffuser``); no torch at import."""
+"""Glue of the sequence-model algorithms (``dt``, ``odt``, ``tt``, ``diffuser``, ``ad``); no torch at import."""
