@@ -1,9 +1,10 @@
 """An import inside a function has one of two reasons, and this test fails on any other:
 
-* it keeps the light path light: the module is loaded by ``import offline_plugins`` or
-  ``offline-plugins list`` (the *light path*, which loads no third-party package but pluggy and
-  the installed plugins), and the import would pull in one that the light path does not load
-  (torch, transformers, minari, numpy...), directly or through the package's own modules;
+* it keeps the light path light: the module is loaded by ``import offline_plugins`` or by the
+  commands that list and describe what is installed (``list``, ``data list``, ``info``: the *light
+  path*, which loads no third-party package but pluggy and the installed plugins), and the import
+  would pull in one that the light path does not load (torch, transformers, minari, numpy...),
+  directly or through the package's own modules;
 * it imports an optional extra (``pyproject.toml``'s ``[project.optional-dependencies]``), which a
   user may not have installed, or another package's module for it (``torchrl.modules.llm.backends.vllm``:
   where the extra is installed, importing it starts the extra, after the settings we give it).
@@ -33,24 +34,29 @@ OPTIONAL = {"peft": "peft", "vllm": "vllm", "aiohttp": "aiohttp", "ogbench": "og
             "gymnasium_robotics": "gymnasium-robotics", "datasets": "datasets", "trl": "trl",
             "tensorboard": "tensorboard", "mlflow": "mlflow-skinny", "wandb": "wandb"}
 
+#: the commands that list and describe what is installed, and must answer at once (no torch)
+LIGHT_COMMANDS = (["list"], ["list", "--json", "--all"], ["data", "list"], ["info", "dpo"], ["info", "iql"],
+                  ["info", "grpo"], ["info", "tt"])
+
 _LIGHT_PATH = """
 import contextlib, io, json, sys
-sys.argv = ["offline-plugins", "list"]
 import offline_plugins
 from offline_plugins.cli import main
-with contextlib.redirect_stdout(io.StringIO()):
-    try:
-        main()
-    except SystemExit:
-        pass
+for argv in json.loads(sys.argv[1]):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            main(argv)
+        except SystemExit:
+            pass
 print(json.dumps(sorted(sys.modules)))
 """
 
 
 @functools.cache
 def light_path_modules() -> frozenset[str]:
-    """What ``import offline_plugins`` and ``offline-plugins list`` load, in a fresh interpreter."""
-    out = subprocess.run([sys.executable, "-c", _LIGHT_PATH], capture_output=True, text=True, check=True)
+    """What ``import offline_plugins`` and the :data:`LIGHT_COMMANDS` load, in a fresh interpreter."""
+    out = subprocess.run([sys.executable, "-c", _LIGHT_PATH, json.dumps(LIGHT_COMMANDS)], capture_output=True,
+                         text=True, check=True)
     return frozenset(json.loads(out.stdout.splitlines()[-1]))
 
 

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 
 from offline_plugins.data.files import atomic_write_text
+from offline_plugins.data.preference_sources import BUILTIN_PREFERENCE_DATASETS
+from offline_plugins.data.store import dataset_size_bytes, local_dataset_ids, make_dataset, store_path
 from offline_plugins.data.text_ids import text_tasks as registered_text_tasks
 from offline_plugins.kinds.environment import dropped_text
 
@@ -35,8 +37,6 @@ def _human_size(n: int) -> str:
 
 
 def _local_metadata(dataset_id: str) -> dict:
-    from offline_plugins.data.store import store_path
-
     path = store_path() / dataset_id / "data" / "metadata.json"
     try:
         return json.loads(path.read_text())
@@ -46,8 +46,6 @@ def _local_metadata(dataset_id: str) -> dict:
 
 def cmd_data_list(args) -> int:
     """Recipes (made or not) and every dataset in the local Minari store."""
-    from offline_plugins.data.store import dataset_size_bytes, local_dataset_ids, store_path
-
     registry = _registry(args)
     local = set(local_dataset_ids())
     rows = []
@@ -90,7 +88,6 @@ def cmd_data_list(args) -> int:
                 "provider": "",
             }
         )
-    from offline_plugins.data.preference_sources import BUILTIN_PREFERENCE_DATASETS
 
     preference = [{"id": k, "summary": v[0]} for k, v in BUILTIN_PREFERENCE_DATASETS.items()]
     text_tasks = [{"id": k, "summary": v.summary} for k, v in registered_text_tasks().items()]
@@ -111,8 +108,6 @@ def cmd_data_list(args) -> int:
 
 
 def _print_rows(rows: list) -> None:
-    from offline_plugins.data.store import store_path
-
     print(f"Minari store: {store_path()}")
     if not rows:
         print("no dataset recipes and no local datasets")
@@ -134,8 +129,6 @@ def _print_rows(rows: list) -> None:
 
 def cmd_data_make(args) -> int:
     """Make one recipe's dataset in the local store."""
-    from offline_plugins.data.store import dataset_size_bytes, make_dataset
-
     options = {}
     if args.steps is not None:
         options["steps"] = args.steps

@@ -13,6 +13,7 @@ import warnings
 from typing import Optional
 
 from offline_plugins.data.errors import DatasetError
+from offline_plugins.data.store import build_atomically, check_data_format
 
 __all__ = ["HISTORY_RECIPES", "REFERENCE_TASKS", "make_history_dataset", "reference_returns"]
 
@@ -71,8 +72,6 @@ def make_history_dataset(
         steps: not used (a history's length is fixed by the env); refused when given.
         data_format, force, save_as: as :func:`~offline_plugins.data.build.make_recipe_dataset`.
     """
-    from offline_plugins.data.store import build_atomically, check_data_format
-
     dataset_id = save_as or spec.id
     if steps is not None:
         raise DatasetError(f"dataset recipe {spec.id!r} records whole learning histories: drop --steps and set how "

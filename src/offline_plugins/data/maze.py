@@ -17,6 +17,7 @@ import warnings
 from typing import Optional
 
 from offline_plugins.data.errors import DatasetError
+from offline_plugins.data.store import build_atomically, check_data_format
 
 __all__ = ["MAZE_RECIPES", "REFERENCE_EPISODES", "make_maze_dataset", "reference_returns", "waypoint_stream"]
 
@@ -98,8 +99,6 @@ def make_maze_dataset(
         episodes: stop after this many episodes of the evaluation horizon (small datasets for tests).
         data_format, force, save_as: as :func:`~offline_plugins.data.build.make_recipe_dataset`.
     """
-    from offline_plugins.data.store import build_atomically, check_data_format
-
     dataset_id = save_as or spec.id
     for name, value in (("steps", steps), ("episodes", episodes)):
         if value is not None and int(value) < 1:

@@ -47,6 +47,16 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Optional
 
 from offline_plugins.data.errors import DatasetError
+from offline_plugins.data.store import (
+    build_atomically,
+    check_data_format,
+    is_local,
+    make_dataset,
+    open_minari_dataset,
+    outer_store,
+    read_minari_episodes,
+    store_path,
+)
 
 __all__ = ["OGBENCH_ENVS", "OGBENCH_TYPES", "OGBenchEnv", "ogbench_id", "parse_ogbench_id", "explain_unknown",
            "relabel", "make_ogbench_dataset", "collect_episodes"]
@@ -309,8 +319,6 @@ def relabel(name: str, task: int, episodes: list, *, keep_states: bool = True) -
 
 def _episodes_of(dataset_id: str) -> list:
     """The stored episodes of a local OGBench dataset, with their state arrays."""
-    from offline_plugins.data.store import open_minari_dataset, read_minari_episodes
-
     episodes = read_minari_episodes(open_minari_dataset(dataset_id), dataset_id)
     out = []
     for ep in episodes:
@@ -326,8 +334,6 @@ def _episodes_of(dataset_id: str) -> list:
 
 def recorded_version(dataset_id: str) -> Optional[str]:
     """The ogbench version a local OGBench dataset was made with (its ``offline_plugins.json``)."""
-    from offline_plugins.data.store import store_path
-
     path = store_path() / dataset_id / "offline_plugins.json"
     if not path.is_file():
         return None
@@ -377,8 +383,6 @@ def make_ogbench_dataset(
     A ``-singletask-task<k>`` id is made from its ``ogbench/<env>-<type>-v0`` dataset (made first
     when missing, with these options) by relabelling; ``episodes``/``steps`` then size that one.
     """
-    from offline_plugins.data.store import build_atomically, check_data_format, is_local, make_dataset, outer_store
-
     for name, value in (("episodes", episodes), ("steps", steps), ("episode_steps", episode_steps)):
         if value is not None and int(value) < 1:
             raise DatasetError(f"dataset recipe {spec.id!r}: {name}={value} must be at least 1")

@@ -51,22 +51,8 @@ from typing import Any, Optional, Sequence, Union
 
 from offline_plugins.config import cache_root as root
 from offline_plugins.data.jsonl import jsonl_objects
-from offline_plugins.data.preference import (
-    PAIR_FIELDS,
-    UNPAIRED_FIELDS,
-    PreferenceData,
-    add_reference_log_probs,
-    load_hf_dataset,
-    load_jsonl,
-    pairs_to_unpaired,
-    tokenize_pairs,
-    tokenize_unpaired,
-)
-from offline_plugins.data.text_tasks import task_preference_data
 from offline_plugins.envs.tasks import make_task
 from offline_plugins.errors import UserError
-from offline_plugins.modules.generation import model_context
-from offline_plugins.modules.tiny_lm import is_builtin_model, load_causal_lm
 
 __all__ = [
     "BUILTIN_PREFERENCE_DATASETS",
@@ -122,6 +108,7 @@ _SIDES = ("chosen", "rejected")
 
 def cache_root() -> Path:
     """``$OFFLINE_PLUGINS_CACHE`` or ``~/.cache/offline-plugins`` (:func:`offline_plugins.config.cache_root`)."""
+
     return root()
 
 
@@ -166,6 +153,7 @@ class NoHeldOutWarning(UserWarning):
 def _warn_no_held_out(source: str, rows: Sequence[dict]) -> None:
     """Say why a file gets no held-out split: too few rows, or every row on one prompt (a prompt's rows stay
     on one side of the split), and how many distinct rows there are."""
+
     prompts = len({r["prompt"] for r in rows})
     distinct = len({json.dumps(r, sort_keys=True, default=str) for r in rows})
     if len(rows) == 1:
@@ -222,6 +210,8 @@ def _layout(columns) -> str:
 
 def _rows_from(source: str) -> tuple[list[dict], str]:
     """``(rows, "pairs"|"unpaired")`` of a JSONL file or ``hf:`` dataset, fields checked."""
+    from offline_plugins.data.preference import PAIR_FIELDS, UNPAIRED_FIELDS, load_hf_dataset, load_jsonl
+
     if source.startswith("hf:"):
         try:
             import datasets
@@ -263,6 +253,7 @@ def _rows_from(source: str) -> tuple[list[dict], str]:
 
 def _keep_optional_jsonl(path: Path, rows: list[dict]) -> None:
     """Copy the checked optional fields of a JSONL file's rows onto ``rows`` (``load_jsonl`` drops them)."""
+
     text = path.read_text(encoding="utf-8-sig")  # load_jsonl read it: it is UTF-8
     if not any(f'"{f}"' in text for f in OPTIONAL_PAIR_FIELDS):
         return  # most files carry neither: no second parse
@@ -358,17 +349,30 @@ def load_preference_source(
     Returns:
         A :class:`~offline_plugins.data.preference.PreferenceData`.
     """
+    from offline_plugins.data.preference import (
+        PreferenceData,
+        add_reference_log_probs,
+        pairs_to_unpaired,
+        tokenize_pairs,
+        tokenize_unpaired,
+    )
+
     resolved = resolve_preference_id(dataset)
     if resolved is None:
         raise unknown_preference_dataset(dataset, algorithm or "this algorithm")
     cache = Path(cache_dir) if cache_dir is not None else cache_root() / "preference"
     if resolved in BUILTIN_PREFERENCE_DATASETS:
+        from offline_plugins.data.text_tasks import task_preference_data
+
         _, task_settings, data_settings = BUILTIN_PREFERENCE_DATASETS[resolved]
         task = make_task(**task_settings)
         data = task_preference_data(task, model=str(model), kind=kind, seed=seed, cache_dir=cache, progress=progress,
                                     finetune=finetune, **{"sft_steps": reference_sft_steps, **data_settings})
         data.dataset_id = resolved
         return data
+
+    from offline_plugins.modules.generation import model_context
+    from offline_plugins.modules.tiny_lm import is_builtin_model, load_causal_lm
 
     rows, layout = _rows_from(resolved)
     if layout == "unpaired" and kind == "preference-pairs":

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from offline_plugins.data.jsonl import jsonl_objects
+from offline_plugins.data.preference_sources import held_out_prompts
 from offline_plugins.data.remote import RemoteReward, is_url
 from offline_plugins.envs.tasks import exact_match
 from offline_plugins.errors import UserError
@@ -563,8 +564,6 @@ def jsonl_prompt_source(path: str, *, reward: Optional[str] = None, test_fractio
                         min_test_rows: int = 100) -> PromptSource:
     """Rows of a JSONL file: ``prompt`` and ``answer`` (exact-match reward), or ``prompt`` (and any
     other columns) with ``reward``, a ``module:function`` reward function."""
-    from offline_plugins.data.preference_sources import held_out_prompts
-
     def check(row: dict) -> Optional[str]:
         if not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
             return "has no non-empty string 'prompt'"

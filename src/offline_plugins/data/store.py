@@ -19,15 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import errno
-import gc
-import importlib.util
-import inspect
 import json
 import os
-import re
 import shutil
-import socket
 import sys
 import uuid
 from pathlib import Path
@@ -40,15 +34,15 @@ try:  # POSIX: without them, builds of one id are not serialised and no file-siz
 except ImportError:  # pragma: no cover - Windows
     fcntl = resource = None
 
-import gymnasium as gym
-import minari
-from minari.dataset.minari_dataset import DATASET_ID_RE
-from minari.namespace import NAMESPACE_METADATA_FILENAME
+import errno
+import gc
+import importlib.util
+import inspect
+import re
+import socket
 
-from offline_plugins.data.behaviour import load_policy_file
 from offline_plugins.data.errors import DatasetError
 from offline_plugins.data.files import WRITE_ERRNOS, is_write_error
-from offline_plugins.data.ogbench import explain_unknown
 from offline_plugins.plugins import shared_registry
 
 __all__ = [
@@ -131,6 +125,7 @@ def resolve_dataset_id(dataset_id: str, registry=None, *, allow_download: bool =
         recipe = reg.datasets.get(candidate)
         if is_local(candidate) or recipe is not None:
             return candidate, recipe
+    from offline_plugins.data.ogbench import explain_unknown
 
     ogbench = explain_unknown(dataset_id)
     if ogbench is not None:
@@ -154,6 +149,8 @@ def resolve_dataset_id(dataset_id: str, registry=None, *, allow_download: bool =
 
 
 def _looks_like_minari_id(dataset_id: str) -> bool:
+    from minari.dataset.minari_dataset import DATASET_ID_RE
+
     return bool(DATASET_ID_RE.fullmatch(dataset_id)) and "/" in dataset_id
 
 
@@ -166,6 +163,7 @@ def _try_download(dataset_id: str) -> Optional[str]:
         socket.create_connection(("huggingface.co", 443), timeout=3).close()
     except OSError as exc:
         return f"no network: {exc}"
+    import minari
 
     try:
         minari.download_dataset(dataset_id)
@@ -196,6 +194,7 @@ def make_dataset(
         exist_ok: return the existing dataset instead of raising when it exists (also
             when another process made it while this one waited for the lock).
     """
+
     minari_id, recipe = resolve_dataset_id(dataset_id, registry, allow_download=False)
     if recipe is None:
         raise DatasetError(
@@ -240,6 +239,8 @@ def estimated_dataset_bytes(recipe, *, steps: Optional[int] = None, episodes: Op
     of its environment's observation and action spaces per step, at HDF5's measured overhead), or None
     when it cannot be told (an environment that cannot be made here: the build says why)."""
     try:
+        import gymnasium as gym
+
         env = gym.make(recipe.env_id)
         try:
             per_step = gym.spaces.flatdim(env.observation_space) * 2 + gym.spaces.flatdim(env.action_space)
@@ -252,6 +253,8 @@ def estimated_dataset_bytes(recipe, *, steps: Optional[int] = None, episodes: Op
     n = int(steps if steps is not None else options.get("steps", 100_000))
     if recipe.tier == "medium-replay":  # the size of the training buffer it replays, not --steps
         try:
+            from offline_plugins.data.behaviour import load_policy_file
+
             n = sum(int(seg["steps"]) for seg in load_policy_file(recipe.env_id).payload["replay"])
         except Exception:
             pass
@@ -301,6 +304,7 @@ def _check_room(dataset_id: str, needed: Optional[int]) -> None:
 def _write_errno(exc: BaseException) -> Optional[int]:
     """The errno of a write that failed for lack of room or a broken file system, also when HDF5
     reports it only in its message (``errno = 28``); None for other errors."""
+
     seen = 0
     while exc is not None and seen < 8:
         if is_write_error(exc) and isinstance(exc, OSError):
@@ -538,6 +542,8 @@ def _build_write_error(dataset_id: str, root: Path, code: int) -> DatasetError:
 
 def _copy_namespaces(private: Path, root: Path, dataset_id: str) -> None:
     """Give ``root`` the Minari namespace metadata files the build wrote and ``root`` lacks."""
+    from minari.namespace import NAMESPACE_METADATA_FILENAME
+
     parts = dataset_id.split("/")[:-1]
     for depth in range(1, len(parts) + 1):
         namespace = "/".join(parts[:depth])
@@ -557,6 +563,8 @@ def _extra_available(extra: str) -> bool:
 
 def open_minari_dataset(dataset_id: str):
     """``minari.load_dataset`` of a local id, with every failure turned into a DatasetError."""
+    import minari
+
     data_dir = store_path() / dataset_id / "data"
     fix = f"rebuild it ('offline-plugins data make {dataset_id} --force' for a recipe, 'minari download {dataset_id} --force' for a remote one)"
     if not (data_dir / "metadata.json").is_file():

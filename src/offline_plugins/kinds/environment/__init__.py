@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from offline_plugins.data.store import resolve_dataset_id
 from offline_plugins.errors import UserError
 from offline_plugins.plugins.datakind import (
     LOSS_PANEL,
@@ -86,8 +87,6 @@ class EnvironmentSteps(DataKind):
         return False
 
     def resolve(self, dataset: str, *, spec, registry) -> tuple[str, Optional[str]]:
-        from offline_plugins.data.store import resolve_dataset_id
-
         resolved, recipe = resolve_dataset_id(dataset, registry)
         return resolved, getattr(recipe, "action_space", None)
 

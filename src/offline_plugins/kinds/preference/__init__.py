@@ -17,6 +17,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from offline_plugins.data.files import atomic_folder
+from offline_plugins.data.preference_sources import (
+    load_preference_source,
+    resolve_preference_id,
+    unknown_preference_dataset,
+)
 from offline_plugins.errors import UserError
 from offline_plugins.plugins.datakind import (
     LOSS_PANEL,
@@ -40,13 +45,9 @@ class PreferenceText(DataKind):
     train_hint = "train a preference algorithm on it (dpo, ipo, kto, orpo, simpo, reward-model)"
 
     def claims(self, dataset: str) -> bool:
-        from offline_plugins.data.preference_sources import resolve_preference_id
-
         return resolve_preference_id(dataset) is not None
 
     def resolve(self, dataset: str, *, spec, registry) -> tuple[str, Optional[str]]:
-        from offline_plugins.data.preference_sources import resolve_preference_id, unknown_preference_dataset
-
         resolved = resolve_preference_id(dataset)
         if resolved is None:
             raise unknown_preference_dataset(dataset, spec.name)
@@ -65,7 +66,6 @@ class PreferenceText(DataKind):
 
     def load(self, dataset_id: str, *, spec, config, registry, device: str, progress: bool,
              options: DataOptions) -> LoadedData:
-        from offline_plugins.data.preference_sources import load_preference_source
         from offline_plugins.kinds.sft import supervised_finetune
 
         data = load_preference_source(dataset_id, kind=self.name, algorithm=spec.name, model=options.model or "tiny",
