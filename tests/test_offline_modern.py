@@ -15,6 +15,7 @@ from torchrl import objectives as trl
 from torchrl.data import Bounded
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
+from _cql_by_hand import conservative_term_by_hand
 from _synthetic import synthetic_transitions
 from offline_plugins.errors import UserError
 from offline_plugins.modules import networks as nets
@@ -287,31 +288,7 @@ def test_cal_ql_conservative_term_by_hand():
     loss.q_loss(td)
     torch.manual_seed(1)
     value, _ = loss.cql_loss(td)
-    qmod = loss.qvalue_network.module
-    with torch.no_grad():
-        torch.manual_seed(1)
-        s, s2 = batch["observation"], batch["next", "observation"]
-        rand = torch.empty(8 * n, 2).uniform_(-1, 1)
-        with set_exploration_type(ExplorationType.RANDOM):
-            cur_a, cur_lp = actor.get_dist(TensorDict({"observation": s.repeat_interleave(n, 0)}, [8 * n])) \
-                .rsample_and_log_prob()
-            nxt_a, nxt_lp = actor.get_dist(TensorDict({"observation": s2.repeat_interleave(n, 0)}, [8 * n])) \
-                .rsample_and_log_prob()
-        s_rep = s.repeat_interleave(n, 0)
-        expected, raised = 0, 0
-        for i in range(2):
-            with loss.qvalue_network_params[i].to_module(loss.qvalue_network):
-                q_cur = qmod(s_rep, cur_a).reshape(8, n)
-                q_nxt = qmod(s_rep, nxt_a).reshape(8, n)
-                raised += int((q_cur < bound).sum() + (q_nxt < bound).sum())
-                cat = torch.cat([
-                    qmod(s_rep, rand).reshape(8, n) - 2 * math.log(0.5),
-                    torch.maximum(q_nxt, bound) - nxt_lp.reshape(8, n),
-                    torch.maximum(q_cur, bound) - cur_lp.reshape(8, n),
-                ], -1)
-                data_q = qmod(s, batch["action"]).squeeze(-1)
-            expected = expected + w * (torch.logsumexp(cat, -1) - data_q)
-        expected = expected.mean()
+    expected, raised = conservative_term_by_hand(loss, actor, batch, n=n, weight=w, bound=bound)
     assert 0 < raised < 2 * 2 * 8 * n  # the bound binds on some of the values, not all
     torch.testing.assert_close(value, expected)
     assert float(loss._bound_frac) == pytest.approx(raised / (2 * 2 * 8 * n))
