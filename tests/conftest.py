@@ -33,6 +33,19 @@ def prompt_file(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_prm(tmp_path_factory):
+    """The folder of a PRM trained 3 steps on ``steps/arithmetic-v0``, made once a test run, for the
+    tests of the RL algorithms that read one (``--set prm=DIR``)."""
+    from offline_plugins.cli import main
+
+    out = tmp_path_factory.mktemp("tiny-prm") / "prm"
+    code = main(["train", "prm", "--dataset", "steps/arithmetic-v0", "--steps", "3", "--seed", "0",
+                 "--set", "batch_size=8", "--out", str(out), "--no-progress"])
+    assert code == 0, "training the tests' tiny PRM failed (its error is in the captured stderr above)"
+    return out
+
+
+@pytest.fixture(scope="session")
 def minari_store(tmp_path_factory):
     """A Minari datasets folder private to this test session (MINARI_DATASETS_PATH)."""
     path = tmp_path_factory.mktemp("minari")

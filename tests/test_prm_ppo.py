@@ -94,12 +94,10 @@ SMALL = ["--set", "reference_sft_steps=10", "--set", "prompts_per_round=4", "--s
          "--set", "max_new_tokens=24", "--set", "eval_prompts=4"]
 
 
-def test_ppo_prm_trains_on_steps_arithmetic_and_rewards_each_step_end_with_the_prm(tmp_path, capsys):
+def test_ppo_prm_trains_on_steps_arithmetic_and_rewards_each_step_end_with_the_prm(tmp_path, capsys, tiny_prm):
     from offline_plugins.eval.search import PRMScorer, load_prm
 
-    prm_dir = tmp_path / "prm"
-    assert main(["train", "prm", "--dataset", "steps/arithmetic-v0", "--steps", "3", "--seed", "0",
-                 "--set", "batch_size=8", "--out", str(prm_dir), "--no-progress"]) == 0, capsys.readouterr().err
+    prm_dir = tiny_prm
     out = tmp_path / "ppo-prm"
     assert main(["train", "ppo-prm", "--dataset", "steps-arithmetic", "--steps", "2", "--seed", "0",
                  "--out", str(out), "--no-progress", "--set", f"prm={prm_dir}", *SMALL]) == 0, capsys.readouterr().err

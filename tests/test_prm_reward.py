@@ -72,10 +72,8 @@ SMALL = ["--set", "reference_sft_steps=10", "--set", "group_size=2", "--set", "p
          "--set", "max_new_tokens=24", "--set", "eval_prompts=4", "--set", "batch_size=4"]
 
 
-def test_grpo_prm_trains_on_steps_arithmetic_with_a_tiny_prm(tmp_path, capsys):
-    prm = tmp_path / "prm"
-    assert main(["train", "prm", "--dataset", "steps/arithmetic-v0", "--steps", "3", "--seed", "0",
-                 "--set", "batch_size=8", "--out", str(prm), "--no-progress"]) == 0, capsys.readouterr().err
+def test_grpo_prm_trains_on_steps_arithmetic_with_a_tiny_prm(tmp_path, capsys, tiny_prm):
+    prm = tiny_prm
     out = tmp_path / "grpo-prm"
     assert main(["train", "grpo-prm", "--dataset", "steps-arithmetic", "--steps", "2", "--seed", "0",
                  "--out", str(out), "--no-progress", "--set", f"prm={prm}", *SMALL]) == 0, capsys.readouterr().err
