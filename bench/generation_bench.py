@@ -4,10 +4,10 @@ Both sample what the rollout collector asks for: ``G`` responses to each of ``P`
 (2-digit additions, the built-in task's), up to ``max_new_tokens`` tokens, temperature 1,
 top-p 1, the per-token log-probs of the sampled tokens, one seeded call per round:
 
-* ``hf``: :func:`offline_plugins.modules.generation.generate` (``log_probs=True``), the
+* ``hf``: :func:`offline_plugins.text.backends.generation.generate` (``log_probs=True``), the
   collector's default (``--generator hf``): one batched ``model.generate``, left-padded,
   KV cache, the log-prob recorder;
-* ``vllm``: :meth:`offline_plugins.modules.vllm_engine.VLLMGenerator.generate`
+* ``vllm``: :meth:`offline_plugins.text.backends.vllm_engine.VLLMGenerator.generate`
   (``--generator vllm``) on an engine started from the same weights; ``sync`` is the
   weight load a round pays before sampling (``sync_every=1``), timed apart.
 
@@ -51,8 +51,8 @@ def _prompts(tok, n: int, seed: int) -> list[list[int]]:
 
 
 def bench(size: str, max_new_tokens: int, *, prompts: int, group_size: int, rounds: int) -> dict:
-    from offline_plugins.modules.generation import generate
-    from offline_plugins.modules.vllm_engine import VLLMGenerator
+    from offline_plugins.text.backends.generation import generate
+    from offline_plugins.text.backends.vllm_engine import VLLMGenerator
 
     model, tok = _model(size, max_positions=max(128, 16 + max_new_tokens))
     kwargs = dict(pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, max_new_tokens=max_new_tokens,
@@ -108,8 +108,8 @@ def main() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     rows = [bench(size, k, prompts=args.prompts, group_size=args.group_size, rounds=args.rounds)
             for size in args.sizes for k in args.max_new_tokens]
-    import vllm
     import transformers
+    import vllm
 
     meta = {"torch": torch.__version__, "transformers": transformers.__version__, "vllm": vllm.__version__,
             "threads": args.threads, "torch_threads_after": torch.get_num_threads()}

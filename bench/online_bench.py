@@ -7,9 +7,9 @@ over interleaved rounds, responses/s:
 * ``generate``: one batched ``model.generate`` of the ``P*G`` responses (KV cache, sampling),
   nothing else: the floor any online trainer pays for its samples;
 * ``sample``: the collector's generation stage, the same ``generate`` through
-  :func:`~offline_plugins.modules.generation.generate_left_padded` with its clean sampling config and
+  :func:`~offline_plugins.text.backends.generation.generate_left_padded` with its clean sampling config and
   the log-prob recorder (the sampling log-probs come out of this call);
-* ``collect``: our :class:`~offline_plugins.data.rollouts.RolloutCollector` round: ``sample``,
+* ``collect``: our :class:`~offline_plugins.text.data.rollouts.RolloutCollector` round: ``sample``,
   decoding, the verifier, the reference's log-probs (one forward) and the GRPO advantages,
   written as TED rows;
 * ``round``: ``collect`` plus the round's updates (``TextGRPOLoss``, backward, Adam) for
@@ -47,7 +47,6 @@ from pathlib import Path
 import lightning
 import torch
 
-
 AUTOCAST = contextlib.nullcontext
 DEVICE = torch.device("cpu")
 
@@ -58,8 +57,8 @@ def _sync() -> None:
 
 
 def setup(prompts: int, group_size: int, max_new_tokens: int, model_size: str = "tiny"):
-    from offline_plugins.data.rollouts import RolloutCollector, task_prompt_source
-    from offline_plugins.envs.tasks import ArithmeticTask
+    from offline_plugins.text.data.rollouts import RolloutCollector, task_prompt_source
+    from offline_plugins.text.tasks import ArithmeticTask
 
     # the preference bench's models: tiny, a 12-layer GPT-2, or the Qwen2.5-0.5B shape on small's tokenizer
     sys.path.insert(0, str(Path(__file__).parent))
@@ -98,7 +97,7 @@ def _generated_tokens(out, width: int, eos: int) -> int:
 def time_generate(model, tok, source, collector, round_: int, *, ours: bool = False) -> tuple[float, float]:
     """Responses/s and generated tokens/s of one batched ``generate``: bare, or (``ours``) the
     collector's generation stage (``generate_left_padded``, clean config, log-prob recorder)."""
-    from offline_plugins.modules.generation import SampledLogProbs, generate_left_padded, generation_kwargs
+    from offline_plugins.text.backends.generation import SampledLogProbs, generate_left_padded, generation_kwargs
 
     left, mask = _left_padded(tok, source, collector, round_)
     left, mask = left.to(DEVICE), mask.to(DEVICE)

@@ -227,7 +227,7 @@ def main() -> None:
     base, tok = base_model(args.model_size)
     base = base.to(device)
     batch = make_batch(tok).to(device)
-    from offline_plugins.data.preference import add_reference_log_probs
+    from offline_plugins.text.data.preference import add_reference_log_probs
 
     add_reference_log_probs(batch, base)  # once, in fp32, outside the timed loop, as training does
     pairs = batch.batch_size[0]

@@ -3,9 +3,9 @@
 
     python bench/reward_workers_bench.py [--calls 200] [--responses 128] [--json]
 
-One call: :func:`offline_plugins.data.prompts.score_responses` of a round's responses (``--responses``
+One call: :func:`offline_plugins.text.sources.prompts.score_responses` of a round's responses (``--responses``
 arithmetic answers of a few characters to prompts like ``12+34=``) with an exact-match reward, through a
-:class:`~offline_plugins.data.prompts.RewardGuard` with a 60 s limit. The process worker is started
+:class:`~offline_plugins.text.sources.prompts.RewardGuard` with a 60 s limit. The process worker is started
 once before the timed calls (its start-up, a fresh interpreter importing the reward's module, is timed
 apart); each call then sends the prompts and responses through a pipe and the rewards back.
 """
@@ -33,7 +33,7 @@ def main(argv=None) -> dict:
     sys.path.insert(0, str(Path(__file__).parent))
     import reward_workers_bench as me  # importable by name, as a process worker needs
 
-    from offline_plugins.data.prompts import PromptSource, RewardGuard, score_responses
+    from offline_plugins.text.sources.prompts import PromptSource, RewardGuard, score_responses
 
     rows = [{"prompt": f"{i % 90 + 10}+{i % 7}=", "answer": str(i % 90 + 10 + i % 7)} for i in range(args.responses)]
     responses = [r["answer"] if i % 3 else "0" for i, r in enumerate(rows)]

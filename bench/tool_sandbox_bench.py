@@ -28,8 +28,8 @@ from pathlib import Path
 
 
 def per_call(calls: int) -> dict:
-    from offline_plugins.envs.sandbox import BwrapSandbox, UnsafeSubprocessSandbox
-    from offline_plugins.envs.tools import PythonTool
+    from offline_plugins.text.tools.sandbox import BwrapSandbox, UnsafeSubprocessSandbox
+    from offline_plugins.text.tools.tools import PythonTool
 
     tools = {"bwrap": PythonTool(timeout=10, sandbox=BwrapSandbox()),
              "unsafe-subprocess": PythonTool(timeout=10, sandbox=UnsafeSubprocessSandbox(warn=False))}

@@ -159,8 +159,8 @@ def make_grouping_buffer(name: str, group_size: int, capacity: int, bridge: From
 
 def sft_policy(task, *, steps: int, seed: int = 0, model: str = "tiny", cache_dir=None):
     """``model`` after ``steps`` of SFT on the task (the reference and the policy's start; OPD's teacher)."""
-    from offline_plugins.data.rollouts import sft_reference
     from offline_plugins.kinds.sft import supervised_finetune
+    from offline_plugins.text.data.rollouts import sft_reference
 
     return sft_reference(task, model=model, steps=steps, seed=seed, batch_size=32, cache_dir=cache_dir,
                          finetune=supervised_finetune)
@@ -189,8 +189,8 @@ def train(loss_name: str, *, rounds: int = 10, seed: int = 0, prompts_per_round:
     from torchrl.collectors.llm import LLMCollector
     from torchrl.data import LazyStackStorage, ReplayBuffer, SamplerWithoutReplacement
 
-    from offline_plugins.envs.tasks import ArithmeticTask
     from offline_plugins.modules.causal_lm import CausalLMLogProbs
+    from offline_plugins.text.tasks import ArithmeticTask
 
     set_list_to_stack(True).set()
     task = ArithmeticTask(digits=digits, ops="+")

@@ -67,9 +67,10 @@ def _student_init(path: Path) -> None:
 def _teacher_samples(root: Path, n: int) -> Path:
     import torch
 
-    from offline_plugins.data.rollouts import _task_of
-    from offline_plugins.data.text_tasks import generate, sft_rows
     from offline_plugins.modules.tiny_lm import load_causal_lm
+    from offline_plugins.text.backends.generation import generate_texts as generate
+    from offline_plugins.text.data.rollouts import _task_of
+    from offline_plugins.text.data.task_data import sft_rows
 
     path = root / "teacher_samples.jsonl"
     if path.is_file() and sum(1 for _ in path.open()) == n:
@@ -118,7 +119,7 @@ def _scores(data, teacher, folder: Path) -> tuple[float, float]:
 
     model, tok = load_causal_lm(folder)
     rows = data.source.held_out
-    responses, em = data.greedy_answers(model, tok, rows, "answer", max_new_tokens=data.collector.max_new_tokens)
+    responses, em = data.greedy_answers(model, tok, rows, "answer", max_new_tokens=data.settings.max_new_tokens)
     seqs, masks = [], []
     for r, resp in zip(rows, responses):
         p = prompt_token_ids(tok, r["prompt"])
@@ -139,8 +140,8 @@ def _scores(data, teacher, folder: Path) -> tuple[float, float]:
 def table(args) -> None:
     import torch
 
-    from offline_plugins.data.rollouts import load_rollout_data
     from offline_plugins.modules.tiny_lm import load_causal_lm
+    from offline_plugins.text.data.rollouts import load_rollout_data
 
     torch.set_num_threads(1)
     root = Path(args.root)

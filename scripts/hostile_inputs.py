@@ -57,9 +57,9 @@ def fixtures(root: Path) -> dict:
     """The files the cases read: good ones, and damaged copies."""
     import torch
 
-    from offline_plugins.data.reward_source import save_reward_model
     from offline_plugins.modules.causal_lm import CausalLMReward
     from offline_plugins.modules.tiny_lm import load_causal_lm
+    from offline_plugins.text.sources.reward_source import save_reward_model
 
     root.mkdir(parents=True, exist_ok=True)
     f: dict = {}

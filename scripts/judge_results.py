@@ -38,7 +38,7 @@ SETTINGS = {
 
 def verifier_judge(prompt: str, first: str, second: str) -> float:
     """P(first better): 1 when only the first is the right sum, 0 when only the second is, else 1/2 (a tie)."""
-    from offline_plugins.envs.tasks import ArithmeticTask
+    from offline_plugins.text.tasks import ArithmeticTask
 
     right_first, right_second = ArithmeticTask().rewards([prompt, prompt], [first, second])
     return 0.5 if right_first == right_second else float(right_first > right_second)

@@ -23,7 +23,7 @@
 #    uninstalled afterwards.
 # 3. An in-process engine (what `--generator vllm` starts) needs
 #    VLLM_ENABLE_V1_MULTIPROCESSING=0, or a `if __name__ == "__main__":` guard in the
-#    calling script; offline_plugins.modules.vllm_engine sets it when it is unset.
+#    calling script; offline_plugins.text.backends.vllm_engine sets it when it is unset.
 #
 # A GPU user needs none of this: in the main venv, `pip install -e '.[vllm]'`
 # (vllm's CUDA wheels bring their own torch; install it before the package's other

@@ -82,8 +82,8 @@ def _fixed_eval(out: Path) -> dict:
         return json.loads(path.read_text())
     import torch
 
-    from offline_plugins.data.rollouts import load_rollout_data
     from offline_plugins.modules.tiny_lm import load_causal_lm
+    from offline_plugins.text.data.rollouts import load_rollout_data
 
     torch.set_num_threads(1)
     from offline_plugins.kinds.sft import supervised_finetune

@@ -30,9 +30,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
-    from offline_plugins.data.preference_sources import cache_root
-    from offline_plugins.data.rollouts import sft_reference
-    from offline_plugins.envs.tasks import ArithmeticTask
+    from offline_plugins.text.data.preference_sources import cache_root
+    from offline_plugins.text.data.rollouts import sft_reference
+    from offline_plugins.text.tasks import ArithmeticTask
     from offline_plugins.tokens import prompt_token_ids
 
     task = ArithmeticTask(digits=2, ops="+")

@@ -8,15 +8,24 @@ These are the numbers behind the tiny model's shape and the from-scratch lr
 
     python scripts/preference_diagnosis.py
 """
-import torch, time, random, string, sys, copy
+import copy
+import random
+import string
+import sys
+import time
+
+import torch
+
 torch.set_num_threads(1)
 sys.path.insert(0, str(__import__('pathlib').Path(__file__).parent))
 import preference_results as pr
-from offline_plugins.modules.tiny_lm import char_tokenizer, tiny_causal_lm
-from offline_plugins.data.preference import tokenize_pairs, add_reference_log_probs
-from offline_plugins.modules.causal_lm import CausalLMLogProbs
-from offline_plugins.objectives.llm import DPOLoss
+
 from offline_plugins.eval.preference import pairwise_scores
+from offline_plugins.modules.causal_lm import CausalLMLogProbs
+from offline_plugins.modules.tiny_lm import char_tokenizer
+from offline_plugins.objectives.llm import DPOLoss
+from offline_plugins.text.data.preference import add_reference_log_probs, tokenize_pairs
+
 L = string.ascii_lowercase
 def rows_for(n=800, seed=1234, lo=5, hi=5):
     rng = random.Random(seed); out = []; seen = set()
@@ -52,6 +61,8 @@ def run(name, make_model, lr=1e-3, clip=1.0, steps=300, opt='adam', seed=0, wd=0
     print(f'{name}: lr={lr} clip={clip} opt={opt} heldout={acc:.3f} train={tra:.3f} {time.time()-t:.1f}s', flush=True)
     return acc
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+
 def gpt2(w=128, drop=0.1, layers=2, heads=4):
     return lambda: GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=128, n_embd=w, n_layer=layers, n_head=heads,
         resid_pdrop=drop, embd_pdrop=drop, attn_pdrop=drop, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))

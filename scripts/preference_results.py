@@ -65,7 +65,7 @@ def plain_dpo(train_rows, test_rows, *, steps=300, batch=16, beta=0.1, lr=1e-3, 
 
 def split_rows(rows: list[dict]) -> tuple[list[dict], list[dict]]:
     """The CLI's own train / held-out split of these rows (so both sides score the same pairs)."""
-    from offline_plugins.data.preference_sources import held_out_prompts
+    from offline_plugins.text.data.preference_sources import held_out_prompts
 
     held = held_out_prompts([r["prompt"] for r in rows])
     return [r for r in rows if r["prompt"] not in held], [r for r in rows if r["prompt"] in held]

@@ -5,7 +5,7 @@
     python scripts/rlhf_gold_results.py table --root runs/results-rlhf-gold
 
 The task is ``offline-plugins/arithmetic-length/v0``: the built-in arithmetic prompts, gold reward
-``max(0, 1 - |chars - 6| / 6)`` of the stripped response (``offline_plugins.envs.tasks.LengthTask``);
+``max(0, 1 - |chars - 6| / 6)`` of the stripped response (``offline_plugins.text.tasks.LengthTask``);
 the SFT reference (the cached arithmetic one) answers in 2-3 characters. Per seed, one run at a
 time (``--threads 1``), into ``ROOT/SETTING/sSEED`` (an existing result is kept unless
 ``--overwrite``):
@@ -52,11 +52,11 @@ def best_of_n(rm_dir: Path, *, seed: int, n_max: int, max_new_tokens: int, promp
     """Gold and proxy of the proxy's pick among ``n`` reference samples per held-out prompt."""
     import torch
 
-    from offline_plugins.data.rollouts import load_reward_function, load_rollout_data
-    from offline_plugins.data.text_tasks import generate
-    from offline_plugins.envs.tasks import LengthTask
     from offline_plugins.eval.overoptimization import fit_gao
     from offline_plugins.kinds.sft import supervised_finetune
+    from offline_plugins.text.backends.generation import generate_texts as generate
+    from offline_plugins.text.data.rollouts import load_reward_function, load_rollout_data
+    from offline_plugins.text.tasks import LengthTask
 
     torch.set_num_threads(1)
     data = load_rollout_data(DATASET, max_new_tokens=max_new_tokens, group_size=1, eval_prompts=prompts,

@@ -93,13 +93,13 @@ def binomial_half_width(p: float, n: int) -> float:
 def heldout_scores(dataset: str, model: str, n: int, max_new_tokens: Optional[int] = None) -> list[float]:
     """The task's verifier on ``model``'s greedy answers (episodes, for a multi-turn task) to the first
     ``n`` test-split prompts, one score a prompt; ``max_new_tokens``: the task's own unless given."""
-    from offline_plugins.data.rollouts import _task_of, load_rollout_data
+    from offline_plugins.text.data.rollouts import _task_of, load_rollout_data
 
     data = load_rollout_data(dataset, model=model, eval_prompts=n)
     rows = data.source.held_out[:n]
     responses, _ = data.greedy_answers(data.reference, data.tokenizer, rows, None,
-                                       max_new_tokens=max_new_tokens or data.collector.max_new_tokens, batch_size=100,
-                                       multiturn=data.source.multiturn, width=data.collector.width)
+                                       max_new_tokens=max_new_tokens or data.settings.max_new_tokens, batch_size=100,
+                                       multiturn=data.source.multiturn, width=data.width)
     task = _task_of(dataset, "")[1]
     return [float(x) for x in task.rewards([r["prompt"] for r in rows], responses)]
 
@@ -107,9 +107,9 @@ def heldout_scores(dataset: str, model: str, n: int, max_new_tokens: Optional[in
 def reference_folder(dataset: str, budget: dict) -> Path:
     """The cached SFT reference the task's runs on ``small`` start from (made if missing)."""
     from offline_plugins.config import cache_root
-    from offline_plugins.data.rollouts import _task_of
-    from offline_plugins.data.text_tasks import reference_dir, sft_reference
     from offline_plugins.kinds.sft import supervised_finetune
+    from offline_plugins.text.data.rollouts import _task_of
+    from offline_plugins.text.data.task_data import reference_dir, sft_reference
 
     task = _task_of(dataset, "")[1]
     settings = dict(model="small", seed=0, steps=int(budget["reference_sft_steps"]), cache_dir=cache_root() / "preference")
@@ -244,7 +244,7 @@ TABLES: dict[str, Table] = {
         runs=[_online("grpo"), _online("dapo"),
               _online("gdpo", name="gdpo", label="gdpo (answer + 0.5 x step accuracy)",
                       extra=("--reward", "correct=task", "--reward",
-                             "steps=offline_plugins.envs.word_problems:step_accuracy", "--set", "reward_weights=1,0.5")),
+                             "steps=offline_plugins.text.tasks.word_problems:step_accuracy", "--set", "reward_weights=1,0.5")),
               _online("maxrl"), _online("luspo"), _online("vespo"),
               _online("grpo", name="grpo-otb", label="grpo, optimal token baseline",
                       extra=("--set", "token_baseline=optimal")),
@@ -281,7 +281,7 @@ def provenance(command: list[str], budget: dict, seeds: list[int]) -> dict:
 def _smoke_sized_pairs():
     """``--smoke`` only: the built-in preference sets sample a few prompts' pairs, not thousands
     (the pipeline is what a smoke run checks)."""
-    from offline_plugins.data.preference_sources import BUILTIN_PREFERENCE_DATASETS
+    from offline_plugins.text.data.preference_sources import BUILTIN_PREFERENCE_DATASETS
 
     saved = {k: dict(v[2]) for k, v in BUILTIN_PREFERENCE_DATASETS.items()}
     for _, _, data in BUILTIN_PREFERENCE_DATASETS.values():

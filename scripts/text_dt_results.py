@@ -42,9 +42,9 @@ def conditioning(out: Path, n: int = 200) -> dict:
     import torch
 
     from offline_plugins.algorithms.text_dt import return_token
-    from offline_plugins.data.rollouts import greedy_responses, task_prompt_source
-    from offline_plugins.envs.tasks import ArithmeticTask
     from offline_plugins.modules.tiny_lm import load_causal_lm
+    from offline_plugins.text.data.rollouts import greedy_responses, task_prompt_source
+    from offline_plugins.text.tasks import ArithmeticTask
 
     torch.set_num_threads(1)
     summary = json.loads((out / "summary.json").read_text())

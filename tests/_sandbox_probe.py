@@ -11,8 +11,8 @@ import resource
 import sys
 import time
 
-from offline_plugins.envs.sandbox import BwrapSandbox, UnsafeSubprocessSandbox
-from offline_plugins.envs.tools import PythonTool
+from offline_plugins.text.tools.sandbox import BwrapSandbox, UnsafeSubprocessSandbox
+from offline_plugins.text.tools.tools import PythonTool
 
 SECRET = b"the-trainer-secret-0123456789"
 

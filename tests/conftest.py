@@ -59,7 +59,7 @@ def minari_store(tmp_path_factory):
 
 
 def _bwrap_problem() -> str:
-    from offline_plugins.envs.sandbox import BwrapSandbox, SandboxUnavailable
+    from offline_plugins.text.tools.sandbox import BwrapSandbox, SandboxUnavailable
 
     try:
         BwrapSandbox().check()

@@ -45,7 +45,7 @@ def test_iql_with_four_micro_batches_trains_as_the_whole_batch(tmp_path):
 
 
 def test_dpo_counts_pairs_per_step_whatever_the_micro_batches(tmp_path, monkeypatch):
-    from offline_plugins.data.preference_sources import load_preference_source
+    from offline_plugins.text.data.preference_sources import load_preference_source
 
     monkeypatch.setenv("OFFLINE_PLUGINS_CACHE", str(tmp_path / "cache"))
     rows = [{"prompt": f"q{i}=", "chosen": "good" + "!" * (i % 3), "rejected": "bad"} for i in range(200)]

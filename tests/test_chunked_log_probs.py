@@ -58,7 +58,7 @@ def test_dpo_with_logprob_chunk_trains_the_same_step(tmp_path, monkeypatch, lora
     import json
 
     from offline_plugins.algorithms.preference import DPOConfig, build_dpo
-    from offline_plugins.data.preference_sources import load_preference_source
+    from offline_plugins.text.data.preference_sources import load_preference_source
 
     monkeypatch.setenv("OFFLINE_PLUGINS_CACHE", str(tmp_path / "cache"))
     rows = [{"prompt": f"q{i}=", "chosen": "good" + "!" * (i % 3), "rejected": "bad"} for i in range(200)]
@@ -85,8 +85,8 @@ def test_a_bad_logprob_chunk_is_a_one_line_error_naming_the_fix(tmp_path, monkey
     import json
 
     from offline_plugins.algorithms.preference import DPOConfig, build_dpo
-    from offline_plugins.data.preference_sources import load_preference_source
     from offline_plugins.errors import UserError
+    from offline_plugins.text.data.preference_sources import load_preference_source
 
     monkeypatch.setenv("OFFLINE_PLUGINS_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "pairs.jsonl"

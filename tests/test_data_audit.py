@@ -8,7 +8,6 @@ import random
 import pytest
 import torch
 
-from offline_plugins.cli import main
 from offline_plugins.audit import (
     AuditError,
     audit_preference_data,
@@ -16,8 +15,9 @@ from offline_plugins.audit import (
     krippendorff_alpha,
     wilson_interval,
 )
-from offline_plugins.data.preference_sources import PreferenceSourceError, _rows_from
+from offline_plugins.cli import main
 from offline_plugins.errors import UserError
+from offline_plugins.text.data.preference_sources import PreferenceSourceError, _rows_from
 
 torch.set_num_threads(1)
 N = None
@@ -355,8 +355,8 @@ def test_a_reward_model_finds_the_flipped_labels(tmp_path, capsys):
     assert all(set(c["rows"]) & set(flipped) for c in report["contradictory_pairs"]["pairs"])
     # the audit's per-pair scores rank the pairs as the package's own scoring does
     from offline_plugins.audit import _load_scorer
-    from offline_plugins.data.preference import tokenize_pairs
     from offline_plugins.eval.preference import pairwise_scores
+    from offline_plugins.text.data.preference import tokenize_pairs
 
     scorer = _load_scorer(out, registry=None, device="cpu", progress=False)
     td, _ = tokenize_pairs(rows, scorer.tokenizer, max_length=scorer.context)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from offline_plugins.data.rollouts import load_rollout_data
+from offline_plugins.text.data.rollouts import load_rollout_data
 
 torch.set_num_threads(1)
 
@@ -28,12 +28,12 @@ class Recorder:
 def test_each_task_makes_its_reference_with_its_documented_steps_and_says_so(task, steps, budget, tmp_path, capsys,
                                                                              monkeypatch):
     if task == "tool-python":  # the sandbox is checked before the reference; this test is about the reference
-        monkeypatch.setattr("offline_plugins.envs.tools.ToolBox.check", lambda self: None)
+        monkeypatch.setattr("offline_plugins.text.tools.tools.ToolBox.check", lambda self: None)
     model = "small" if task == "word-problems" else "tiny"  # its stories overrun tiny's 128 positions
     finetune = Recorder()
     data = load_rollout_data(task, model=model, cache_dir=tmp_path, finetune=finetune, eval_prompts=4)
     assert [c["steps"] for c in finetune.calls] == [steps]
-    assert data.collector.max_new_tokens == budget  # the response budget its documented results use
+    assert data.settings.max_new_tokens == budget  # the response budget its documented results use
     assert finetune.calls[0]["title"] == "reference sft"
     lines = [line for line in capsys.readouterr().err.splitlines() if "SFT reference" in line]
     assert len(lines) == 1
@@ -53,9 +53,9 @@ def test_a_set_reference_sft_steps_wins_over_the_tasks_own(tmp_path, capsys):
 
 
 def test_the_reference_progress_bar_counts_its_steps(tmp_path, capsys):
-    from offline_plugins.envs.tasks import ArithmeticTask
     from offline_plugins.kinds.sft import supervised_finetune
     from offline_plugins.modules.tiny_lm import load_causal_lm
+    from offline_plugins.text.tasks import ArithmeticTask
 
     model, tok = load_causal_lm("tiny", seed=0)
     rows = [{"prompt": p.prompt, "completion": p.answer} for p in ArithmeticTask().problems(64)]

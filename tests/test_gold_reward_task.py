@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from offline_plugins.envs.tasks import ArithmeticTask, LengthTask, TaskError, length_reward, make_task
 from offline_plugins.errors import UserError
+from offline_plugins.text.tasks import ArithmeticTask, LengthTask, TaskError, length_reward, make_task
 
 
 def test_length_reward_by_hand():
@@ -39,8 +39,8 @@ class _Tied:
 
 @pytest.mark.parametrize("vary_length", [True, False])
 def test_gold_pairs_agree_with_gold_and_drop_ties(vary_length):
-    from offline_plugins.data.text_tasks import gold_preference_rows
     from offline_plugins.modules.tiny_lm import load_causal_lm
+    from offline_plugins.text.data.task_data import gold_preference_rows
 
     model, tok = load_causal_lm("tiny", seed=0)
     task = LengthTask(target=6)
@@ -62,8 +62,8 @@ def test_gold_pairs_agree_with_gold_and_drop_ties(vary_length):
 
 
 def test_builtin_gold_pairs_load_for_reward_model_training(monkeypatch, tmp_path):
-    from offline_plugins.data.preference_sources import BUILTIN_PREFERENCE_DATASETS, load_preference_source
     from offline_plugins.kinds.sft import supervised_finetune
+    from offline_plugins.text.data.preference_sources import BUILTIN_PREFERENCE_DATASETS, load_preference_source
 
     key = "offline-plugins/arithmetic-length/preference-v0"
     summary, task_settings, data_settings = BUILTIN_PREFERENCE_DATASETS[key]
@@ -84,9 +84,9 @@ def test_builtin_gold_pairs_load_for_reward_model_training(monkeypatch, tmp_path
 
 
 def _reward_dir(tmp_path):
-    from offline_plugins.data.reward_source import save_reward_model
     from offline_plugins.modules.causal_lm import CausalLMReward
     from offline_plugins.modules.tiny_lm import load_causal_lm
+    from offline_plugins.text.sources.reward_source import save_reward_model
 
     model, tok = load_causal_lm("tiny", seed=0)
     rm = CausalLMReward(model)
@@ -100,10 +100,10 @@ _SMALL = {"group_size": 1, "prompts_per_round": 4, "max_new_tokens": 8, "eval_pr
 
 
 def test_held_out_gold_is_the_task_verifier_beside_the_reward_model_proxy(tmp_path):
-    from offline_plugins.data.prompts import greedy_responses
-    from offline_plugins.data.rollouts import load_rollout_data
     from offline_plugins.kinds.rollouts import TextRollouts
     from offline_plugins.kinds.sft import supervised_finetune
+    from offline_plugins.text.backends.generation import greedy_responses
+    from offline_plugins.text.data.rollouts import load_rollout_data
 
     rm = _reward_dir(tmp_path)
     data = load_rollout_data("arithmetic-length", reward=str(rm), cache_dir=tmp_path / "cache",
@@ -163,9 +163,9 @@ def test_ppo_rlhf_run_reports_gold_beside_proxy(tmp_path, monkeypatch, capsys):
 
 def test_bad_ids_and_settings_are_one_line_errors(tmp_path, capsys):
     from offline_plugins.cli import main
-    from offline_plugins.data.preference_sources import PreferenceSourceError, load_preference_source
-    from offline_plugins.data.rollouts import RolloutError, load_rollout_data
-    from offline_plugins.data.text_tasks import task_preference_data
+    from offline_plugins.text.data.preference_sources import PreferenceSourceError, load_preference_source
+    from offline_plugins.text.data.rollouts import RolloutError, load_rollout_data
+    from offline_plugins.text.data.task_data import task_preference_data
 
     for call, error, pattern in [
         (lambda: make_task("arithmetic-length", target=0), TaskError, r"target must be .* >= 1.*target=6"),

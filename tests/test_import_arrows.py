@@ -10,12 +10,15 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "offline_plugins"
 
 # the layers, lowest first: each may import only the layers before it (docs/architecture.md)
-LAYERS = ["_lazy", "errors", "config", "presets", "plugins", "modules", "tokens", "objectives", "torchrl_llm", "envs", "data",
-          "eval", "algorithms", "lightning", "kinds", "audit", "cli"]
+LAYERS = ["_lazy", "_moved", "errors", "config", "presets", "plugins", "modules", "tokens", "objectives", "torchrl_llm",
+          "envs", "data", "text", "eval", "algorithms", "lightning", "kinds", "audit", "cli"]
+# the text stack's own layers, lowest first (offline_plugins/text/__init__.py)
+TEXT_LAYERS = ["tools", "tasks", "envs", "backends", "sources", "collectors", "data"]
 WHY = {
     "modules": "networks sit below the losses; shared errors are in offline_plugins.errors",
     "envs": "environments tokenise with offline_plugins.tokens; data builds datasets from envs, not back",
-    "data": "datasets are loaded by the shell and know nothing of it",
+    "data": "datasets are loaded by the shell and know nothing of it; text data is offline_plugins.text's",
+    "text": "the text stack sits below the algorithms that build on it and the kinds that train it",
     "lightning": "the shell asks data kinds through the registry, it does not import them",
 }
 
@@ -47,11 +50,41 @@ def test_layer_imports_point_one_way(layer):
     assert not bad, f"{layer} imports a layer above it ({WHY.get(layer, 'see docs/architecture.md')}):\n" + "\n".join(bad)
 
 
+@pytest.mark.parametrize("layer", TEXT_LAYERS)
+def test_text_layers_import_the_layers_before_them(layer):
+    allowed = set(TEXT_LAYERS[: TEXT_LAYERS.index(layer) + 1])
+    bad = [f"{path.relative_to(SRC)}:{line} imports {module}"
+           for path in sorted((SRC / "text" / layer).rglob("*.py")) for line, module in _imports(path)
+           if module.startswith("offline_plugins.text.") and module.split(".")[2] not in allowed]
+    assert not bad, f"text/{layer} imports a text layer above it (offline_plugins/text/__init__.py):\n" + "\n".join(bad)
+
+
+def test_the_old_module_paths_give_the_moved_modules():
+    import importlib
+    import warnings
+
+    from offline_plugins._moved import MOVED
+
+    for old, new in MOVED.items():  # every target exists (no import: a file or a package)
+        path = SRC.joinpath(*new.split(".")[1:])
+        assert path.with_suffix(".py").is_file() or (path / "__init__.py").is_file(), (old, new)
+    with pytest.warns(DeprecationWarning, match="offline_plugins.envs.tasks moved to offline_plugins.text.tasks"):
+        old = importlib.import_module("offline_plugins.envs.tasks")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from offline_plugins.data.rollouts import load_rollout_data
+    from offline_plugins.text import tasks
+    from offline_plugins.text.data import rollouts
+
+    assert old is tasks and load_rollout_data is rollouts.load_rollout_data
+    assert tasks.__spec__.name == "offline_plugins.text.tasks"  # the module keeps its own spec
+
+
 def test_the_moved_names_still_import_from_where_they_were():
-    from offline_plugins.data.preference import TokenizeReport, encode_example, pad_rows, pad_token_id
     from offline_plugins.errors import DiscretizationError as E1
     from offline_plugins.objectives.common import OfflineLossError
     from offline_plugins.objectives.sequence.common import ContextLengthError, DiscretizationError
+    from offline_plugins.text.data.preference import TokenizeReport, encode_example, pad_rows, pad_token_id
     from offline_plugins.tokens import TokenizeReport as T
 
     assert T is TokenizeReport and DiscretizationError is E1

@@ -182,7 +182,7 @@ def test_the_rule_tells_the_cases_apart():
     assert "offline_plugins.lightning.run" not in light_path_modules()
     assert why_in_function("offline_plugins.lightning.run", "torch", ()) is None
     assert why_in_function("offline_plugins.lightning.run", "peft", ("LoraConfig",)) == "an optional extra"
-    assert why_in_function("offline_plugins.modules.vllm_engine", "torchrl.modules.llm.backends.vllm", ("X",))
+    assert why_in_function("offline_plugins.text.backends.vllm_engine", "torchrl.modules.llm.backends.vllm", ("X",))
 
 
 def test_the_optional_imports_are_the_extras():

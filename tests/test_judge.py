@@ -144,7 +144,7 @@ def test_label_pairs_drops_or_doubles_ties():
 
 
 def test_data_label_writes_a_file_the_loaders_read(tmp_path, capsys):
-    from offline_plugins.data.preference_sources import _rows_from
+    from offline_plugins.text.data.preference_sources import _rows_from
 
     src = tmp_path / "pairs.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in _rows()))

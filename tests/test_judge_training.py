@@ -33,11 +33,11 @@ def leans_on_digits(prompt, first, second):
 
 def _collect(judge, *, judge_ties="drop", group_size=2, prompts=8):
     """One round of the tiny model's rollouts on letter prompts, paired by ``judge``: (rollouts, stats, pairs)."""
-    from offline_plugins.data.rollouts import PromptSource, RolloutCollector
     from offline_plugins.eval.judge import FunctionJudge
     from offline_plugins.modules.tiny_lm import load_causal_lm
     from offline_plugins.objectives.llm import DPOLoss
     from offline_plugins.objectives.llm.online_dpo import OnlinePreferenceLoss
+    from offline_plugins.text.data.rollouts import PromptSource, RolloutCollector
 
     model, tok = load_causal_lm("tiny", seed=0)
     # the task's reward: 1 for a response holding a digit

@@ -16,11 +16,10 @@ from pathlib import Path
 import lightning
 import pytest
 import torch
-from lightning.pytorch import Callback
-from lightning.pytorch.loggers import CSVLogger
-
 from _lightning_fixtures import TINY_SPEC, FakeOfflineData
 from _ranks import launch
+from lightning.pytorch import Callback
+from lightning.pytorch.loggers import CSVLogger
 
 import offline_plugins.lightning as opl
 from offline_plugins.errors import UserError
@@ -155,7 +154,7 @@ def test_a_user_trainer_trains_grpo_on_its_rollouts_and_refuses_without_its_data
 
     class Elsewhere(LightningDataModule):
         def train_dataloader(self):
-            return [bare.datamodule.data.collector.rows] * 3
+            return [bare.datamodule.data.settings.rows] * 3
 
     before = _state(bare.module)
     with pytest.raises(UserError, match=r"fits grpo without its data module RolloutDataModule \(rounds of rollouts "

@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from offline_plugins.modules.causal_lm import AdaptersOff, CausalLMLogProbs, sequence_log_probs
-from offline_plugins.modules.generation import generate
 from offline_plugins.modules.tiny_lm import load_causal_lm
+from offline_plugins.text.backends.generation import generate
 from offline_plugins.tokens import encode_example, pad_rows, pad_token_id, prompt_token_ids
 
 torch.set_num_threads(1)
@@ -117,7 +117,7 @@ class _Scripted:
         self.tok, self.script = tok, script
 
     def generate(self, prompt_ids, *, device, max_new_tokens, pad_id, eos_id, **_):
-        from offline_plugins.modules.generation import Generation
+        from offline_plugins.text.backends.generation import Generation
 
         turn = getattr(self, "turn", 0)
         self.turn = turn + 1
@@ -130,9 +130,9 @@ class _Scripted:
 
 
 def test_a_tool_episode_trains_the_policys_tokens_only(lm):
-    from offline_plugins.data.multiturn import run_episodes
-    from offline_plugins.envs.multiturn import MultiTurn
-    from offline_plugins.envs.tools import Calculator, ToolBox
+    from offline_plugins.text.collectors.multiturn import run_episodes
+    from offline_plugins.text.tools.multiturn import MultiTurn
+    from offline_plugins.text.tools.tools import Calculator, ToolBox
 
     name, model, tok = lm
     call = '<tool name="calculator">12*34</tool>'

@@ -23,9 +23,9 @@ def _pairs(tmp_path, n=200):
 
 def test_dpo_with_lora_trains_adapters_only_against_the_base_with_adapters_off(tmp_path, monkeypatch):
     from offline_plugins.algorithms.preference import DPOConfig, build_dpo
-    from offline_plugins.data.preference_sources import load_preference_source
     from offline_plugins.lightning.run import train_algorithm
     from offline_plugins.modules.causal_lm import AdaptersOff
+    from offline_plugins.text.data.preference_sources import load_preference_source
 
     monkeypatch.setenv("OFFLINE_PLUGINS_CACHE", str(tmp_path / "cache"))
     data = load_preference_source(str(_pairs(tmp_path)), kind="preference-pairs", progress=False)
@@ -97,8 +97,8 @@ def test_grpo_with_lora_samples_and_scores_against_the_base_with_adapters_off(tm
     """The online family takes the same LoRA settings: adapters only are trained, the rollouts'
     reference log-probs come from the policy's base with adapters off (no second copy), and the
     export merges the adapters into OUT/model."""
-    from offline_plugins.data.rollouts import load_rollout_data
     from offline_plugins.lightning.run import train_algorithm
+    from offline_plugins.text.data.rollouts import load_rollout_data
 
     rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10, 40) for b in range(10, 17)]
     path = tmp_path / "sums.jsonl"
@@ -128,8 +128,8 @@ def test_grpo_with_lora_samples_and_scores_against_the_base_with_adapters_off(tm
 
 def test_ppo_rlhf_with_lora_keeps_a_full_critic_and_the_adapters_off_reference(tmp_path):
     from offline_plugins.algorithms.ppo_rlhf import PPORLHFConfig, build
-    from offline_plugins.data.rollouts import load_rollout_data
     from offline_plugins.modules.causal_lm import AdaptersOff
+    from offline_plugins.text.data.rollouts import load_rollout_data
 
     path = tmp_path / "p.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(40)))

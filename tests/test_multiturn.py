@@ -12,13 +12,14 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from offline_plugins.data.collector import RolloutCollector
-from offline_plugins.data.multiturn import run_episodes
-from offline_plugins.data.prompts import task_prompt_source
-from offline_plugins.envs.multiturn import MultiTurn, ToolArithmeticTask
-from offline_plugins.envs.tools import Calculator, PythonTool, ToolBox, ToolError
-from offline_plugins.modules.generation import Generation
 from offline_plugins.modules.tiny_lm import char_tokenizer
+from offline_plugins.text.backends.generation import Generation
+from offline_plugins.text.collectors.collector import RolloutCollector
+from offline_plugins.text.collectors.multiturn import run_episodes
+from offline_plugins.text.sources.prompts import task_prompt_source
+from offline_plugins.text.tasks.tools import ToolArithmeticTask
+from offline_plugins.text.tools.multiturn import MultiTurn
+from offline_plugins.text.tools.tools import Calculator, PythonTool, ToolBox, ToolError
 
 torch.set_num_threads(1)
 
@@ -310,7 +311,7 @@ def test_reinforce_pp_returns_the_rewards_earned_at_or_after_each_token():
 
 @pytest.mark.bwrap
 def test_a_round_whose_every_tool_call_crashes_stops_with_one_line():
-    from offline_plugins.envs.tools import Tool
+    from offline_plugins.text.tools.tools import Tool
 
     class Broken(Tool):
         name = "calculator"
@@ -333,7 +334,7 @@ def test_a_round_whose_every_tool_call_crashes_stops_with_one_line():
 
 
 def test_the_tools_setting_adds_the_python_tool_with_its_time_limit():
-    from offline_plugins.data.rollouts import _with_turn_settings
+    from offline_plugins.text.data.rollouts import _with_turn_settings
 
     task = _with_turn_settings("offline-plugins/tool-arithmetic/v0", ToolArithmeticTask(), max_turns=2,
                                tools="calculator, python", tool_timeout=1.5, tool_reward=0.0)
@@ -376,7 +377,7 @@ def test_the_losses_and_the_kl_read_no_observation_token():
 
 @pytest.mark.bwrap
 def test_tool_python_needs_the_python_tool_and_its_episodes_are_scored_by_the_reversed_product():
-    from offline_plugins.envs.multiturn import ToolPythonTask
+    from offline_plugins.text.tasks.tools import ToolPythonTask
 
     task = ToolPythonTask(tool_reward=0.5)
     prompt = task.problems(1, split="test", seed=2)[0].prompt
@@ -441,12 +442,11 @@ def test_a_grpo_round_on_tool_python_survives_hostile_calls_and_scores_them_as_e
     import os
     from pathlib import Path
 
-    from offline_plugins.envs.multiturn import ToolPythonTask
     from offline_plugins.modules.causal_lm import CausalLMLogProbs
     from offline_plugins.modules.tiny_lm import tiny_causal_lm
     from offline_plugins.objectives.llm.online import TextGRPOLoss
-
-    from offline_plugins.envs.sandbox import no_process_filter
+    from offline_plugins.text.tasks.tools import ToolPythonTask
+    from offline_plugins.text.tools.sandbox import no_process_filter
 
     if no_process_filter() is None:  # no seccomp table for this machine: a root trainer's sandbox could fork freely
         pytest.skip("the fork bomb needs bwrap's no-process filter, which has no syscall table for this machine")
@@ -492,10 +492,10 @@ def test_a_grpo_round_on_tool_python_survives_hostile_calls_and_scores_them_as_e
 
 @pytest.mark.parametrize("model", ["tiny", "small"])
 def test_sft_on_a_tool_task_trains_the_calls_and_the_answer_not_the_tools_output(model):
-    from offline_plugins.data.preference import tokenize_completions
-    from offline_plugins.data.text_tasks import sft_rows
-    from offline_plugins.envs.multiturn import ToolPythonTask
     from offline_plugins.modules.tiny_lm import load_causal_lm
+    from offline_plugins.text.data.preference import tokenize_completions
+    from offline_plugins.text.data.task_data import sft_rows
+    from offline_plugins.text.tasks.tools import ToolPythonTask
 
     _, tok = load_causal_lm(model, seed=0)
     for task in (ToolArithmeticTask(), ToolPythonTask()):

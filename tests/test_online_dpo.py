@@ -21,7 +21,7 @@ _SMALL = {"group_size": 4, "prompts_per_round": 6, "batch_size": 3, "max_new_tok
 
 def _rollouts(tokenizer, rows, *, group_size):
     """Rollout rows as the collector writes them, from (prompt, response) text, scored by the task."""
-    from offline_plugins.envs.tasks import ArithmeticTask
+    from offline_plugins.text.tasks import ArithmeticTask
     from offline_plugins.tokens import prompt_token_ids, response_token_ids
 
     task = ArithmeticTask(digits=1, ops="+")
@@ -113,9 +113,9 @@ def test_the_pairing_refuses_what_it_cannot_pair():
 def test_inner_ipo_builds_ipo_with_its_own_hyperparameters(prompt_file):
     from offline_plugins.algorithms.online_dpo import IterativeDPOConfig, OnlineDPOConfig, build_online_dpo
     from offline_plugins.config import apply_overrides
-    from offline_plugins.data.rollouts import load_rollout_data
     from offline_plugins.kinds.rollouts.rounds import RolloutDataModule
     from offline_plugins.objectives.llm import IPOLoss, SimPOLoss
+    from offline_plugins.text.data.rollouts import load_rollout_data
 
     def data():
         return load_rollout_data(str(prompt_file), model="tiny", reward="_text_rewards:digit_share",
@@ -196,10 +196,10 @@ def test_resume_equals_an_uninterrupted_run(prompt_file, tmp_path):
 
 
 def test_dynamic_sampling_fills_the_round_with_pairs():
-    from offline_plugins.data.rollouts import PromptSource, RolloutCollector
     from offline_plugins.modules.tiny_lm import load_causal_lm
     from offline_plugins.objectives.llm import DPOLoss
     from offline_plugins.objectives.llm.online_dpo import OnlinePreferenceLoss
+    from offline_plugins.text.data.rollouts import PromptSource, RolloutCollector
 
     model, tok = load_causal_lm("tiny", seed=0)
     # prompts starting with "b" get rewards 0, 1, 0, 1 (a pair); the others all 0 (a tie)

@@ -9,7 +9,23 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from offline_plugins.data.rollouts import (
+from offline_plugins.errors import UserError
+from offline_plugins.modules.causal_lm import CausalLMLogProbs
+from offline_plugins.modules.tiny_lm import load_causal_lm, tiny_causal_lm
+from offline_plugins.objectives.llm.online import (
+    DAPOLoss,
+    DrGRPOLoss,
+    ExpertIterationLoss,
+    RLOOLoss,
+    TextCISPOLoss,
+    TextGRPOLoss,
+    TextGSPOLoss,
+    TextSFTLoss,
+    group_advantages,
+    k3_kl,
+    overlong_penalty,
+)
+from offline_plugins.text.data.rollouts import (
     PromptSource,
     RolloutCollector,
     RolloutError,
@@ -18,23 +34,7 @@ from offline_plugins.data.rollouts import (
     score_responses,
     task_prompt_source,
 )
-from offline_plugins.envs.tasks import ArithmeticTask
-from offline_plugins.errors import UserError
-from offline_plugins.modules.causal_lm import CausalLMLogProbs
-from offline_plugins.modules.tiny_lm import load_causal_lm, tiny_causal_lm
-from offline_plugins.objectives.llm.online import (
-    DAPOLoss,
-    DrGRPOLoss,
-    ExpertIterationLoss,
-    TextGRPOLoss,
-    RLOOLoss,
-    TextCISPOLoss,
-    TextGSPOLoss,
-    TextSFTLoss,
-    group_advantages,
-    k3_kl,
-    overlong_penalty,
-)
+from offline_plugins.text.tasks import ArithmeticTask
 
 torch.set_num_threads(1)
 
@@ -280,10 +280,10 @@ def test_group_advantages_are_torchrls_mcadvantage_up_to_bessels_correction():
     from torchrl.data import LazyStackStorage, ReplayBuffer
     from torchrl.objectives.llm.grpo import MCAdvantage
 
-    from offline_plugins.data.rollouts import PromptSource, RolloutCollector
     from offline_plugins.modules.causal_lm import CausalLMLogProbs
     from offline_plugins.modules.tiny_lm import load_causal_lm
     from offline_plugins.objectives.llm.online import TextGRPOLoss
+    from offline_plugins.text.data.rollouts import PromptSource, RolloutCollector
 
     model, tok = load_causal_lm("tiny", seed=0)
     model.eval()

@@ -138,9 +138,14 @@ def test_left_padding_samples_the_scored_model():
     the fix the tiny model's generate counted positions from the padding: the built-in task's SFT
     reference scored 75.5 % held-out exact match batched against 88.0 % one prompt at a time, and
     the sampling log-probs of padded rows were up to 13 nats off the scoring forward's."""
-    from offline_plugins.data.rollouts import PromptSource, RolloutCollector, generate_left_padded, greedy_responses
     from offline_plugins.modules.causal_lm import CausalLMLogProbs
     from offline_plugins.modules.tiny_lm import load_causal_lm
+    from offline_plugins.text.data.rollouts import (
+        PromptSource,
+        RolloutCollector,
+        generate_left_padded,
+        greedy_responses,
+    )
     from offline_plugins.tokens import prompt_token_ids
 
     model, tok = load_causal_lm("tiny", seed=0)
@@ -187,9 +192,9 @@ def test_the_recorded_sampling_log_probs_are_the_scoring_forwards(temperature, t
     """The collector records each sampled token's log-prob inside ``generate`` (no second policy
     forward); they must be the model's own (unwarped) log-probs, what the losses' ratio divides
     by, whatever the temperature and top-p it samples with, on left-padded prompts."""
-    from offline_plugins.data.rollouts import PromptSource, RolloutCollector
     from offline_plugins.modules.causal_lm import CausalLMLogProbs
     from offline_plugins.modules.tiny_lm import load_causal_lm
+    from offline_plugins.text.data.rollouts import PromptSource, RolloutCollector
 
     model, tok = load_causal_lm("tiny", seed=0)
     model.eval()
@@ -227,7 +232,7 @@ def test_the_rollout_defaults_live_in_one_table():
     from offline_plugins.algorithms.online import GRPOConfig
     from offline_plugins.algorithms.online_dpo import OnlineDPOConfig
     from offline_plugins.config import ROLLOUT_DEFAULTS
-    from offline_plugins.data.rollouts import RolloutCollector, load_rollout_data
+    from offline_plugins.text.data.rollouts import RolloutCollector, load_rollout_data
 
     for fn in (RolloutCollector.__init__, load_rollout_data):
         params = inspect.signature(fn).parameters

@@ -35,7 +35,7 @@ def test_an_unknown_text_task_names_the_plugins_beside_the_built_in_ones(tmp_pat
 
 
 def test_a_plugins_tool_is_made_from_the_registry_and_a_multiturn_task_trains_with_it(tmp_path, capsys):
-    from offline_plugins.envs.multiturn import make_tools
+    from offline_plugins.text.tools.multiturn import make_tools
 
     box = make_tools(("calculator", "reverse"))
     assert box.tools["reverse"].run("abc").text == "cba" and box.tools["calculator"].run("6*7").text == "42"

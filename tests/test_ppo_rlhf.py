@@ -5,9 +5,13 @@ import torch
 from tensordict import TensorDict
 
 from offline_plugins.errors import UserError
-from offline_plugins.objectives.llm.ppo_rlhf import (AdaptiveKLController, PPORLHFLoss, kl_penalised_rewards,
-                                                     masked_whiten, token_gae)
-
+from offline_plugins.objectives.llm.ppo_rlhf import (
+    AdaptiveKLController,
+    PPORLHFLoss,
+    kl_penalised_rewards,
+    masked_whiten,
+    token_gae,
+)
 
 
 def _letter_prompts(tmp_path, n: int = 220, seed: int = 0):
@@ -125,9 +129,9 @@ def test_ppo_rlhf_trains_through_the_shell_and_exports_the_policy(tmp_path):
 
 
 def _reward_dir(tmp_path, name="rm", *, nan=False, extra_token=None):
-    from offline_plugins.data.reward_source import save_reward_model
     from offline_plugins.modules.causal_lm import CausalLMReward
     from offline_plugins.modules.tiny_lm import load_causal_lm
+    from offline_plugins.text.sources.reward_source import save_reward_model
 
     model, tok = load_causal_lm("tiny", seed=0)
     if extra_token:  # a vocabulary that differs from the policy's (the model grown to match it)
@@ -140,7 +144,7 @@ def _reward_dir(tmp_path, name="rm", *, nan=False, extra_token=None):
 
 
 def test_reward_model_folder_scores_prompt_and_response_as_saved(tmp_path):
-    from offline_plugins.data.rollouts import load_reward_function
+    from offline_plugins.text.data.rollouts import load_reward_function
     from offline_plugins.tokens import prompt_token_ids
 
     out, rm, tok = _reward_dir(tmp_path)
@@ -152,8 +156,12 @@ def test_reward_model_folder_scores_prompt_and_response_as_saved(tmp_path):
 
 
 def test_reward_model_errors_name_the_input_and_the_fix(tmp_path):
-    from offline_plugins.data.rollouts import load_rollout_data, load_reward_function, score_responses
-    from offline_plugins.data.rollouts import PromptSource
+    from offline_plugins.text.data.rollouts import (
+        PromptSource,
+        load_reward_function,
+        load_rollout_data,
+        score_responses,
+    )
 
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -215,7 +223,7 @@ def test_cli_reward_model_run_exports_a_folder_that_ppo_rlhf_reads(tmp_path, cap
 def test_group_size_one_is_allowed_when_the_algorithm_declares_it(tmp_path):
     from offline_plugins.algorithms.online import GRPOConfig, build_grpo
     from offline_plugins.algorithms.ppo_rlhf import PPORLHFConfig, build
-    from offline_plugins.data.rollouts import load_rollout_data
+    from offline_plugins.text.data.rollouts import load_rollout_data
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join('{"prompt": "%d+1=", "answer": "%d"}\n' % (i, i + 1) for i in range(120)))
@@ -227,7 +235,7 @@ def test_group_size_one_is_allowed_when_the_algorithm_declares_it(tmp_path):
     parts = build(PPORLHFConfig(group_size=1, prompts_per_round=4, batch_size=4, max_new_tokens=3), data)
     assert parts.rollout.min_group_size == 1 and parts.rollout.epochs == 4
     td, stats = data.collector_for(parts.rollout).collect(parts.model, round=0, process=parts.rollout.process)
-    assert td.batch_size[0] == 4 and td["advantage"].shape == (4, data.collector.width, 1)
+    assert td.batch_size[0] == 4 and td["advantage"].shape == (4, data.width, 1)
     out = parts.loss(td)
     assert torch.isfinite(out["loss_objective"]) and torch.isfinite(out["loss_critic"])
     # on-policy at the first epoch: every ratio is 1, nothing is clipped
@@ -254,10 +262,10 @@ def test_kl_penalised_reward_equals_torchrl_kl_reward_transform():
     from torchrl.envs.llm.transforms.kl import KLRewardTransform
     from torchrl.modules.llm import TransformersWrapper
 
-    from offline_plugins.envs.tasks import ArithmeticTask
-    from offline_plugins.envs.text import TextEnv
     from offline_plugins.modules.causal_lm import CausalLMLogProbs
     from offline_plugins.modules.tiny_lm import load_causal_lm, tiny_causal_lm
+    from offline_plugins.text.envs.text import TextEnv
+    from offline_plugins.text.tasks import ArithmeticTask
 
     _, tok = load_causal_lm("tiny", seed=0)
     reference, policy = tiny_causal_lm(tok, seed=0), tiny_causal_lm(tok, seed=1)

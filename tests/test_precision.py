@@ -11,8 +11,8 @@ torch.set_num_threads(1)
 
 def test_bf16_mixed_training_keeps_the_cached_reference_log_probs_in_fp32(tmp_path, monkeypatch):
     """The seeds: bf16 reference log-probs drown the DPO signal; they are computed once, in fp32, at load."""
-    from offline_plugins.data.preference_sources import load_preference_source
     from offline_plugins.lightning.run import train_algorithm
+    from offline_plugins.text.data.preference_sources import load_preference_source
 
     monkeypatch.setenv("OFFLINE_PLUGINS_CACHE", str(tmp_path / "cache"))
     rows = [{"prompt": f"q{i}=", "chosen": "good", "rejected": "bad"} for i in range(200)]
@@ -30,7 +30,7 @@ def test_bf16_mixed_training_keeps_the_cached_reference_log_probs_in_fp32(tmp_pa
 
 def test_gradient_checkpointing_gives_the_same_dpo_gradients(tmp_path, monkeypatch):
     from offline_plugins.algorithms.preference import DPOConfig, build_dpo
-    from offline_plugins.data.preference_sources import load_preference_source
+    from offline_plugins.text.data.preference_sources import load_preference_source
 
     monkeypatch.setenv("OFFLINE_PLUGINS_CACHE", str(tmp_path / "cache"))
     rows = [{"prompt": f"q{i}=", "chosen": "good" + "!" * (i % 3), "rejected": "bad"} for i in range(200)]
@@ -52,8 +52,8 @@ def test_gradient_checkpointing_gives_the_same_dpo_gradients(tmp_path, monkeypat
 def test_summary_reports_the_tokens_trained_and_their_rate(tmp_path, monkeypatch):
     """``tokens_trained`` is every real token of every pair the steps read: here each step reads
     4 pairs whose prompt + response lengths are known, so the count is exact."""
-    from offline_plugins.data.preference_sources import load_preference_source
     from offline_plugins.lightning.run import train_algorithm
+    from offline_plugins.text.data.preference_sources import load_preference_source
 
     monkeypatch.setenv("OFFLINE_PLUGINS_CACHE", str(tmp_path / "cache"))
     rows = [{"prompt": f"q{i:03d}=", "chosen": "good", "rejected": "bad"} for i in range(200)]

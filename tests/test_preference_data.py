@@ -7,7 +7,11 @@ import json
 import pytest
 import torch
 
-from offline_plugins.data.preference import (
+from offline_plugins.errors import UserError
+from offline_plugins.modules.causal_lm import CausalLMLogProbs
+from offline_plugins.modules.tiny_lm import char_tokenizer, tiny_causal_lm
+from offline_plugins.objectives.llm import DPOLoss, KTOLoss
+from offline_plugins.text.data.preference import (
     PreferenceDataError,
     ReferenceMismatchError,
     add_reference_log_probs,
@@ -17,10 +21,6 @@ from offline_plugins.data.preference import (
     tokenize_pairs,
     tokenize_unpaired,
 )
-from offline_plugins.errors import UserError
-from offline_plugins.modules.causal_lm import CausalLMLogProbs
-from offline_plugins.modules.tiny_lm import char_tokenizer, tiny_causal_lm
-from offline_plugins.objectives.llm import DPOLoss, KTOLoss
 
 torch.set_num_threads(1)
 

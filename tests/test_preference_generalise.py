@@ -88,7 +88,7 @@ def plain_dpo(train_rows, test_rows, seed: int, *, steps: int = STEPS, batch: in
 
 @pytest.mark.slow
 def test_dpo_with_the_tiny_model_generalises_as_a_plain_dpo_loop(tmp_path, monkeypatch):
-    from offline_plugins.data.preference_sources import held_out_prompts
+    from offline_plugins.text.data.preference_sources import held_out_prompts
 
     monkeypatch.setenv("OFFLINE_PLUGINS_CACHE", str(tmp_path / "cache"))
     rows = _rows(600, seed=3)
@@ -116,7 +116,7 @@ def test_dpo_with_the_tiny_model_generalises_as_a_plain_dpo_loop(tmp_path, monke
 
 
 def test_held_out_split_is_large_enough_and_whole_prompts():
-    from offline_plugins.data.preference_sources import held_out_prompts
+    from offline_plugins.text.data.preference_sources import held_out_prompts
 
     prompts = [f"q{i}" for i in range(800)]
     assert len(held_out_prompts(prompts)) == 100  # 100 beats 10 % of 800
@@ -131,9 +131,9 @@ def test_held_out_split_is_large_enough_and_whole_prompts():
 
 
 def test_lr_defaults_follow_the_reference_and_bad_lr_is_named(tmp_path):
-    from offline_plugins.data.preference_sources import load_preference_source
     from offline_plugins.errors import UserError
     from offline_plugins.plugins import load_registry
+    from offline_plugins.text.data.preference_sources import load_preference_source
 
     data = tmp_path / "p.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in _rows(40, seed=0)))

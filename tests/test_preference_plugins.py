@@ -8,15 +8,15 @@ import sys
 import pytest
 import torch
 
-from offline_plugins.data.preference import (
+from offline_plugins.modules.tiny_lm import char_tokenizer, model_fingerprint, tiny_causal_lm
+from offline_plugins.plugins import load_registry
+from offline_plugins.text.data.preference import (
     PreferenceData,
     PreferenceDataError,
     add_reference_log_probs,
     tokenize_pairs,
     tokenize_unpaired,
 )
-from offline_plugins.modules.tiny_lm import char_tokenizer, model_fingerprint, tiny_causal_lm
-from offline_plugins.plugins import load_registry
 
 torch.set_num_threads(1)
 

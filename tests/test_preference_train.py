@@ -12,7 +12,6 @@ import json
 
 import pytest
 import torch
-
 from _cli_checks import fails_cleanly
 
 from offline_plugins.cli import main
@@ -30,10 +29,9 @@ def _write_pairs(path, n: int, *, start: int = 0):
 
 @pytest.fixture(scope="module")
 def small_task_data(tmp_path_factory):
-    from offline_plugins.data.text_tasks import task_preference_data
-    from offline_plugins.envs.tasks import ArithmeticTask
-
     from offline_plugins.kinds.sft import supervised_finetune
+    from offline_plugins.text.data.task_data import task_preference_data
+    from offline_plugins.text.tasks import ArithmeticTask
 
     kw = dict(sft_rows_count=200, sft_steps=30, sft_batch_size=16, n_train=48, n_test=24, num_samples=2,
               cache_dir=tmp_path_factory.mktemp("pref-cache"), finetune=supervised_finetune)
@@ -63,7 +61,7 @@ def test_dpo_on_a_jsonl_file_learns_the_preference_and_writes_the_run(capsys, tm
     from offline_plugins.modules.tiny_lm import load_causal_lm
 
     model, tok = load_causal_lm(out / "model")
-    from offline_plugins.data.preference import tokenize_pairs
+    from offline_plugins.text.data.preference import tokenize_pairs
 
     td, _ = tokenize_pairs([{"prompt": "7*8=", "chosen": "yes", "rejected": "no"}], tok)
     lp = CausalLMLogProbs(model).log_probs(td["tokens", "full"], td["masks", "all_attention_mask"])
@@ -99,7 +97,7 @@ def test_task_runs_report_exact_match_before_and_after(small_task_data, tmp_path
 
 
 def test_kto_reads_a_paired_file_as_desirable_and_undesirable_rows(tmp_path):
-    from offline_plugins.data.preference_sources import load_preference_source
+    from offline_plugins.text.data.preference_sources import load_preference_source
 
     data = load_preference_source(str(_write_pairs(tmp_path / "p.jsonl", 60)), kind="unpaired-feedback",
                                   cache_dir=tmp_path / "cache", progress=False)

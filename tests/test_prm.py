@@ -9,17 +9,30 @@ import re
 
 import pytest
 import torch
+from _cli_checks import fails_cleanly
 from tensordict import TensorDict
 
-from _cli_checks import fails_cleanly
 from offline_plugins.cli import main
-from offline_plugins.data.steps import (BUILTIN_STEP_ROWS, StepDataError, load_step_jsonl, tokenize_steps,
-                                       validate_step_rows)
-from offline_plugins.envs.steps import StepChainTask
-from offline_plugins.eval.search import (PRMScorer, StepSampler, aggregate_steps, beam_search, best_of_n,
-                                         compare_search, exhaustive_search, load_prm)
+from offline_plugins.eval.search import (
+    PRMScorer,
+    StepSampler,
+    aggregate_steps,
+    beam_search,
+    best_of_n,
+    compare_search,
+    exhaustive_search,
+    load_prm,
+)
 from offline_plugins.modules.tiny_lm import char_tokenizer, tiny_causal_lm
 from offline_plugins.objectives.llm import CausalLMStepReward, ProcessRewardLoss
+from offline_plugins.text.data.steps import (
+    BUILTIN_STEP_ROWS,
+    StepDataError,
+    load_step_jsonl,
+    tokenize_steps,
+    validate_step_rows,
+)
+from offline_plugins.text.tasks.steps import StepChainTask
 
 
 def test_the_task_labels_steps_by_the_first_error_convention():
@@ -269,7 +282,7 @@ def test_v1_holds_v0s_rows_and_more():
 
 def _search_folders(tmp_path, prm_tokenizer=None):
     """A tiny policy (save_pretrained) and a tiny PRM (as train prm exports it) in tmp_path."""
-    from offline_plugins.data.reward_source import save_reward_model
+    from offline_plugins.text.sources.reward_source import save_reward_model
 
     tok = char_tokenizer()
     policy = tiny_causal_lm(tok, seed=0)
@@ -328,7 +341,7 @@ def test_search_refuses_bad_inputs_in_one_line(capsys, tmp_path):
 
 
 def test_train_prm_from_the_tasks_sft_reference_with_the_language_modelling_term(tmp_path, capsys):
-    from offline_plugins.data.preference_sources import cache_root
+    from offline_plugins.text.data.preference_sources import cache_root
 
     out = tmp_path / "run"
     assert main(["train", "prm", "--dataset", "steps/arithmetic-v0", "--steps", "2", "--seed", "0", "--log-every", "1",
@@ -344,7 +357,7 @@ def test_train_prm_from_the_tasks_sft_reference_with_the_language_modelling_term
 
 
 def test_sampled_rows_are_the_models_own_solutions_labelled_by_the_task():
-    from offline_plugins.data.steps import sampled_rows
+    from offline_plugins.text.data.steps import sampled_rows
 
     tok, task = char_tokenizer(), StepChainTask()
     prompts = task.prompts(3, seed=5)
@@ -354,7 +367,7 @@ def test_sampled_rows_are_the_models_own_solutions_labelled_by_the_task():
         assert r["labels"] == task.step_labels(r["prompt"], r["steps"]) and all("\n" not in s for s in r["steps"])
     again = sampled_rows(task, tiny_causal_lm(tok, seed=0), tok, prompts, num_samples=2, max_new_tokens=12, seed=0)
     assert again == rows  # seeded
-    from offline_plugins.data.steps import load_step_source
+    from offline_plugins.text.data.steps import load_step_source
 
     plain = load_step_source("steps/arithmetic-v0", n_train=10, n_test=4)
     mixed = load_step_source("steps/arithmetic-v0", n_train=10, n_test=4, policy_rows=6)

@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from _cli_checks import fails_cleanly
 from tensordict import TensorDict
 
 from offline_plugins.algorithms.prm_rl import PPOPRMConfig, build_ppo_prm
@@ -15,8 +16,6 @@ from offline_plugins.cli import main
 from offline_plugins.errors import UserError
 from offline_plugins.modules.causal_lm import CausalLMLogProbs
 from offline_plugins.objectives.llm.prm_rl import PRMRewardPPOLoss
-
-from _cli_checks import fails_cleanly
 
 
 def _rollouts(tokens, response, sample, ref, outcome, prompts):
@@ -28,7 +27,7 @@ def _rollouts(tokens, response, sample, ref, outcome, prompts):
 
 
 def _loss(values, tokenizer, prm=None, **kwargs):
-    from offline_plugins.data.steps import tokenize_steps
+    from offline_plugins.text.data.steps import tokenize_steps
 
     cfg = PPOPRMConfig()
     return PRMRewardPPOLoss(CausalLMLogProbs(torch.nn.Embedding(64, 64)), lambda tokens, attn: values,

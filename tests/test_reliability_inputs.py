@@ -53,9 +53,9 @@ class _Payload:
 
 @pytest.fixture(scope="module")
 def reward_dir(tmp_path_factory):
-    from offline_plugins.data.reward_source import save_reward_model
     from offline_plugins.modules.causal_lm import CausalLMReward
     from offline_plugins.modules.tiny_lm import load_causal_lm
+    from offline_plugins.text.sources.reward_source import save_reward_model
 
     model, tok = load_causal_lm("tiny", seed=0)
     return save_reward_model(CausalLMReward(model), tok, tmp_path_factory.mktemp("rm") / "reward_model")
@@ -67,7 +67,7 @@ def _copy(src: Path, dst: Path) -> Path:
 
 
 def test_a_reward_head_carrying_code_is_refused_and_nothing_runs(reward_dir, tmp_path, monkeypatch):
-    from offline_plugins.data.reward_source import RewardModelError, load_reward_model
+    from offline_plugins.text.sources.reward_source import RewardModelError, load_reward_model
 
     bad = _copy(reward_dir, tmp_path / "bad")
     marker = tmp_path / "ran"
@@ -89,8 +89,8 @@ def test_a_reward_head_carrying_code_is_refused_and_nothing_runs(reward_dir, tmp
     (lambda d: (d / "config.json").unlink(), "has no config.json"),
 ])
 def test_a_damaged_reward_model_folder_is_one_line(reward_dir, tmp_path, damage, says):
-    from offline_plugins.data.reward_source import load_reward_model
     from offline_plugins.errors import UserError
+    from offline_plugins.text.sources.reward_source import load_reward_model
 
     bad = _copy(reward_dir, tmp_path / "bad")
     damage(bad)
@@ -235,8 +235,8 @@ def test_sft_trains_when_a_completion_is_longer_than_the_context(tmp_path, capsy
 
 
 def test_held_out_rows_longer_than_the_context_are_left_out_and_counted(caplog):
-    from offline_plugins.data.rollouts import RolloutError, _held_out_within
     from offline_plugins.modules.tiny_lm import char_tokenizer
+    from offline_plugins.text.data.rollouts import RolloutError, _held_out_within
 
     tok = char_tokenizer()
     rows = [{"prompt": "1+1=", "completion": "2"}, {"prompt": "2+2=", "completion": "4" * 200}]
@@ -250,8 +250,9 @@ def test_held_out_rows_longer_than_the_context_are_left_out_and_counted(caplog):
 def test_a_transition_batch_that_cannot_fit_is_refused(monkeypatch):
     """The environment kinds' check: batch_size elements of the data's row size, with room for the
     networks' activations, against the free memory."""
-    import offline_plugins.plugins.datakind as datakind
     from _synthetic import synthetic_transitions
+
+    import offline_plugins.plugins.datakind as datakind
     from offline_plugins.plugins import shared_registry
 
     data, _ = synthetic_transitions(40, obs_dim=3, action_dim=2, seed=0)

@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from offline_plugins.cli import main
-from offline_plugins.data.prompts import PromptSource, RewardGuard, RolloutError, RolloutInterrupted, score_responses
+from offline_plugins.text.sources.prompts import (
+    PromptSource,
+    RewardGuard,
+    RolloutError,
+    RolloutInterrupted,
+    score_responses,
+)
 
 HERE = Path(__file__).resolve().parent
 

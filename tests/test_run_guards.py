@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -20,9 +19,9 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from _lightning_fixtures import TINY_SPEC, FakeOfflineData
 from lightning.pytorch import Callback
 
-from _lightning_fixtures import TINY_SPEC, FakeOfflineData
 from offline_plugins.cli import main
 from offline_plugins.lightning.guards import RunError, RunFolderLock, RunInterrupted
 from offline_plugins.lightning.run import load_checkpoint, train_algorithm
@@ -349,7 +348,7 @@ def test_every_flag_the_package_names_exists_on_the_cli():
     for path in Path(offline_plugins.__file__).parent.rglob("*.py"):
         for flag in re.findall(r"(?<![\w-])--[a-z][a-z-]*[a-z]", path.read_text()):
             named.setdefault(flag, path.name)
-    # another program's command line: bubblewrap's, which the tool sandbox builds (envs/sandbox.py) and nothing else names
+    # another program's command line: bubblewrap's, which the tool sandbox builds (text/tools/sandbox.py) and nothing else names
     other = {f for f, where in named.items() if where == "sandbox.py" and f not in flags}
     assert "--unshare-net" in other and "--die-with-parent" in other
     unknown = {f: where for f, where in named.items() if f not in flags and f not in other}

@@ -27,9 +27,14 @@ from pathlib import Path
 import pluggy
 import pytest
 
-from offline_plugins.envs.sandbox import (BwrapSandbox, Limits, SandboxUnavailable, UnsafeSandboxWarning,
-                                          UnsafeSubprocessSandbox, run_bounded)
-from offline_plugins.envs.tools import Calculator, PythonTool, ToolBox
+from offline_plugins.text.tools.sandbox import (
+    BwrapSandbox,
+    Limits,
+    SandboxUnavailable,
+    UnsafeSandboxWarning,
+    run_bounded,
+)
+from offline_plugins.text.tools.tools import Calculator, PythonTool, ToolBox
 
 PROBE = Path(__file__).with_name("_sandbox_probe.py")
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -455,7 +460,7 @@ def test_a_plugin_registers_a_sandbox_that_list_shows_and_the_python_tool_uses(t
 
 
 def test_an_unknown_or_wrong_sandbox_is_refused_by_name():
-    from offline_plugins.envs.tools import ToolError, make_sandbox
+    from offline_plugins.text.tools.tools import ToolError, make_sandbox
 
     with pytest.raises(ToolError, match="tool_sandbox: unknown sandbox 'bwarp'; did you mean 'bwrap'"):
         make_sandbox("bwarp")

@@ -15,8 +15,8 @@ import pytest
 pytest.importorskip("aiohttp")
 
 from offline_plugins.cli import main  # noqa: E402
-from offline_plugins.data.remote import RemoteError, RemoteReward  # noqa: E402
 from offline_plugins.eval.serve import make_app  # noqa: E402
+from offline_plugins.text.sources.remote import RemoteError, RemoteReward  # noqa: E402
 
 TOKEN = "a-test-token-of-some-length-0123456789"
 
@@ -100,8 +100,8 @@ def _post(url, body: bytes, headers: dict) -> tuple[int, dict]:
 
 
 def test_the_served_scores_are_the_in_process_models(reward_dir, token):
-    from offline_plugins.data.prompts import load_reward_function
     from offline_plugins.eval.serve import reward_scorer
+    from offline_plugins.text.sources.prompts import load_reward_function
 
     prompts, responses = ["12+30=", "7+8=", "55+44="], ["42", "16", "99"]
     local = load_reward_function(str(reward_dir))(prompts, responses)

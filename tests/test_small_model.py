@@ -45,12 +45,11 @@ def test_digits_are_one_token_each_and_any_text_round_trips(tok):
 def test_the_corpus_is_the_built_in_tasks_text(tok):
     """The corpus is made below the environments, in their formats: each task's real demonstrations
     round-trip and the tool tasks' merge well (far fewer tokens than characters)."""
-    from offline_plugins.data.text_tasks import sft_rows
-    from offline_plugins.envs.multiturn import ToolArithmeticTask, ToolPythonTask
-    from offline_plugins.envs.steps import StepChainTask
-    from offline_plugins.envs.tasks import ArithmeticTask
-
-    from offline_plugins.envs.word_problems import (
+    from offline_plugins.text.data.task_data import sft_rows
+    from offline_plugins.text.tasks import ArithmeticTask
+    from offline_plugins.text.tasks.steps import StepChainTask
+    from offline_plugins.text.tasks.tools import ToolArithmeticTask, ToolPythonTask
+    from offline_plugins.text.tasks.word_problems import (
         CalculatorWordProblemTask,
         PythonWordProblemTask,
         WordProblemTask,
@@ -174,8 +173,8 @@ def test_a_prompt_files_rollout_width_is_sized_on_its_longest_prompt_in_tokens(t
     # longest in tokens is not among the last few by characters; the width must cover it, or its round stops mid-run
     import random
 
-    from offline_plugins.data.prompts import _prompt_ids
-    from offline_plugins.data.rollouts import load_rollout_data
+    from offline_plugins.text.data.rollouts import load_rollout_data
+    from offline_plugins.text.sources.prompts import _prompt_ids
 
     rng = random.Random(0)
     prompts = ["Write: " + "".join(rng.choice("abcdefgh") for _ in range(6)) for _ in range(300)]
@@ -185,7 +184,7 @@ def test_a_prompt_files_rollout_width_is_sized_on_its_longest_prompt_in_tokens(t
     assert len({len(p) for p in prompts}) == 1 and len(set(counts)) > 1
     data = load_rollout_data(str(path), model="small", reward="test_small_model:_zero", max_new_tokens=4,
                              eval_prompts=4)
-    assert data.collector.max_prompt_tokens == max(counts)
+    assert data.max_prompt_tokens == max(counts)
 
 
 def _zero(prompts, responses, **columns):

@@ -9,13 +9,13 @@ import copy
 import pytest
 import torch
 
-from offline_plugins.data.sync_check import SyncCheck, SyncCheckError, SyncCheckWarning
+from offline_plugins.text.collectors.sync_check import SyncCheck, SyncCheckError, SyncCheckWarning
 
 torch.set_num_threads(1)
 
 
 class CopySampler:
-    """A generator with :class:`~offline_plugins.modules.vllm_engine.VLLMGenerator`'s contract that
+    """A generator with :class:`~offline_plugins.text.backends.vllm_engine.VLLMGenerator`'s contract that
     samples from its own copy of the policy, reloaded before a round once a step passed since the
     last load; the loads at the steps in ``skip`` do not happen, though it records them as done (the
     failure the check is for: an engine that says it synced and serves older weights)."""
@@ -37,7 +37,7 @@ class CopySampler:
             self.synced_step = int(step)
 
     def generate(self, prompt_ids, *, device=None, **kwargs):
-        from offline_plugins.modules.generation import generate
+        from offline_plugins.text.backends.generation import generate
 
         return generate(self.copy, prompt_ids, log_probs=True, **kwargs)
 
@@ -98,8 +98,9 @@ def test_the_check_is_due_right_after_a_load_only_and_every_n_rounds():
 
 
 def test_the_check_measures_the_gap_and_the_effective_sample_size_by_hand():
-    from offline_plugins.modules.causal_lm import CausalLMLogProbs
     from tensordict import TensorDict
+
+    from offline_plugins.modules.causal_lm import CausalLMLogProbs
 
     torch.manual_seed(0)
     model = torch.nn.Embedding(5, 5)

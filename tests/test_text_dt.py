@@ -20,18 +20,19 @@ R0, R1 = "<|return=0|>", "<|return=1|>"
 
 
 def _rollout_data(prompts_per_round=2, group_size=2, max_new_tokens=4):
-    from offline_plugins.data.rollouts import RolloutCollector, RolloutData, task_prompt_source
-    from offline_plugins.envs.tasks import ArithmeticTask
     from offline_plugins.modules.tiny_lm import char_tokenizer, tiny_causal_lm
+    from offline_plugins.text.collectors.collector import SamplingSettings
+    from offline_plugins.text.data.rollouts import RolloutData, task_prompt_source
+    from offline_plugins.text.tasks import ArithmeticTask
 
     source = task_prompt_source(ArithmeticTask(digits=2, ops="+"), n_held_out=6)
     tokenizer = char_tokenizer()
     reference = tiny_causal_lm(tokenizer, seed=0).eval()
     for p in reference.parameters():
         p.requires_grad_(False)
-    collector = RolloutCollector(source, tokenizer, reference, group_size=group_size,
-                                 prompts_per_round=prompts_per_round, max_new_tokens=max_new_tokens, seed=0)
-    return RolloutData(source, reference, tokenizer, collector, dataset_id="offline-plugins/arithmetic/v0",
+    settings = SamplingSettings.checked(group_size=group_size, prompts_per_round=prompts_per_round,
+                                        max_new_tokens=max_new_tokens)
+    return RolloutData(source, reference, tokenizer, settings, dataset_id="offline-plugins/arithmetic/v0",
                        model="tiny")
 
 
@@ -62,7 +63,7 @@ def test_build_conditions_sampled_and_held_out_prompts_on_the_best_return(data):
 
     base, tok0, ref0 = data.source, data.tokenizer, data.reference
     vocab = len(tok0)
-    width = data.collector.width
+    width = data.width
     emb = data.reference.get_input_embeddings().weight.detach().clone()
     parts = build_text_dt(TextDTConfig(), data)
     plan = parts.rollout
@@ -88,9 +89,9 @@ def test_build_conditions_sampled_and_held_out_prompts_on_the_best_return(data):
     run = data.collector_for(plan)
     assert run.source is source and run.reference is plan.reference and run.tokenizer is tok
     assert run.width == width and run.max_prompt_tokens == width - 4
-    # the loaded data is as it was: its source, tokenizer, reference and collector
+    # the loaded data is as it was: its source, tokenizer, reference and width
     assert (data.source, data.tokenizer, data.reference) == (base, tok0, ref0) and len(tok0) == vocab
-    assert data.collector.source is base and data.collector.width == width
+    assert data.width == width
     assert ref0.get_input_embeddings().weight.shape[0] == emb.shape[0]
     # building again (a resume) neither prefixes twice nor grows the vocabulary
     again = build_text_dt(TextDTConfig(), data).rollout
@@ -336,7 +337,7 @@ def test_the_reward_token_steers_the_policy_when_low_returns_are_systematic(data
     answers the sum under the return-1 token and the sum + 1 under the return-0 token (the tiny
     model from its random init, four prompts). On the built-in task the failures are the policy's
     own unsystematic errors and the token steers nothing (docs/results-history.md, text-dt)."""
-    from offline_plugins.data.rollouts import greedy_responses
+    from offline_plugins.text.data.rollouts import greedy_responses
     from offline_plugins.tokens import prompt_token_ids, response_token_ids
 
     torch.manual_seed(0)

@@ -7,17 +7,17 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from offline_plugins.data.preference import tokenize_completions
-from offline_plugins.data.prompts import PromptSource, RolloutError, rollout_seed, task_prompt_source
-from offline_plugins.data.collector import RolloutEnv
-from offline_plugins.data.rollouts import RolloutCollector
-from offline_plugins.envs.tasks import ArithmeticTask
-from offline_plugins.envs.text import TextEnv, TextEnvError
 from offline_plugins.errors import UserError
 from offline_plugins.modules.causal_lm import CausalLMLogProbs, CausalLMReward
-from offline_plugins.modules.generation import generate
 from offline_plugins.modules.tiny_lm import load_causal_lm, tiny_causal_lm
 from offline_plugins.objectives.llm.functional import group_relative_advantage
+from offline_plugins.text.backends.generation import generate
+from offline_plugins.text.collectors.collector import RolloutEnv
+from offline_plugins.text.data.preference import tokenize_completions
+from offline_plugins.text.data.rollouts import RolloutCollector
+from offline_plugins.text.envs.text import TextEnv, TextEnvError
+from offline_plugins.text.sources.prompts import PromptSource, RolloutError, rollout_seed, task_prompt_source
+from offline_plugins.text.tasks import ArithmeticTask
 from offline_plugins.tokens import prompt_token_ids
 
 torch.set_num_threads(1)

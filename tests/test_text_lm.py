@@ -4,18 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tensordict import TensorDict
 
-from offline_plugins.data.preference import tokenize_pairs
-from offline_plugins.data.text_tasks import (
-    exact_match_accuracy,
-    preference_rows,
-    sft_rows,
-    unpaired_rows,
-)
-from offline_plugins.kinds.sft import supervised_finetune
-from offline_plugins.envs.tasks import ArithmeticTask, TaskError
 from offline_plugins.errors import UserError
+from offline_plugins.kinds.sft import supervised_finetune
 from offline_plugins.modules.causal_lm import CausalLMLogProbs, CausalLMReward
 from offline_plugins.modules.tiny_lm import (
     ModelLoadError,
@@ -25,6 +16,14 @@ from offline_plugins.modules.tiny_lm import (
     model_fingerprint,
     tiny_causal_lm,
 )
+from offline_plugins.text.data.preference import tokenize_pairs
+from offline_plugins.text.data.task_data import (
+    exact_match_accuracy,
+    preference_rows,
+    sft_rows,
+    unpaired_rows,
+)
+from offline_plugins.text.tasks import ArithmeticTask, TaskError
 
 torch.set_num_threads(1)
 
@@ -165,7 +164,7 @@ def test_sft_step_lowers_the_loss_and_accuracy_is_measured():
 
 
 def test_task_preference_data_end_to_end_with_cached_reference(tmp_path):
-    from offline_plugins.data.text_tasks import task_preference_data
+    from offline_plugins.text.data.task_data import task_preference_data
 
     task = ArithmeticTask(digits=1)
     kw = dict(sft_rows_count=50, sft_steps=5, sft_batch_size=8, n_train=6, n_test=4, num_samples=2, cache_dir=tmp_path,
@@ -189,7 +188,7 @@ def test_the_sft_reference_is_the_same_whatever_the_threads_and_says_how_it_was_
 
     import torch
 
-    from offline_plugins.data.text_tasks import reference_dir, sft_reference
+    from offline_plugins.text.data.task_data import reference_dir, sft_reference
 
     task = ArithmeticTask(digits=1)
     kw = dict(model="tiny", steps=6, batch_size=8, rows=64, finetune=supervised_finetune)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from offline_plugins.data.text_tasks import generate
 from offline_plugins.modules.tiny_lm import load_causal_lm
+from offline_plugins.text.backends.generation import generate_texts as generate
 
 torch.set_num_threads(1)
 

@@ -4,11 +4,9 @@ a defined result for every failure."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from offline_plugins.envs.tools import Calculator, PythonTool, ToolBox, ToolError, parse_calls
+from offline_plugins.text.tools.tools import Calculator, PythonTool, ToolBox, ToolError, parse_calls
 
 
 def test_calls_are_parsed_in_order_with_their_raw_or_json_argument():

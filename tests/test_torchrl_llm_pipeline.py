@@ -29,7 +29,7 @@ MODELS = ["tiny"]
 @pytest.fixture(scope="module", params=MODELS)
 def reference(request):
     """The model after 300 SFT steps on 1-digit addition (tiny: ~0.6 reward at temperature 1), built once."""
-    from offline_plugins.envs.tasks import ArithmeticTask
+    from offline_plugins.text.tasks import ArithmeticTask
 
     return request.param, pipeline.sft_policy(ArithmeticTask(digits=1), steps=300, seed=0, model=request.param)
 
@@ -37,7 +37,7 @@ def reference(request):
 @pytest.fixture(scope="module")
 def teacher(reference):
     """OPD's teacher: the same model after 800 SFT steps."""
-    from offline_plugins.envs.tasks import ArithmeticTask
+    from offline_plugins.text.tasks import ArithmeticTask
 
     return pipeline.sft_policy(ArithmeticTask(digits=1), steps=800, seed=0, model=reference[0])[0]
 
@@ -47,9 +47,9 @@ def test_bridge_turns_torchrl_rows_into_our_layout():
     from tensordict import set_list_to_stack
     from torchrl.collectors.llm import LLMCollector
 
-    from offline_plugins.envs.tasks import ArithmeticTask
     from offline_plugins.modules.causal_lm import CausalLMLogProbs
     from offline_plugins.modules.tiny_lm import load_causal_lm
+    from offline_plugins.text.tasks import ArithmeticTask
     from offline_plugins.torchrl_llm import from_torchrl_rows
 
     set_list_to_stack(True).set()
@@ -152,7 +152,7 @@ def test_history_mode_needs_a_chat_template():
 def test_reward_rises_on_small_in_history_mode():
     """The pipeline with chat rows (``input_mode="history"``) on the hub-shaped ``small`` model: the
     prompts go through its ChatML template, the bridge reads the History rows."""
-    from offline_plugins.envs.tasks import ArithmeticTask
+    from offline_plugins.text.tasks import ArithmeticTask
 
     ref = pipeline.sft_policy(ArithmeticTask(digits=1), steps=300, seed=0, model="small")
     rewards = pipeline.train("dapo", rounds=4, seed=0, reference=ref, model_name="small", input_mode="history",

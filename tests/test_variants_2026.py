@@ -8,7 +8,6 @@ import math
 
 import pytest
 import torch
-
 from _rollout_rows import _Fixed, _rows
 
 from offline_plugins.modules.causal_lm import CausalLMLogProbs
@@ -279,14 +278,14 @@ def test_each_2026_variant_trains_through_the_shell(algorithm, overrides, prompt
 
 @pytest.mark.slow
 def test_gdpo_trains_on_two_named_rewards_and_the_rollouts_carry_both(prompt_file, tmp_path):
-    from offline_plugins.data.rollouts import load_rollout_data
+    from offline_plugins.text.data.rollouts import load_rollout_data
 
     rewards = ["digits=_text_rewards:digit_share", "short=_text_rewards:brevity"]
     summary = _train("gdpo", prompt_file, tmp_path / "run", rewards, reward_weights="1,0.5")
     assert summary["steps"] == 4 and math.isfinite(summary["losses"]["train/loss_objective"])
     data = load_rollout_data(str(prompt_file), reward=rewards, reward_weights="1,0.5", group_size=4,
                              prompts_per_round=2, max_new_tokens=4, eval_prompts=4)
-    td, _ = data.collector.collect(data.reference, round=0)
+    td, _ = data.collector_for().collect(data.reference, round=0)
     comps = td.get(("next", "reward_components"))
     assert comps.shape == (8, 2)
     assert torch.allclose(td.get(("next", "reward"))[:, 0], comps[:, 0] + 0.5 * comps[:, 1])

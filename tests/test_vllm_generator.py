@@ -174,7 +174,7 @@ def engine(request, vllm):
     from types import SimpleNamespace
 
     from offline_plugins.modules.tiny_lm import load_causal_lm
-    from offline_plugins.modules.vllm_engine import VLLMGenerator
+    from offline_plugins.text.backends.vllm_engine import VLLMGenerator
 
     model, tok = load_causal_lm(request.param, seed=0)
     model.eval()
@@ -246,7 +246,7 @@ def test_a_skipped_sync_is_caught_by_the_same_check(engine):
 
 @pytest.mark.vllm
 def test_a_lora_policy_syncs_merged_weights(engine):
-    from offline_plugins.modules.vllm_engine import policy_weights
+    from offline_plugins.text.backends.vllm_engine import policy_weights
 
     generator, tok = engine.generator, engine.tok
     policy = _lora(engine.model)
@@ -273,7 +273,7 @@ def test_a_lora_policys_weights_are_its_merged_weights(name):
     """What both the engine's start and its syncs load for a LoRA policy: peft's own merge, computed
     beside the adapters (no vLLM needed; peft is in the test extra)."""
     from offline_plugins.modules.tiny_lm import load_causal_lm
-    from offline_plugins.modules.vllm_engine import policy_weights
+    from offline_plugins.text.backends.vllm_engine import policy_weights
 
     base, _ = load_causal_lm(name, seed=0)
     policy = _lora(base)
@@ -351,9 +351,9 @@ def test_the_live_sync_check_passes_a_synced_engine_and_stops_one_that_skipped_a
     it synced and serves the older weights) stops the run at the next round with one line."""
     import csv
 
-    from offline_plugins.data.sync_check import SyncCheckError
     from offline_plugins.lightning.run import train_algorithm
-    from offline_plugins.modules.vllm_engine import VLLMGenerator
+    from offline_plugins.text.backends.vllm_engine import VLLMGenerator
+    from offline_plugins.text.collectors.sync_check import SyncCheckError
 
     settings = {**_SMALL, "batch_size": 24, "lr": 3e-3, "generator": "vllm", "sync_check_every": 1,
                 "sync_check_warn": 1e-3, "sync_check_stop": 1e-2}

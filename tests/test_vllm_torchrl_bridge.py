@@ -81,7 +81,7 @@ def _folder(name: str, tmp_path_factory) -> Path:
 
 
 def _start(folder: Path, max_model_len: int):
-    """An in-process vLLM engine on CPU (as offline_plugins.modules.vllm_engine starts one)."""
+    """An in-process vLLM engine on CPU (as offline_plugins.text.backends.vllm_engine starts one)."""
     from vllm import LLM
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -106,8 +106,8 @@ def _stop(llm) -> None:
 @pytest.fixture(scope="module")
 def engines(vllm, tmp_path_factory):
     """One engine at a time (the cases are ordered by model): ``get(name) -> (llm, model, tokenizer)``."""
-    from offline_plugins.modules.generation import model_context
     from offline_plugins.modules.tiny_lm import load_causal_lm
+    from offline_plugins.text.backends.generation import model_context
 
     held: dict = {}
 
@@ -126,8 +126,8 @@ def engines(vllm, tmp_path_factory):
 
 
 def _policy(llm, tok, mode: str, pad_output: bool):
-    from vllm import SamplingParams
     from torchrl.modules.llm import vLLMWrapper
+    from vllm import SamplingParams
 
     template = pipeline.chat_template_of(tok, mode) if mode == "history" else None
     policy = vLLMWrapper(llm, tokenizer=tok, input_mode=mode, generate=True, return_log_probs=True,
@@ -150,7 +150,7 @@ def _collect(llm, tok, mode: str, pad_output: bool):
     from tensordict import set_list_to_stack
     from torchrl.collectors.llm import LLMCollector
 
-    from offline_plugins.envs.tasks import ArithmeticTask
+    from offline_plugins.text.tasks import ArithmeticTask
 
     set_list_to_stack(True).set()
     task = ArithmeticTask(digits=1, ops="+")

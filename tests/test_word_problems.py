@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from offline_plugins.envs.tasks import TaskError
-from offline_plugins.envs.word_problems import (
+from offline_plugins.text.tasks import TaskError
+from offline_plugins.text.tasks.word_problems import (
     TIERS,
     CalculatorWordProblemTask,
     PythonWordProblemTask,
@@ -140,8 +140,8 @@ def test_the_python_program_runs_in_the_sandbox_and_prints_the_answer():
 
 
 def test_the_ids_resolve_to_the_tasks():
-    from offline_plugins.data.rollouts import _task_of
-    from offline_plugins.data.text_ids import resolve_rollout_id
+    from offline_plugins.text.data.rollouts import _task_of
+    from offline_plugins.text.tasks.ids import resolve_rollout_id
 
     for short, cls in (("word-problems", WordProblemTask), ("word-problems-calculator", CalculatorWordProblemTask),
                        ("word-problems-python", PythonWordProblemTask)):
@@ -163,9 +163,9 @@ def test_the_preference_set_pairs_worked_solutions_on_the_small_model(tmp_path, 
     """word-problems/preference-v0's plumbing on a few rows: whole worked solutions are sampled (the
     task's 128-token budget, not 8), paired right against wrong by the verifier, and tokenised whole;
     the held-out score is the verifier's. The reference is small's init (no training here)."""
-    from offline_plugins.data.preference_sources import resolve_preference_id
-    from offline_plugins.data.text_tasks import exact_match_accuracy, task_preference_data
-    from offline_plugins.envs.tasks import make_task
+    from offline_plugins.text.data.preference_sources import resolve_preference_id
+    from offline_plugins.text.data.task_data import exact_match_accuracy, task_preference_data
+    from offline_plugins.text.tasks import make_task
 
     monkeypatch.setenv("OFFLINE_PLUGINS_CACHE", str(tmp_path / "cache"))
     assert resolve_preference_id("word-problems") == "offline-plugins/word-problems/preference-v0"

@@ -9,6 +9,10 @@ installed.
 '0.1.0'
 """
 
+from offline_plugins import _moved
+
 __version__ = "0.1.0"
 
 __all__ = ["__version__"]
+
+_moved.install()  # the old paths of the modules that moved (offline_plugins._moved)

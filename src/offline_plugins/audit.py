@@ -38,7 +38,17 @@ import torch
 from tqdm.auto import tqdm
 
 from offline_plugins.data.jsonl import jsonl_objects
-from offline_plugins.data.preference import (
+from offline_plugins.errors import UserError
+from offline_plugins.eval.judge import judge_from
+from offline_plugins.kinds.preference import PreferenceText
+from offline_plugins.kinds.sft import supervised_finetune
+from offline_plugins.lightning.checkpoint_files import algorithm_of_checkpoint
+from offline_plugins.lightning.checkpoints import load_checkpoint, load_trained_run
+from offline_plugins.modules.causal_lm import sequence_log_probs
+from offline_plugins.modules.tiny_lm import load_causal_lm
+from offline_plugins.plugins import shared_registry
+from offline_plugins.text.backends.generation import model_context
+from offline_plugins.text.data.preference import (
     PAIR_FIELDS,
     TokenizeReport,
     encode_example,
@@ -47,7 +57,7 @@ from offline_plugins.data.preference import (
     tokenize_pairs,
     validate_rows,
 )
-from offline_plugins.data.preference_sources import (
+from offline_plugins.text.data.preference_sources import (
     BUILTIN_PREFERENCE_DATASETS,
     OPTIONAL_PAIR_FIELDS,
     PAIR_LENGTH_CAP,
@@ -57,16 +67,6 @@ from offline_plugins.data.preference_sources import (
     resolve_preference_id,
     unknown_preference_dataset,
 )
-from offline_plugins.errors import UserError
-from offline_plugins.eval.judge import judge_from
-from offline_plugins.kinds.preference import PreferenceText
-from offline_plugins.kinds.sft import supervised_finetune
-from offline_plugins.lightning.checkpoint_files import algorithm_of_checkpoint
-from offline_plugins.lightning.checkpoints import load_checkpoint, load_trained_run
-from offline_plugins.modules.causal_lm import sequence_log_probs
-from offline_plugins.modules.generation import model_context
-from offline_plugins.modules.tiny_lm import load_causal_lm
-from offline_plugins.plugins import shared_registry
 
 __all__ = [
     "AuditError",
@@ -873,7 +873,7 @@ def audit_preference_data(
     Args:
         dataset: a preference dataset id (a built-in task, a ``.jsonl`` file, ``hf:NAME[:SPLIT]``)
             or a list of ``{"prompt", "chosen", "rejected"}`` rows; rows may carry
-            ``shown_first`` and ``annotations`` (see :mod:`offline_plugins.data.preference_sources`)
+            ``shown_first`` and ``annotations`` (see :mod:`offline_plugins.text.data.preference_sources`)
             and, in JSONL files and lists, ``gold`` (true: the row's ``chosen`` is the known answer).
 
     Keyword Args:

@@ -1,7 +1,7 @@
 """Tokenising prompt/response text for a causal LM: shared by the data layer and the text environment.
 
-:mod:`offline_plugins.data.preference` tokenises datasets of pairs with these helpers and
-:mod:`offline_plugins.envs.text` tokenises the prompts it serves; both import them from
+:mod:`offline_plugins.text.data.preference` tokenises datasets of pairs with these helpers and
+:mod:`offline_plugins.text.envs.text` tokenises the prompts it serves; both import them from
 here, so neither imports the other. The layout is bos, prompt (or the chat template's
 user turn), response, eos, right-padded.
 

@@ -10,11 +10,11 @@ from typing import Any, Callable, Mapping, Optional
 
 from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
 from offline_plugins.config import ConfigError
-from offline_plugins.data.rollouts import RolloutData
 from offline_plugins.errors import UserError
 from offline_plugins.objectives.columns import DatasetColumns, discounted_returns
 from offline_plugins.objectives.common import ActionSpaceError, check_range
 from offline_plugins.objectives.target import FusedSoftUpdate
+from offline_plugins.text.data.rollouts import RolloutData
 
 __all__ = [
     "check_inputs",
@@ -163,8 +163,8 @@ def transition_parts(loss, policy, config: Any, optimizers: list, **kwargs):
 
 
 def require_rollouts(data: Any, algorithm: str) -> None:
-    """Refuse data that is not a :class:`~offline_plugins.data.rollouts.RolloutData` (what the
+    """Refuse data that is not a :class:`~offline_plugins.text.data.rollouts.RolloutData` (what the
     text-rollouts kind loads), naming what was given and how to load the right one."""
     if not isinstance(data, RolloutData):
         raise UserError(f"{algorithm} trains on its own rollouts: give it a RolloutData "
-                        f"(offline_plugins.data.rollouts.load_rollout_data), not a {type(data).__name__}")
+                        f"(offline_plugins.text.data.rollouts.load_rollout_data), not a {type(data).__name__}")

@@ -145,12 +145,12 @@ class RolloutPlan:
         generator: what samples the rounds when it is not the policy's own ``generate``: an
             engine with the same ``generate`` contract and a ``before_round(model, step)`` that
             loads the policy's weights into it (``--generator vllm``:
-            :class:`~offline_plugins.modules.vllm_engine.VLLMGenerator`); None: ``generate``.
-        sync_check: a :class:`~offline_plugins.data.sync_check.SyncCheck` the data module runs after
+            :class:`~offline_plugins.text.backends.vllm_engine.VLLMGenerator`); None: ``generate``.
+        sync_check: a :class:`~offline_plugins.text.collectors.sync_check.SyncCheck` the data module runs after
             the rounds it is due on (the sampler's log-probs against the trainer's); None: none.
         max_staleness: sample each round beside the training of the one before
             (``--set async_rollouts=true``), from weights at most this many optimiser steps older than
-            the policy that trains on it (:class:`~offline_plugins.data.async_sampler.AsyncSampler`);
+            the policy that trains on it (:class:`~offline_plugins.text.collectors.async_sampler.AsyncSampler`);
             None: rounds are sampled, then trained on, in turn.
     """
 

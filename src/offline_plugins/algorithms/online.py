@@ -1,6 +1,6 @@
 """Online RL on text as plugins: GRPO, DAPO, Dr. GRPO, RLOO, CISPO, GSPO, expert iteration (family ``online-llm``).
 
-Each ``build(config, data)`` takes a :class:`~offline_plugins.data.rollouts.RolloutData`
+Each ``build(config, data)`` takes a :class:`~offline_plugins.text.data.rollouts.RolloutData`
 (prompts, reward, the frozen reference, the sampling settings) and returns the loss of
 :mod:`offline_plugins.objectives.llm.online` around a trainable copy of the reference (the
 policy starts at the reference), with the round's
@@ -87,7 +87,7 @@ class SamplingFields(LoRAFields):
 class GeneratorFields:
     """What samples the rounds (``--generator``): the policy's own transformers ``generate``, or an
     in-process vLLM engine that follows the policy's weights
-    (:class:`~offline_plugins.modules.vllm_engine.VLLMGenerator`)."""
+    (:class:`~offline_plugins.text.backends.vllm_engine.VLLMGenerator`)."""
 
     generator: str = config_field("hf", "what samples the rollouts: hf (the policy's transformers generate) or "
                                         "vllm (an in-process vLLM engine, the weights loaded every sync_every "
@@ -110,10 +110,10 @@ VLLM_ROLLOUT_CORRECTION = 2.0
 
 
 def sync_check(config: Any, generator: Optional[Any], name: str) -> Optional[Any]:
-    """The run's :class:`~offline_plugins.data.sync_check.SyncCheck` (``sync_check_every`` and its
-    thresholds; unset: every :data:`~offline_plugins.data.sync_check.SYNC_CHECK_EVERY_VLLM` rounds with a
+    """The run's :class:`~offline_plugins.text.collectors.sync_check.SyncCheck` (``sync_check_every`` and its
+    thresholds; unset: every :data:`~offline_plugins.text.collectors.sync_check.SYNC_CHECK_EVERY_VLLM` rounds with a
     generator, off without one), or None when off."""
-    from offline_plugins.data.sync_check import SYNC_CHECK_EVERY_VLLM, SyncCheck
+    from offline_plugins.text.collectors.sync_check import SYNC_CHECK_EVERY_VLLM, SyncCheck
 
     every = getattr(config, "sync_check_every", None)
     if every is None:
@@ -132,11 +132,11 @@ def sync_check(config: Any, generator: Optional[Any], name: str) -> Optional[Any
 
 def rollout_generator(config: Any, data: Any, name: str) -> Optional[Any]:
     """The generator ``config.generator`` names: None for ``hf`` (the collector's transformers
-    ``generate``), a :class:`~offline_plugins.modules.vllm_engine.VLLMGenerator` for ``vllm``,
+    ``generate``), a :class:`~offline_plugins.text.backends.vllm_engine.VLLMGenerator` for ``vllm``,
     checked here (vLLM importable, the reference's architecture one it loads) so that a bad
     ``--generator`` is refused before training; its engine starts with the first round. With
     ``vllm`` an unset ``rollout_correction`` becomes :data:`VLLM_ROLLOUT_CORRECTION`."""
-    from offline_plugins.modules.vllm_engine import GENERATORS
+    from offline_plugins.text.backends.vllm_engine import GENERATORS
 
     value = str(getattr(config, "generator", "hf")).strip().lower()
     if value not in GENERATORS:
@@ -145,7 +145,7 @@ def rollout_generator(config: Any, data: Any, name: str) -> Optional[Any]:
     config.generator = value
     if value == "hf":
         return None
-    from offline_plugins.modules.vllm_engine import VLLMGenerator, vllm_architecture
+    from offline_plugins.text.backends.vllm_engine import VLLMGenerator, vllm_architecture
 
     vllm_architecture(data.reference, f"{name}: --generator vllm")
     if hasattr(config, "rollout_correction") and config.rollout_correction is None:
@@ -314,7 +314,7 @@ class ExpertIterationConfig(GeneratorFields, _RolloutFields):
 @dataclass
 class SFTConfig(LoRAFields):
     pretrained_lr: ClassVar[float] = 1e-4
-    #: the SFT reference recipe of the preference results (data/text_tasks.py)
+    #: the SFT reference recipe of the preference results (text/data/task_data.py)
     from_scratch_lr: ClassVar[float] = 3e-3
     lr: Optional[float] = config_field(None, "Adam learning rate; unset: 1e-4 for a pretrained model, 3e-3 for "
                                              "--model tiny and 1e-3 for small from their random init")
@@ -332,7 +332,7 @@ def build_sft(config: SFTConfig, data: Any):
 
     if not hasattr(data, "held_out_rows"):
         raise UserError(f"sft trains on prompt/completion rows: give it a CompletionData "
-                        f"(offline_plugins.data.rollouts.load_completion_data), not a {type(data).__name__}")
+                        f"(offline_plugins.text.data.rollouts.load_completion_data), not a {type(data).__name__}")
     if config.lr is None:
         from offline_plugins.modules.tiny_lm import from_scratch_lr
 
@@ -443,7 +443,7 @@ def build_gdpo(config: GDPOConfig, data: Any):
     if len(names) < 2:
         raise UserError("gdpo combines several rewards, each standardised on its own, and this run has one: give "
                         "two or more as --reward NAME=SPEC, e.g. --reward correct=task "
-                        "--reward format=offline_plugins.envs.word_problems:answer_format")
+                        "--reward format=offline_plugins.text.tasks.word_problems:answer_format")
     return _parts(config, data, "gdpo", "TextGDPOLoss", {**_one_clip(config),
                                                           "reward_weights": list(source.reward_weights)})
 

@@ -170,13 +170,13 @@ def _build(config: Any, data: Any, name: str, *, reference: str):
             raise UserError(f"{name}: judge_ties must be one of {', '.join(JUDGE_TIES)}, got {config.judge_ties!r}; "
                             "fix it with --set judge_ties=drop")
         judge = judge_from(str(config.judge))
-    loss = OnlinePreferenceLoss(inner, group_size=data.collector.group_size, reference=reference,
+    loss = OnlinePreferenceLoss(inner, group_size=data.settings.group_size, reference=reference,
                                 dynamic_sampling=bool(config.dynamic_sampling), judge=judge,
                                 judge_ties=config.judge_ties)
     group = OptimizerGroup("policy", list(policy.parameters()), config.lr, terms, max_grad_norm=config.max_grad_norm)
     # one pair slot per prompt: the round's training rows are [prompts_per_round, 2]
     rollout = RolloutPlan.of(loss, epochs=config.epochs_per_round, epochs_field="epochs_per_round",
-                             training_rows=loss.pair_rollouts, rows_per_round=data.collector.prompts_per_round,
+                             training_rows=loss.pair_rollouts, rows_per_round=data.settings.prompts_per_round,
                              rows_what="preference-pair slots (one per prompt of prompts_per_round)",
                              reference=ref_model, generator=generator, sync_check=sync_check(config, generator, name))
     return AlgorithmParts(loss=loss, policy=actor, optimizers=[group], model=policy, tokenizer=data.tokenizer,

@@ -1,6 +1,6 @@
 """PPO-RLHF as a plugin (family ``online-llm``, data kind ``text-rollouts``).
 
-``build(config, data)`` takes a :class:`~offline_plugins.data.rollouts.RolloutData` and returns
+``build(config, data)`` takes a :class:`~offline_plugins.text.data.rollouts.RolloutData` and returns
 :class:`~offline_plugins.objectives.llm.ppo_rlhf.PPORLHFLoss` around a trainable copy of the
 reference (the policy) and a separate critic (:class:`~offline_plugins.objectives.llm.ppo_rlhf.TokenValueHead`
 on another copy of the reference), each with its own Adam group. The reward is the rollout

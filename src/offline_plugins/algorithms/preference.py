@@ -1,6 +1,6 @@
 """Preference optimisation and reward modelling as plugins: DPO, IPO, KTO, ORPO, SimPO, RPO, robust DPO, reward model.
 
-Each ``build(config, data)`` takes a :class:`~offline_plugins.data.preference.PreferenceData`
+Each ``build(config, data)`` takes a :class:`~offline_plugins.text.data.preference.PreferenceData`
 (tokenised pairs or unpaired rows, the SFT reference model with its log-probs
 cached, the tokenizer) and returns the loss around a fresh copy of the reference
 (the policy starts at the reference, as in the papers), one optimiser group and
@@ -150,7 +150,7 @@ def _policy_parts(config: Any, data: Any, name: str, loss_cls: type, kwargs: dic
     """The parts of a policy-training preference algorithm: ``loss_cls`` (a loss of
     :mod:`offline_plugins.objectives.llm`, its ``optimised_terms`` minimised) around the policy."""
     from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
-    from offline_plugins.data.preference import check_preference_data
+    from offline_plugins.text.data.preference import check_preference_data
 
     check_preference_data(data, name, kind, needs_reference=True)
     policy_model, reference = policy_and_reference(config, data, name)
@@ -212,9 +212,9 @@ def build_simpo(config: SimPOConfig, data: Any):
 def build_reward_model(config: RewardModelConfig, data: Any):
     """A Bradley-Terry reward model: the reference backbone plus a scalar head."""
     from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
-    from offline_plugins.data.preference import check_preference_data
     from offline_plugins.modules.causal_lm import CausalLMReward
     from offline_plugins.objectives.llm import BradleyTerryLoss
+    from offline_plugins.text.data.preference import check_preference_data
 
     check_preference_data(data, "reward-model", "preference-pairs", needs_reference=False)
     if isinstance(config.ensemble, bool) or int(config.ensemble) < 1:

@@ -1,6 +1,6 @@
 """A process reward model (PRM) as a plugin: ``prm``, trained on step-labelled reasoning.
 
-``build(config, data)`` takes a :class:`~offline_plugins.data.steps.StepData` and returns a
+``build(config, data)`` takes a :class:`~offline_plugins.text.data.steps.StepData` and returns a
 :class:`~offline_plugins.objectives.llm.prm.CausalLMStepReward` (a trainable copy of the
 dataset's language model with a score head read at each step's end) inside a
 :class:`~offline_plugins.objectives.llm.prm.ProcessRewardLoss`. The run is scored on held-out
@@ -38,11 +38,11 @@ class PRMConfig:
 def build_prm(config: PRMConfig, data):
     """The PRM: the dataset's language model (a trainable copy) plus a step score head."""
     from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup
-    from offline_plugins.data.steps import StepData
     from offline_plugins.objectives.llm.prm import CausalLMStepReward, ProcessRewardLoss
+    from offline_plugins.text.data.steps import StepData
 
     if not isinstance(data, StepData):
-        raise UserError(f"prm: build(config, data) expects an offline_plugins.data.steps.StepData (step-labelled "
+        raise UserError(f"prm: build(config, data) expects an offline_plugins.text.data.steps.StepData (step-labelled "
                         f"rows: load_step_source), got {type(data).__name__}")
     lm = config.lm_coef > 0
     prm = CausalLMStepReward(trainable_copy(data.reference), logits_key=("steps", "lm_logits") if lm else None).train()

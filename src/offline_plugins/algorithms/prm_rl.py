@@ -20,15 +20,15 @@ from typing import Any, ClassVar, Optional
 from offline_plugins.algorithms.online import GRPOConfig, _parts
 from offline_plugins.algorithms.ppo_rlhf import PPORLHFConfig, build
 from offline_plugins.config import config_field
-from offline_plugins.envs.steps import STEP_SEPARATOR
 from offline_plugins.errors import UserError
 from offline_plugins.plugins.registry import builtin_hook, builtin_text_algorithm
+from offline_plugins.text.tasks.steps import STEP_SEPARATOR
 
 __all__ = ["GRPOPRMConfig", "build_grpo_prm", "PPOPRMConfig", "build_ppo_prm"]
 
 
 def _check_prm(prm: Optional[str], name: str) -> None:
-    from offline_plugins.data.reward_source import is_reward_model_dir
+    from offline_plugins.text.sources.reward_source import is_reward_model_dir
 
     if prm is None or not is_reward_model_dir(prm):
         raise UserError(f"{name}: prm={prm!r} is not a trained PRM; pass --set prm=OUT, the folder a "
@@ -58,8 +58,8 @@ def _prm_parts(config: Any, data: Any) -> dict:
     """The frozen PRM of ``config.prm`` and the keywords :class:`~offline_plugins.objectives.llm.prm_rl.PRMStepScorer`
     takes; a folder holding no PRM is refused."""
     _check_prm(config.prm, config._name)
-    from offline_plugins.data.steps import tokenize_steps
     from offline_plugins.eval.search import load_prm
+    from offline_plugins.text.data.steps import tokenize_steps
 
     prm, prm_tokenizer = load_prm(config.prm)
     return {"prm": prm, "prm_tokenizer": prm_tokenizer, "tokenizer": data.tokenizer, "tokenize_steps": tokenize_steps,

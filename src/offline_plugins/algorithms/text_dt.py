@@ -30,12 +30,12 @@ that has a chat template keeps it, and the token leads the user turn's text. The
 tokenizer (``OUT/model``) holds the tokens and the template, so ``AutoTokenizer`` reloads them
 and ``apply_chat_template`` conditions a prompt the way training did.
 
-``build(config, data)`` leaves the run's :class:`~offline_plugins.data.rollouts.RolloutData`
+``build(config, data)`` leaves the run's :class:`~offline_plugins.text.data.rollouts.RolloutData`
 as loaded and says in the round's :class:`~offline_plugins.algorithms.base.RolloutPlan` what
 differs: a :class:`ConditionedPromptSource` (wrapping ``data.source``) whose sampled and
 held-out prompts start with the target token, a copy of the reference with grown embeddings,
 and a copy of the tokenizer with the reward tokens. The run's collector is made from them
-(:meth:`~offline_plugins.data.rollouts.RolloutData.collector_for`), so its rows are sized for
+(:meth:`~offline_plugins.text.data.rollouts.RolloutData.collector_for`), so its rows are sized for
 the conditioned prompts (with the token in place of bos as wide as before, with a chat
 template one wider); ``build`` refuses a prompt that no longer fits the model's context.
 """
@@ -50,10 +50,10 @@ from typing import Any, ClassVar, Optional
 from offline_plugins.algorithms.llm import policy_and_reference, policy_log_probs, resolve_lr
 from offline_plugins.algorithms.online import _lr_help, _RolloutFields
 from offline_plugins.config import config_field
-from offline_plugins.data.prompts import PromptSource
 from offline_plugins.errors import UserError
 from offline_plugins.plugins.hookspecs import hookimpl
 from offline_plugins.plugins.registry import AlgorithmSpec
+from offline_plugins.text.sources.prompts import PromptSource
 
 __all__ = ["TextDTConfig", "CHAT_TEMPLATE", "return_token", "conditioned_source", "build_text_dt"]
 
@@ -111,7 +111,7 @@ def _check_levels(config: TextDTConfig) -> tuple[list[float], float]:
 
 @dataclass
 class ConditionedPromptSource(PromptSource):
-    """A :class:`~offline_plugins.data.prompts.PromptSource` whose prompts start with a reward token.
+    """A :class:`~offline_plugins.text.sources.prompts.PromptSource` whose prompts start with a reward token.
 
     ``base`` is the unconditioned source; ``sample`` and ``held_out`` give its rows with
     ``prefix`` (the target return's token) before the prompt; the reward function gets the
@@ -185,8 +185,9 @@ def build_text_dt(config: TextDTConfig, data: Any):
     that reference and that tokenizer (module docstring)."""
     from offline_plugins.algorithms._glue import require_rollouts
     from offline_plugins.algorithms.base import AlgorithmParts, OptimizerGroup, RolloutPlan
-    from offline_plugins.data.rollouts import RolloutError
     from offline_plugins.objectives.llm.text_dt import TextDTLoss
+    from offline_plugins.text.backends.generation import model_context
+    from offline_plugins.text.data.rollouts import RolloutError
     from offline_plugins.tokens import prompt_token_ids
 
     require_rollouts(data, "text-dt")
@@ -196,7 +197,6 @@ def build_text_dt(config: TextDTConfig, data: Any):
         raise UserError(f"text-dt: low_return_weight must be a number in [0, 1], got {w!r}; fix it with "
                         "--set low_return_weight=1 (every row, the Decision Transformer)")
     config.return_levels, config.target_return = tuple(levels), target  # the run's summary records them
-    collector = data.collector
     tokenizer = copy.deepcopy(data.tokenizer)
     texts = [return_token(x) for x in levels]
     missing = [t for t in texts if t not in tokenizer.get_vocab()]
@@ -215,13 +215,14 @@ def build_text_dt(config: TextDTConfig, data: Any):
     _grow_embeddings(reference, len(tokenizer), {target_id: tokenizer.bos_token_id})
     reference.requires_grad_(False)
     source = conditioned_source(data.source, return_token(target), texts)
-    # the collector sized its rows from the unconditioned longest prompt; the run's is sized for these
+    # the data sized its rows from the unconditioned longest prompt; the run's collector is sized for these
     longest = max((len(prompt_token_ids(tokenizer, p)) for p in source.longest_prompts), default=1)
-    if longest + collector.max_new_tokens > collector.context:
+    budget, context = data.settings.max_new_tokens, model_context(data.reference)
+    if longest + budget > context:
         worst = max(source.longest_prompts, key=lambda p: len(prompt_token_ids(tokenizer, p)))
         raise RolloutError(
             f"text-dt: the conditioned prompt {worst!r:.80} is {longest} tokens; with max_new_tokens="
-            f"{collector.max_new_tokens} it exceeds the model's context of {collector.context} tokens; lower "
+            f"{budget} it exceeds the model's context of {context} tokens; lower "
             "max_new_tokens (--set max_new_tokens=...) or shorten the prompts")
     prefixed = prompt_token_ids(tokenizer, source.longest_prompts[0]) if source.longest_prompts else []
     if prefixed.count(target_id) != 1:

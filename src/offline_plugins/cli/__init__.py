@@ -21,8 +21,8 @@ import warnings
 from typing import Optional, Sequence
 
 from offline_plugins import __version__
-from offline_plugins.envs.tools import make_sandbox
 from offline_plugins.errors import UserError
+from offline_plugins.text.tools.tools import make_sandbox
 
 __all__ = ["main", "build_parser"]
 

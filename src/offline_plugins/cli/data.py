@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 from offline_plugins.data.files import atomic_write_text
-from offline_plugins.data.preference_sources import BUILTIN_PREFERENCE_DATASETS
 from offline_plugins.data.store import dataset_size_bytes, local_dataset_ids, make_dataset, store_path
-from offline_plugins.data.text_ids import text_tasks as registered_text_tasks
 from offline_plugins.kinds.environment import dropped_text
+from offline_plugins.text.data.preference_sources import BUILTIN_PREFERENCE_DATASETS
+from offline_plugins.text.tasks.ids import text_tasks as registered_text_tasks
 
 __all__ = ["add_parsers", "cmd_data_list", "cmd_data_make", "cmd_data_info", "cmd_data_audit", "cmd_data_label"]
 

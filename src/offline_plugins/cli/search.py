@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 
 from offline_plugins.cli.args import seed as _seed
-from offline_plugins.envs.steps import StepChainTask
 from offline_plugins.errors import UserError
+from offline_plugins.text.tasks.steps import StepChainTask
 
 __all__ = ["add_parsers", "cmd_search", "policy_folder"]
 
@@ -37,8 +37,8 @@ def policy_folder(path: str) -> Path:
 
 def _task(dataset: str):
     """The step task of ``--dataset``: a built-in step-labelled dataset or the steps-arithmetic rollout task."""
-    from offline_plugins.data.rollouts import resolve_rollout_id
-    from offline_plugins.data.steps import BUILTIN_STEP_DATASETS
+    from offline_plugins.text.data.rollouts import resolve_rollout_id
+    from offline_plugins.text.data.steps import BUILTIN_STEP_DATASETS
 
     task = BUILTIN_STEP_DATASETS.get(dataset.strip())
     if task is None and resolve_rollout_id(dataset) == "offline-plugins/steps-arithmetic/v0":
@@ -74,9 +74,9 @@ def cmd_search(args) -> int:
     """``offline-plugins search``: exact match and generated tokens per prompt of each search method."""
     import torch
 
-    from offline_plugins.data.reward_source import is_reward_model_dir
     from offline_plugins.eval.search import load_prm, search_sweep
     from offline_plugins.modules.tiny_lm import load_causal_lm
+    from offline_plugins.text.sources.reward_source import is_reward_model_dir
 
     task = _task(args.dataset)
     policy_dir = policy_folder(args.policy)

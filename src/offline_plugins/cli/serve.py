@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from offline_plugins.data.remote import TOKEN_ENV, TOKEN_FILE_ENV, read_token
 from offline_plugins.errors import UserError
+from offline_plugins.text.sources.remote import TOKEN_ENV, TOKEN_FILE_ENV, read_token
 
 
 def _positive(text: str) -> float:

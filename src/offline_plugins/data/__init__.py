@@ -1,11 +1,8 @@
-"""The data the algorithms read, made or loaded locally: Minari recipes (Pendulum tiers, MuJoCo tiers,
-OGBench's manipulation datasets by their own recipe, mazes) and any Minari dataset as TorchRL replay
-buffers (``offline``, ``store``, ``recipes``, ``ogbench``); preference pairs and their sources
-(``preference``, ``preference_sources``); the online text stack: prompt sources and rewards
-(``prompts``, ``remote``, ``reward_source``), the rollout collector and its multi-turn episodes
-(``collector``, ``multiturn``, ``rollouts``), the sampler process of overlapped rounds
-(``async_sampler``) and the check that a sampler holds the trainer's weights (``sync_check``); PRM step
-labels (``steps``).
+"""The offline RL datasets the algorithms read, made or loaded locally: Minari recipes (Pendulum tiers, MuJoCo
+tiers, OGBench's manipulation datasets by their own recipe, mazes, learning histories) and any Minari dataset
+as TorchRL replay buffers (``offline``, ``store``, ``recipes``, ``ogbench``, ``maze``, ``histories``,
+``behaviour``, ``build``), and the file utilities the run uses (``files``, ``jsonl``). Text data (prompts,
+preference pairs, step labels) is :mod:`offline_plugins.text`.
 
 ``load_offline_data`` and ``OfflineData`` are imported on first use, so importing
 this package (and listing recipes) loads no torch.

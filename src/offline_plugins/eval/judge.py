@@ -32,14 +32,14 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import torch
 
-from offline_plugins.data.preference import tokenize_pairs
-from offline_plugins.data.preference_sources import PAIR_LENGTH_CAP
-from offline_plugins.data.remote import RemoteClient, checked_scores
 from offline_plugins.errors import UserError
 from offline_plugins.modules.causal_lm import CausalLMLogProbs, sequence_log_probs
-from offline_plugins.modules.generation import model_context
 from offline_plugins.modules.tiny_lm import load_causal_lm
 from offline_plugins.plugins.manager import shared_registry
+from offline_plugins.text.backends.generation import model_context
+from offline_plugins.text.data.preference import tokenize_pairs
+from offline_plugins.text.data.preference_sources import PAIR_LENGTH_CAP
+from offline_plugins.text.sources.remote import RemoteClient, checked_scores
 
 __all__ = ["JudgeError", "Judgement", "Judge", "FunctionJudge", "RubricJudge", "label_pairs", "judge_from", "TIES",
            "DEFAULT_PRINCIPLES", "RUBRIC_TEMPLATE"]
@@ -272,7 +272,7 @@ def label_pairs(judge: Judge, rows: Sequence[Mapping[str, Any]], *, ties: str = 
 
 class RemoteJudge(Judge):
     """A judge answered by an ``offline-plugins serve judge`` server (``POST /v1/judge``), with the
-    bearer token, retries and checks of :class:`~offline_plugins.data.remote.RemoteClient`."""
+    bearer token, retries and checks of :class:`~offline_plugins.text.sources.remote.RemoteClient`."""
 
     def __init__(self, url: str, *, margin: float = 0.0, **client: Any) -> None:
         self.client = RemoteClient(url, **client)

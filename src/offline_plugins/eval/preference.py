@@ -37,8 +37,8 @@ from typing import Any, Optional
 
 import torch
 
-from offline_plugins.data.text_tasks import exact_match_accuracy
 from offline_plugins.modules.causal_lm import _is_hf_like, _logits_of, sequence_log_probs
+from offline_plugins.text.data.task_data import exact_match_accuracy
 
 __all__ = ["pairwise_scores", "kl_to_reference", "evaluate_preference_model"]
 
@@ -115,7 +115,7 @@ def evaluate_preference_model(
 
     Args:
         policy: what the algorithm's ``build`` returned as its policy.
-        data: the run's :class:`~offline_plugins.data.preference.PreferenceData`.
+        data: the run's :class:`~offline_plugins.text.data.preference.PreferenceData`.
 
     Keyword Args:
         model: the transformers model inside ``policy`` (for KL and generation).

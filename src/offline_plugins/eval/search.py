@@ -30,12 +30,12 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from offline_plugins.data.reward_source import load_reward_model
-from offline_plugins.data.steps import tokenize_steps
-from offline_plugins.envs.steps import STEP_SEPARATOR
 from offline_plugins.errors import UserError
-from offline_plugins.modules.generation import generate
 from offline_plugins.objectives.llm.prm import CausalLMStepReward, ProcessRewardLoss
+from offline_plugins.text.backends.generation import generate
+from offline_plugins.text.data.steps import tokenize_steps
+from offline_plugins.text.sources.reward_source import load_reward_model
+from offline_plugins.text.tasks.steps import STEP_SEPARATOR
 from offline_plugins.tokens import pad_token_id, prompt_token_ids
 
 __all__ = ["AGGREGATES", "aggregate_steps", "evaluate_prm", "load_prm", "best_of_n", "beam_search", "exhaustive_search",
@@ -63,7 +63,7 @@ def aggregate_steps(probs: torch.Tensor, mask: torch.Tensor, how: str = "min") -
 @torch.no_grad()
 def evaluate_prm(prm: Any, rows: Any, *, batch_size: int = 256) -> dict:
     """Held-out ``step_accuracy`` and ``first_error_accuracy`` of a PRM on tokenised step rows
-    (:func:`~offline_plugins.data.steps.tokenize_steps`), in eval mode, and ``heldout_rows``."""
+    (:func:`~offline_plugins.text.data.steps.tokenize_steps`), in eval mode, and ``heldout_rows``."""
     n = int(rows.batch_size[0])
     if n == 0:
         return {"step_accuracy": None, "first_error_accuracy": None, "heldout_rows": 0}
@@ -151,7 +151,7 @@ class PRMScorer:
 
     Args:
         prm: a :class:`~offline_plugins.objectives.llm.prm.CausalLMStepReward` (e.g. from
-            :func:`~offline_plugins.data.reward_source.load_reward_model`'s folder, rebuilt around it).
+            :func:`~offline_plugins.text.sources.reward_source.load_reward_model`'s folder, rebuilt around it).
         tokenizer: the PRM's tokenizer.
         prompt: the problem the steps solve.
 

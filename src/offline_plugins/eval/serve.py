@@ -12,7 +12,7 @@ A request is scored as one batch, at most ``max_batch`` items (413 beyond) and `
 (413), within ``timeout`` seconds (504); requests are scored one at a time (the model is not shared
 between threads). A body that is not the shape above is a 400 naming what is wrong; a model that
 answers a non-finite score is a 500 (the client refuses it too). The server binds 127.0.0.1 unless
-told otherwise. The training side is :mod:`offline_plugins.data.remote`.
+told otherwise. The training side is :mod:`offline_plugins.text.sources.remote`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import hmac
 import math
 from typing import Any, Callable, Sequence
 
-from offline_plugins.data.prompts import load_reward_function
 from offline_plugins.eval.judge import judge_from
+from offline_plugins.text.sources.prompts import load_reward_function
 
 __all__ = ["make_app", "serve", "reward_scorer", "judge_scorer", "ROUTES"]
 

@@ -16,12 +16,12 @@ import lightning
 import torch
 
 from offline_plugins.algorithms.online import SFTConfig, build_sft
-from offline_plugins.data.preference import tokenize_completions
-from offline_plugins.data.rollouts import CompletionData
 from offline_plugins.lightning.callbacks import StepProgressBar
 from offline_plugins.lightning.data import ReplayDataModule
 from offline_plugins.lightning.guards import quiet_lightning
 from offline_plugins.lightning.module import AlgorithmModule
+from offline_plugins.text.data.preference import tokenize_completions
+from offline_plugins.text.data.rollouts import CompletionData
 
 __all__ = ["supervised_finetune"]
 
@@ -42,7 +42,7 @@ def supervised_finetune(
     """Train ``model`` in place with the ``sft`` algorithm on the completions; returns the loss curve.
 
     The SFT step of RLHF (seeds, 5.6.3): its result is the reference model. The rows become a
-    :class:`~offline_plugins.data.rollouts.CompletionData`, :func:`~offline_plugins.algorithms.online.build_sft`
+    :class:`~offline_plugins.text.data.rollouts.CompletionData`, :func:`~offline_plugins.algorithms.online.build_sft`
     makes the parts (``TextSFTLoss``, Adam at ``lr``, gradients clipped at norm 1) and the training
     shell (:class:`~offline_plugins.lightning.module.AlgorithmModule` under a Lightning ``Trainer``,
     batches from the rows' replay buffer seeded by ``seed``) takes ``steps`` steps; the trained

@@ -154,7 +154,7 @@ def plan_run(
         algorithm: an algorithm name or an ``AlgorithmSpec``.
         dataset: a dataset id, or a loaded dataset object (used as is). Preference
             algorithms take a preference dataset id
-            (:mod:`offline_plugins.data.preference_sources`) or a ``PreferenceData``.
+            (:mod:`offline_plugins.text.data.preference_sources`) or a ``PreferenceData``.
 
     Keyword Args:
         config: a YAML/JSON file of config overrides, or a mapping.

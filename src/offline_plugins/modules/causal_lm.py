@@ -11,7 +11,7 @@ takes ragged token lists, keeps the full-vocabulary log-softmax, and returns rag
 the gathered log-prob of each token. Reading those tokens directly and gathering
 ``logit - logsumexp(logits)`` avoids both the re-tokenisation and a ``[N, T, V]``
 log-softmax copy. We still use ``TransformersWrapper`` where TorchRL's own losses need
-it (GRPO); see :mod:`offline_plugins.envs.text`.
+it (GRPO); see :mod:`offline_plugins.text.envs.text`.
 
 Token layout (TorchRL's LLM keys): ``("tokens", "full")`` holds prompt + response,
 right-padded; ``("masks", "all_attention_mask")`` marks real tokens and

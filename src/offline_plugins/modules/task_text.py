@@ -1,6 +1,6 @@
 """The words of the built-in word problems, kept below the tokenizer that is trained on them.
 
-:mod:`offline_plugins.envs.word_problems` makes its problems from these sentences, and
+:mod:`offline_plugins.text.tasks.word_problems` makes its problems from these sentences, and
 :func:`offline_plugins.modules.small_lm.task_corpus` trains the ``small`` tokenizer on problems
 made from them, so the words a task uses are the words the tokenizer merged (this layer cannot
 import the environments). A sentence is a ``str.format`` template over ``{name}`` (a person),

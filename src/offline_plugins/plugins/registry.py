@@ -397,7 +397,7 @@ class TextTaskSpec:
         summary: one line: the prompts and the reward.
         task: the task's factory (a class or a function, or its import path), called with
             ``settings`` as keyword arguments; what it returns is a task of
-            :mod:`offline_plugins.envs.tasks`' shape (``problems``, ``rewards``, ``name``).
+            :mod:`offline_plugins.text.tasks`' shape (``problems``, ``rewards``, ``name``).
         settings: keyword arguments of ``task``, as ``(key, value)`` pairs.
         aliases: other names of the id (``arithmetic``, ``arithmetic/v0``).
         provider, version, plugin: filled in by the host.
@@ -441,7 +441,7 @@ class ToolSpec:
     Attributes:
         name: a lower-case word.
         summary: one line: what a call does.
-        tool: a :class:`~offline_plugins.envs.tools.Tool` subclass or factory (or its import path),
+        tool: a :class:`~offline_plugins.text.tools.tools.Tool` subclass or factory (or its import path),
             called with those of ``timeout`` (seconds a call may take) and ``sandbox`` (the registered
             sandbox's name, for a tool that runs model-written code) that it takes.
         provider, version, plugin: filled in by the host.
@@ -508,7 +508,7 @@ class SandboxSpec:
     Attributes:
         name: what ``tool_sandbox`` takes, a lower-case word (``-`` allowed).
         summary: one line: what it isolates.
-        sandbox: a :class:`~offline_plugins.envs.sandbox.Sandbox` subclass (built with its defaults) or
+        sandbox: a :class:`~offline_plugins.text.tools.sandbox.Sandbox` subclass (built with its defaults) or
             instance, or its import path.
         provider, version, plugin: filled in by the host.
     """

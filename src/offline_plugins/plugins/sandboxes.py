@@ -12,10 +12,10 @@ from offline_plugins.plugins.registry import SandboxSpec
 SANDBOXES = (
     SandboxSpec("bwrap", "the default: bubblewrap namespaces (new user, PID, IPC, UTS, network: no network), read-only "
                 "system and interpreter, private tmpfs, rlimits, the whole sandbox killed on timeout",
-                "offline_plugins.envs.sandbox:BwrapSandbox"),
+                "offline_plugins.text.tools.sandbox:BwrapSandbox"),
     SandboxSpec("unsafe-subprocess", "NOT isolation: a plain subprocess with rlimits and an audit hook; code can write "
                 "where the trainer can, signal it and read its /proc (explicit opt-in, warned each run)",
-                "offline_plugins.envs.sandbox:UnsafeSubprocessSandbox"),
+                "offline_plugins.text.tools.sandbox:UnsafeSubprocessSandbox"),
 )
 
 

@@ -116,7 +116,7 @@ def offline_plugins_register_text_tasks(registry):
                               "offline_plugins_awr.tasks:ReverseTask", aliases=("reverse",)))
     # the built-in multi-turn task with this plugin's tool beside the calculator
     registry.add(TextTaskSpec("awr/tool-arithmetic-reverse/v0", "tool-arithmetic with the reverse tool as well",
-                              "offline_plugins.envs.multiturn:ToolArithmeticTask",
+                              "offline_plugins.text.tasks.tools:ToolArithmeticTask",
                               (("tools", ("calculator", "reverse")), ("digits", 2), ("max_turns", 2))))
 
 

@@ -12,13 +12,13 @@ import json
 import os
 import time
 
-from offline_plugins.envs.sandbox import BwrapSandbox, Limits, SandboxRun
+from offline_plugins.text.tools.sandbox import BwrapSandbox, Limits, SandboxRun
 
 __all__ = ["LoggedBwrapSandbox"]
 
 
 class LoggedBwrapSandbox(BwrapSandbox):
-    """:class:`~offline_plugins.envs.sandbox.BwrapSandbox`, with each program and its outcome appended to a log."""
+    """:class:`~offline_plugins.text.tools.sandbox.BwrapSandbox`, with each program and its outcome appended to a log."""
 
     name = "bwrap-logged"
     isolates = "as bwrap, and every program it ran is logged (OFFLINE_PLUGINS_AWR_TOOL_LOG)"

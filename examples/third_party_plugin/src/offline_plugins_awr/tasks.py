@@ -17,8 +17,8 @@ import random
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
-from offline_plugins.envs.tasks import Problem, exact_match, hash_split
-from offline_plugins.envs.tools import Tool, ToolResult
+from offline_plugins.text.tasks import Problem, exact_match, hash_split
+from offline_plugins.text.tools.tools import Tool, ToolResult
 
 LETTERS = "abcdefgh"
 

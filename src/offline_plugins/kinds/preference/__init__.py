@@ -1,7 +1,7 @@
 """Preference data: (prompt, chosen, rejected) pairs and unpaired (prompt, completion, label) feedback.
 
 Both kinds read a built-in task dataset, a ``.jsonl`` file or ``hf:NAME[:SPLIT]``
-(:mod:`offline_plugins.data.preference_sources`), tokenised for the language model
+(:mod:`offline_plugins.text.data.preference_sources`), tokenised for the language model
 given with ``--model`` (``tiny`` by default), with the reference model's log-probs cached
 once. A run is scored on held-out pairs and prompts
 (:class:`~offline_plugins.kinds.preference.evaluation.PreferenceEvaluation`), and the trained
@@ -17,11 +17,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 from offline_plugins.data.files import atomic_folder
-from offline_plugins.data.preference_sources import (
-    load_preference_source,
-    resolve_preference_id,
-    unknown_preference_dataset,
-)
 from offline_plugins.errors import UserError
 from offline_plugins.plugins.datakind import (
     LOSS_PANEL,
@@ -33,6 +28,11 @@ from offline_plugins.plugins.datakind import (
     figures,
     pct,
     result_line,
+)
+from offline_plugins.text.data.preference_sources import (
+    load_preference_source,
+    resolve_preference_id,
+    unknown_preference_dataset,
 )
 
 __all__ = ["PreferenceText", "PreferencePairs", "UnpairedFeedback"]
@@ -127,7 +127,7 @@ class PreferenceText(DataKind):
             from offline_plugins.modules.causal_lm import CausalLMReward
 
             if isinstance(parts.policy, CausalLMReward):  # a reward model: backbone, tokenizer, head, json
-                from offline_plugins.data.reward_source import save_reward_model
+                from offline_plugins.text.sources.reward_source import save_reward_model
 
                 with atomic_folder(out / "reward_model", fix=RESUME_FIX) as folder:
                     save_reward_model(parts.policy, parts.tokenizer, folder)

@@ -29,7 +29,7 @@ class PreferenceEvaluation(ScheduledEvaluation):
     starting point every number is compared to); both are saved in checkpoints.
 
     Args:
-        data: the run's :class:`~offline_plugins.data.preference.PreferenceData`.
+        data: the run's :class:`~offline_plugins.text.data.preference.PreferenceData`.
 
     Keyword Args:
         every: evaluate every this many gradient steps (0: only at the end).

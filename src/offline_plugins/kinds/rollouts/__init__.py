@@ -1,7 +1,7 @@
 """Text rollouts: online RL on text (GRPO, DAPO, Dr. GRPO, RLOO, PPO-RLHF, online DPO, ...).
 
 The data of a ``text-rollouts`` run is made while it trains. ``load`` gives a
-:class:`~offline_plugins.data.rollouts.RolloutData`: the training and held-out prompts, the
+:class:`~offline_plugins.text.data.rollouts.RolloutData`: the training and held-out prompts, the
 reward (the task's verifier, exact match against a JSONL file's ``answer``, or ``--reward
 module:function``), the frozen reference and the sampling settings. The algorithm's ``build``
 says how a round is made (``AlgorithmParts.rollout``, a
@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 from offline_plugins.config import ROLLOUT_DEFAULTS
-from offline_plugins.data.text_ids import resolve_rollout_id, text_task_names, text_tasks
 from offline_plugins.errors import UserError
 from offline_plugins.kinds.preference import PreferenceText
 from offline_plugins.plugins.datakind import (
@@ -39,6 +38,7 @@ from offline_plugins.plugins.datakind import (
     figures,
     result_line,
 )
+from offline_plugins.text.tasks.ids import resolve_rollout_id, text_task_names, text_tasks
 
 __all__ = ["TextRollouts", "TextCompletions"]
 
@@ -84,7 +84,7 @@ class TextRollouts(DataKind):
         return resolve_rollout_id(dataset) is not None
 
     def resolve(self, dataset: str, *, spec, registry) -> tuple[str, Optional[str]]:
-        from offline_plugins.data.rollouts import RolloutError
+        from offline_plugins.text.data.rollouts import RolloutError
 
         resolved = resolve_rollout_id(dataset, registry)
         if resolved is None:
@@ -105,14 +105,14 @@ class TextRollouts(DataKind):
 
     def load(self, dataset_id: str, *, spec, config, registry, device: str, progress: bool,
              options: DataOptions) -> LoadedData:
-        from offline_plugins.data.rollouts import load_rollout_data
         from offline_plugins.kinds.sft import supervised_finetune
+        from offline_plugins.text.data.rollouts import load_rollout_data
 
         kwargs = {k: config_value(config, k, ROLLOUT_DEFAULTS[k]) for k in _LOAD_SETTINGS}
         data = load_rollout_data(dataset_id, model=options.model or "tiny", reward=options.reward,
                                  progress=progress, finetune=supervised_finetune, **kwargs)
         if getattr(config, "max_new_tokens", 0) is None:  # unset: the task's own, recorded with the run
-            config.max_new_tokens = data.collector.max_new_tokens
+            config.max_new_tokens = data.settings.max_new_tokens
         return LoadedData(data, {})
 
     def batch_layout(self, config):
@@ -124,15 +124,15 @@ class TextRollouts(DataKind):
         from offline_plugins.kinds._scale import check_lm_batch
         from offline_plugins.modules.causal_lm import forward_memory_bytes
 
-        c = data.collector
+        c = data.settings
         rows = c.rows
-        check_memory(forward_memory_bytes(data.reference, rows, c.width, backward=False, optimizer=False),
+        check_memory(forward_memory_bytes(data.reference, rows, data.width, backward=False, optimizer=False),
                      device=device, what=f"a round of {rows} responses (prompts_per_round {c.prompts_per_round} x "
-                     f"group_size {c.group_size}, {c.width} tokens each)",
+                     f"group_size {c.group_size}, {data.width} tokens each)",
                      fix="lower --set prompts_per_round or --set group_size")
         # (that a batch divides the round is the data module's check, with the algorithm's rows per round)
         check_lm_batch(config, data.reference, batch_size=layout.batch_size, rows=None, what="rollouts",
-                       per_row=1, length=c.width, accumulate=accumulate, device=device)
+                       per_row=1, length=data.width, accumulate=accumulate, device=device)
 
     def run_settings(self, data, options: DataOptions) -> dict[str, Any]:
         return {"model": getattr(data, "model", None) or options.model or "tiny", "reward": options.reward}
@@ -239,7 +239,7 @@ class TextCompletions(TextRollouts):
 
     def load(self, dataset_id: str, *, spec, config, registry, device: str, progress: bool,
              options: DataOptions) -> LoadedData:
-        from offline_plugins.data.rollouts import load_completion_data
+        from offline_plugins.text.data.rollouts import load_completion_data
 
         data = load_completion_data(dataset_id, model=options.model or "tiny",
                                     eval_prompts=int(config_value(config, "eval_prompts", 200)),

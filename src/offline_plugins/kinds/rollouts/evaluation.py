@@ -28,7 +28,7 @@ class RolloutEvaluation(ScheduledEvaluation):
     each evaluation: the proxy is the rollouts' mean reward, the gold score ``gold``.
 
     Args:
-        data: the run's :class:`~offline_plugins.data.rollouts.RolloutData`.
+        data: the run's :class:`~offline_plugins.text.data.rollouts.RolloutData`.
 
     Keyword Args:
         every: evaluate every this many gradient steps (0: only at the end).

@@ -3,7 +3,7 @@
 A ``text-rollouts`` run trains on responses the policy samples while it trains. The
 data module owns that stream: each round it samples ``group_size`` responses to each of
 ``prompts_per_round`` prompts from the policy as it is then (the run's collector,
-:meth:`~offline_plugins.data.rollouts.RolloutData.collector_for`), has the loss write the
+:meth:`~offline_plugins.text.data.rollouts.RolloutData.collector_for`), has the loss write the
 advantages (``RolloutPlan.process``), turns the rollouts into the round's training rows
 (``RolloutPlan.training_rows``, or the rollouts themselves), writes them into a TorchRL
 replay buffer and hands out ``epochs`` passes of minibatches; its checkpoint state is the
@@ -16,13 +16,13 @@ would come from a policy a step or a call old. The stream therefore yields step 
 which Lightning calls right before the step, turns them into minibatches, sampling a new
 round first where one starts. A round ends a call (its length is one of the stream's periods).
 
-The plan's ``sync_check`` (:class:`~offline_plugins.data.sync_check.SyncCheck`; on by default with
+The plan's ``sync_check`` (:class:`~offline_plugins.text.collectors.sync_check.SyncCheck`; on by default with
 ``--generator vllm``) scores some of a due round's responses with the trainer after it is sampled
 and compares with the sampler's log-probs: it warns, or stops the run, when the sampler does not
 hold the trainer's weights.
 
 With ``--generator vllm`` (the algorithm's ``RolloutPlan.generator``, a
-:class:`~offline_plugins.modules.vllm_engine.VLLMGenerator`) the
+:class:`~offline_plugins.text.backends.vllm_engine.VLLMGenerator`) the
 rounds are sampled by an in-process vLLM engine; the data module starts it before the first
 round and loads the policy's weights into it before a round once ``sync_every`` optimiser
 steps have passed since the last load, and shuts it down when the fit ends.
@@ -48,12 +48,12 @@ from lightning.pytorch import LightningDataModule
 from tensordict import NonTensorStack, TensorDict
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
-from offline_plugins.data.async_sampler import AsyncSampler
-from offline_plugins.data.prompts import RolloutError, rollout_seed
 from offline_plugins.errors import UserError
 from offline_plugins.lightning.data import StepBatches, StepStream
 from offline_plugins.lightning.guards import RunFolderLock
 from offline_plugins.objectives.llm.estimators import group_statistics
+from offline_plugins.text.collectors.async_sampler import AsyncSampler
+from offline_plugins.text.sources.prompts import RolloutError, rollout_seed
 
 __all__ = ["RolloutDataModule"]
 
@@ -62,7 +62,7 @@ class RolloutDataModule(LightningDataModule):
     """Rounds of rollouts from the policy being trained, and their minibatches.
 
     Args:
-        data: the run's :class:`~offline_plugins.data.rollouts.RolloutData` (not changed).
+        data: the run's :class:`~offline_plugins.text.data.rollouts.RolloutData` (not changed).
         parts: the algorithm's parts: ``parts.model`` samples, ``parts.rollout`` (a
             :class:`~offline_plugins.algorithms.base.RolloutPlan`) says how a round is made.
 

@@ -33,7 +33,7 @@ def get_checked(td: TensorDictBase, key: NestedKey, *, what: str, loss: str, set
         raise PreferenceInputError(
             f"{loss} needs {what} at key {repr(key)}, which the batch lacks "
             f"(it has {sorted(map(str, td.keys(True, True)))[:12]}); "
-            f"add it (see offline_plugins.data.preference), or point the loss elsewhere with "
+            f"add it (see offline_plugins.text.data.preference), or point the loss elsewhere with "
             f"loss.set_keys({setter}=...)"
         )
     return value
@@ -79,7 +79,7 @@ class PreferenceLossBase(LossModule):
             raise PreferenceInputError(
                 f"{type(self).__name__} expects a preference batch of shape [B, 2] (index 0 chosen, "
                 f"1 rejected), got batch_size {tuple(td.batch_size)}; build it with "
-                f"offline_plugins.data.preference.tokenize_pairs or stack chosen/rejected rows with torch.stack(..., 1)"
+                f"offline_plugins.text.data.preference.tokenize_pairs or stack chosen/rejected rows with torch.stack(..., 1)"
             )
 
     def _check_shape(self, value: torch.Tensor, name: str, shape: torch.Size) -> None:
@@ -87,7 +87,7 @@ class PreferenceLossBase(LossModule):
             raise PreferenceInputError(
                 f"{type(self).__name__}: {name} at key {repr(getattr(self.tensor_keys, name))} has shape "
                 f"{tuple(value.shape)}, expected {tuple(shape)} (one value per sequence of the batch); "
-                f"recompute it for this batch (offline_plugins.data.preference.add_reference_log_probs)"
+                f"recompute it for this batch (offline_plugins.text.data.preference.add_reference_log_probs)"
             )
 
     def sequence_log_probs(self, td: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,7 +100,7 @@ class PreferenceLossBase(LossModule):
         if self.actor_network is not None:
             out = run_network(
                 self.actor_network, td, f"{type(self).__name__}: the actor",
-                "tokenise the data with offline_plugins.data.preference (it writes ('tokens', 'full') and "
+                "tokenise the data with offline_plugins.text.data.preference (it writes ('tokens', 'full') and "
                 "('masks', 'all_attention_mask')) or build the actor with matching keys",
             )
             log_probs = get_checked(

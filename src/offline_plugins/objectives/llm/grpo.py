@@ -5,7 +5,7 @@ and DPPO (the 2026 variants, GDPO, MaxRL, LUSPO and VESPO, are in
 :mod:`offline_plugins.objectives.llm.sft`; all re-exported by :mod:`offline_plugins.objectives.llm.online`).
 
 Every loss reads one batch of rollouts in the TED text layout (DESIGN.md), the rows a
-rollout collector (:mod:`offline_plugins.data.rollouts`) writes into a TorchRL replay
+rollout collector (:mod:`offline_plugins.text.data.rollouts`) writes into a TorchRL replay
 buffer:
 
 =========================================  ==========================================================

@@ -81,7 +81,7 @@ class OnlinePreferenceLoss(RolloutLoss):
 
     Keyword Args:
         group_size (int): responses per prompt ``G >= 2``; the rollouts' rows of a prompt are
-            contiguous (as :class:`~offline_plugins.data.rollouts.RolloutCollector` writes them).
+            contiguous (as :class:`~offline_plugins.text.data.rollouts.RolloutCollector` writes them).
         reference (str): ``"initial"`` (the run's reference) or ``"sampler"`` (the policy that
             sampled the round). Defaults to ``"initial"``.
         dynamic_sampling (bool): ask the collector to replace prompts without a pair by newly
@@ -186,7 +186,7 @@ class OnlinePreferenceLoss(RolloutLoss):
             raise PreferenceInputError(
                 f"OnlinePreferenceLoss: rollouts must be [P * G] rows with G = group_size = {g} contiguous rows per "
                 f"prompt, got batch_size {tuple(td.batch_size)}; sample them with "
-                f"offline_plugins.data.rollouts.RolloutCollector(group_size={g})")
+                f"offline_plugins.text.data.rollouts.RolloutCollector(group_size={g})")
         return self.rollout_rewards(td).reshape(n // g, g)
 
     # -- once per round --------------------------------------------------------
@@ -212,7 +212,7 @@ class OnlinePreferenceLoss(RolloutLoss):
         if text[0] is None or text[1] is None:
             raise PreferenceInputError("OnlinePreferenceLoss: a judge reads the rollouts' text at ('text', 'prompt') "
                                        "and ('text', 'response'), which these rollouts lack; sample them with "
-                                       "offline_plugins.data.rollouts.RolloutCollector")
+                                       "offline_plugins.text.data.rollouts.RolloutCollector")
         prompts, responses = ([str(x) for x in (t.tolist() if hasattr(t, "tolist") else list(t))] for t in text)
         ij = [(i, j) for i in range(g) for j in range(i + 1, g)]
         if td.device is not None and callable(getattr(self.judge, "to", None)):

@@ -344,7 +344,7 @@ class KTOLoss(PreferenceLossBase):
     Ethayarajh et al. 2024, arXiv:2402.01306. Batch ``[B]`` with a boolean ``label``.
     The reference point ``z_ref`` is the KL estimate ``mean(log pi(y'|x) - log pi_ref(y'|x))``
     over mismatched pairs (prompt ``x_i`` with another row's response ``y'``, stored
-    under ``"kl"`` by :func:`offline_plugins.data.preference.tokenize_unpaired`),
+    under ``"kl"`` by :func:`offline_plugins.text.data.preference.tokenize_unpaired`),
     detached and clamped at 0. The mismatched rows run in the same forward as the
     batch (``2B`` rows).
 
@@ -416,7 +416,7 @@ class KTOLoss(PreferenceLossBase):
         if tensordict.batch_dims != 1:
             raise PreferenceInputError(
                 f"KTOLoss expects unpaired rows of batch shape [B] with a boolean 'label', got "
-                f"{tuple(tensordict.batch_size)}; build it with offline_plugins.data.preference.tokenize_unpaired"
+                f"{tuple(tensordict.batch_size)}; build it with offline_plugins.text.data.preference.tokenize_unpaired"
             )
         keys = self.tensor_keys
         kl_td = self._get(tensordict, "kl", "mismatched (prompt, other response) rows for the KL reference point")
@@ -461,7 +461,7 @@ def _kl_reference_log_probs(loss: KTOLoss, kl_td: TensorDictBase) -> torch.Tenso
         raise PreferenceInputError(
             f"KTOLoss needs reference log-probs of the mismatched rows at "
             f"{(loss.tensor_keys.kl,) + tuple(_as_tuple(loss.tensor_keys.ref_log_prob))!r}; compute them with "
-            f"offline_plugins.data.preference.add_reference_log_probs"
+            f"offline_plugins.text.data.preference.add_reference_log_probs"
         )
     return ref.float()
 

@@ -5,7 +5,7 @@ solution once and predicts, at the end of each step, whether the step is correct
 TorchRL has no PRM loss; this one follows its loss contract (``_AcceptedKeys``,
 ``set_keys``, keyword-only hyperparameters, ``loss_*`` terms and detached diagnostics).
 
-Batch layout (:func:`offline_plugins.data.steps.tokenize_steps`): ``[B]`` rows with
+Batch layout (:func:`offline_plugins.text.data.steps.tokenize_steps`): ``[B]`` rows with
 ``("tokens", "full")`` and ``("masks", "all_attention_mask")``, and for ``S`` step slots
 ``("steps", "position")`` (the token ending each step: its separator), ``("steps", "mask")``
 (real steps) and ``("steps", "label")`` (1.0 correct, 0.0 incorrect).
@@ -167,7 +167,7 @@ class ProcessRewardLoss(PreferenceLossBase):
         if self.step_network is None:
             return tensordict, self._get(tensordict, "score", "[B, S] step logits (or pass a step_network)")
         out = run_network(self.step_network, tensordict, "ProcessRewardLoss: the step network",
-                          "tokenise the rows with offline_plugins.data.steps.tokenize_steps")
+                          "tokenise the rows with offline_plugins.text.data.steps.tokenize_steps")
         return out, self._get(out, "score", "the step network's output")
 
     def scores(self, tensordict: TensorDictBase) -> torch.Tensor:
@@ -198,7 +198,7 @@ class ProcessRewardLoss(PreferenceLossBase):
                 raise PreferenceInputError(
                     f"ProcessRewardLoss: {name} at key {getattr(self.tensor_keys, name)!r} has shape "
                     f"{tuple(value.shape)} but the step scores have {tuple(score.shape)}; both must be [B, S], one "
-                    "entry per step slot (offline_plugins.data.steps.tokenize_steps writes them together)")
+                    "entry per step slot (offline_plugins.text.data.steps.tokenize_steps writes them together)")
         per = torch.nn.functional.binary_cross_entropy_with_logits(score, label, reduction="none") * mask
         if self.reduction == "mean":
             loss = per.sum() / mask.sum().clamp_min(1)

@@ -179,7 +179,7 @@ class PRMRewardGRPOLoss(PRMStepScorer, TextGRPOLoss):
         prm_tokenizer: the PRM's tokenizer; tokenizer: the policy's (decodes the responses).
         tokenize_steps: ``(rows, prm_tokenizer, max_length=, separator=) -> (TensorDict, report)``, the PRM's
             own tokenisation of ``{"prompt", "steps", "labels"}`` rows
-            (:func:`offline_plugins.data.steps.tokenize_steps`).
+            (:func:`offline_plugins.text.data.steps.tokenize_steps`).
         separator: the text between two steps. Defaults to ``"\\n"``.
         prm_aggregate: ``"sum"`` (DeepSeekMath) or ``"min"``. Defaults to ``"sum"``.
         max_length: the PRM's token budget (steps past it are not scored). Defaults to 128.

@@ -84,7 +84,7 @@ class BradleyTerryLoss(PreferenceLossBase):
         if self.reward_network is not None:
             out = run_network(
                 self.reward_network, tensordict, "BradleyTerryLoss: the reward network",
-                "tokenise the pairs with offline_plugins.data.preference.tokenize_pairs",
+                "tokenise the pairs with offline_plugins.text.data.preference.tokenize_pairs",
             )
             reward = self._get(out, "reward", "the reward network's output")
         else:

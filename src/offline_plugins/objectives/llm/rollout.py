@@ -1,7 +1,7 @@
 """The base of the losses that train on text rollouts: the text keys once, the once-per-round hook.
 
 GRPO and its variants, RLOO, expert iteration, PPO-RLHF, online DPO and text-DT read rows
-in the TED text layout a rollout collector (:mod:`offline_plugins.data.rollouts`) writes
+in the TED text layout a rollout collector (:mod:`offline_plugins.text.data.rollouts`) writes
 (the table in :mod:`offline_plugins.objectives.llm.online`); SFT reads the same token and
 mask keys from offline text. :class:`RolloutLoss` declares those keys and what the collector
 reads of a loss (``dynamic_sampling``, ``min_group_size``). The hook the collector calls once

@@ -526,7 +526,7 @@ def check_preference_data(data: Any, algorithm: str, kind: str, *, needs_referen
     """Raise a :class:`PreferenceDataError` unless ``data`` suits ``algorithm``."""
     if not all(hasattr(data, a) for a in ("kind", "train", "reference", "tokenizer")):
         raise PreferenceDataError(
-            f"{algorithm}: build(config, data) expects an offline_plugins.data.preference.PreferenceData, "
+            f"{algorithm}: build(config, data) expects an offline_plugins.text.data.preference.PreferenceData, "
             f"got {type(data).__name__}"
         )
     if data.kind != kind:

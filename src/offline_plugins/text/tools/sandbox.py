@@ -35,7 +35,7 @@ This module imports only the standard library, so a sandbox runs from any interp
 >>> BwrapSandbox(binary="/nonexistent/bwrap").check()
 Traceback (most recent call last):
 ...
-offline_plugins.envs.sandbox.SandboxUnavailable: the 'bwrap' tool sandbox cannot run here: /nonexistent/bwrap is not an executable file. The Python tool runs model-written code only in an OS sandbox: install bubblewrap (Debian/Ubuntu: apt-get install -y bubblewrap; Fedora: dnf install bubblewrap), or opt out at your own risk with --set tool_sandbox=unsafe-subprocess
+offline_plugins.text.tools.sandbox.SandboxUnavailable: the 'bwrap' tool sandbox cannot run here: /nonexistent/bwrap is not an executable file. The Python tool runs model-written code only in an OS sandbox: install bubblewrap (Debian/Ubuntu: apt-get install -y bubblewrap; Fedora: dnf install bubblewrap), or opt out at your own risk with --set tool_sandbox=unsafe-subprocess
 """
 
 from __future__ import annotations

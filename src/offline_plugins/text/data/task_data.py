@@ -11,11 +11,11 @@ The offline preference pipeline on a built-in task, with no network:
    :func:`unpaired_rows` labels each sample by exact match (KTO's data).
 3. :func:`exact_match_accuracy` scores greedy answers on held-out prompts.
 
-A task whose verifier is a graded gold reward (:class:`~offline_plugins.envs.tasks.LengthTask`)
+A task whose verifier is a graded gold reward (:class:`~offline_plugins.text.tasks.LengthTask`)
 gets its pairs from :func:`gold_preference_rows` instead: two samples of the reference per
 prompt, the one with the higher gold reward chosen, ties dropped.
 
->>> from offline_plugins.envs.tasks import ArithmeticTask
+>>> from offline_plugins.text.tasks import ArithmeticTask
 >>> sft_rows(ArithmeticTask(), 2, seed=0)
 [{'prompt': '73+46=', 'completion': '119'}, {'prompt': '37+94=', 'completion': '131'}]
 """
@@ -31,7 +31,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import lightning
 import torch
@@ -40,30 +40,27 @@ from transformers.utils import logging as hf_logging
 
 import offline_plugins
 from offline_plugins.data.files import atomic_folder
-from offline_plugins.data.preference import (
+from offline_plugins.errors import UserError
+from offline_plugins.modules.tiny_lm import from_scratch_lr, load_causal_lm, model_cache_tag
+from offline_plugins.text.backends.generation import (
+    generate_left_padded,
+    generate_texts,
+    generation_kwargs,
+    left_pad,
+    model_context,
+)
+from offline_plugins.text.data.preference import (
     PreferenceData,
     add_reference_log_probs,
     pairs_to_unpaired,
     tokenize_pairs,
     tokenize_unpaired,
 )
-from offline_plugins.envs.tasks import exact_match
-from offline_plugins.errors import UserError
-from offline_plugins.modules.generation import (
-    generate as generate_tokens,
-)
-from offline_plugins.modules.generation import (
-    generate_left_padded,
-    generation_kwargs,
-    left_pad,
-    model_context,
-)
-from offline_plugins.modules.tiny_lm import from_scratch_lr, load_causal_lm, model_cache_tag
+from offline_plugins.text.tasks import exact_match
 from offline_plugins.tokens import pad_token_id, prompt_token_ids
 
 __all__ = [
     "sft_rows",
-    "generate",
     "sample_responses",
     "preference_rows",
     "gold_preference_rows",
@@ -83,36 +80,9 @@ def sft_rows(task: Any, n: int, *, split: str = "train", seed: int = 0) -> list[
             for p in task.problems(n, split=split, seed=seed)]
 
 
-def generate(
-    model: torch.nn.Module,
-    tokenizer: Any,
-    prompts: Sequence[str],
-    *,
-    num_samples: int = 1,
-    max_new_tokens: int = 8,
-    temperature: float = 1.0,
-    greedy: bool = False,
-    seed: Optional[int] = None,
-    batch_size: Optional[int] = None,
-) -> list[list[str]]:
-    """``num_samples`` decoded responses per prompt: :func:`offline_plugins.modules.generation.generate`
-    on the prompts' tokens, ``batch_size`` prompts per batch (all in one by default; batch ``k``
-    samples with ``seed + k * batch_size``)."""
-    pad = pad_token_id(tokenizer)
-    step = batch_size or max(len(prompts), 1)
-    texts: list[str] = []
-    for start in range(0, len(prompts), step):
-        ids = [prompt_token_ids(tokenizer, p) for p in prompts[start:start + step]]
-        out = generate_tokens(model, ids, pad_id=pad, eos_id=tokenizer.eos_token_id, max_new_tokens=max_new_tokens,
-                              num_samples=num_samples, greedy=greedy, temperature=temperature,
-                              seed=None if seed is None else seed + start)
-        texts.extend(out.texts(tokenizer, pad))
-    return [texts[i * num_samples : (i + 1) * num_samples] for i in range(len(prompts))]
-
-
 def sample_responses(model, tokenizer, prompts, *, num_samples=4, max_new_tokens=8, temperature=1.0, seed=0):
     """Sampled responses per prompt (temperature sampling); see :func:`generate`."""
-    return generate(model, tokenizer, prompts, num_samples=num_samples, max_new_tokens=max_new_tokens,
+    return generate_texts(model, tokenizer, prompts, num_samples=num_samples, max_new_tokens=max_new_tokens,
                     temperature=temperature, seed=seed)
 
 
@@ -179,7 +149,7 @@ def gold_preference_rows(
     arithmetic SFT reference answers in 2-3 characters at any temperature (at temperature 2, 4
     samples of 512 prompts differed in length for 74 of them, 60 of those 3 against 2), so its
     plain samples teach a reward model one length contrast; the cut samples span the budget.
-    With :class:`~offline_plugins.envs.tasks.LengthTask` and a budget under its target,
+    With :class:`~offline_plugins.text.tasks.LengthTask` and a budget under its target,
     "longer is better" holds on every pair.
     """
     problems = task.problems(n_prompts, split=split, seed=seed)
@@ -189,7 +159,7 @@ def gold_preference_rows(
     for start in range(0, len(problems), batch_size):
         chunk = problems[start : start + batch_size]
         if not vary_length:
-            samples = generate(model, tokenizer, [p.prompt for p in chunk], num_samples=num_samples,
+            samples = generate_texts(model, tokenizer, [p.prompt for p in chunk], num_samples=num_samples,
                                max_new_tokens=max_new_tokens, temperature=temperature, seed=seed + start)
         else:
             device = next(model.parameters()).device
@@ -243,7 +213,7 @@ def exact_match_accuracy(
     worked = bool(getattr(task, "worked_solutions", False))
     if worked:
         max_new_tokens = max(int(max_new_tokens), int(task.max_new_tokens))
-    outs = generate(model, tokenizer, [p.prompt for p in problems], greedy=True, max_new_tokens=max_new_tokens,
+    outs = generate_texts(model, tokenizer, [p.prompt for p in problems], greedy=True, max_new_tokens=max_new_tokens,
                     batch_size=batch_size)
     if worked:
         return sum(task.reward(p.prompt, o[0]) for p, o in zip(problems, outs)) / max(n, 1)
@@ -275,8 +245,8 @@ def check_task_fits(task: Any, model: Any, tokenizer: Any, *, model_name: Any = 
 
 #: the source files a reference goes through (the SFT step, its loss, the tokenisation of the rows,
 #: the tasks): their bytes are part of the cache key, so a change to any of them makes a new reference
-_REFERENCE_CODE = ("kinds/sft.py", "objectives/llm/sft.py", "objectives/llm/rollout.py", "data/preference.py",
-                   "data/text_tasks.py")
+_REFERENCE_CODE = ("kinds/sft.py", "objectives/llm/sft.py", "objectives/llm/rollout.py", "text/data/preference.py",
+                   "text/data/task_data.py")
 #: a reference is made on the CPU with one thread whatever the machine has: the same pins then give
 #: the same weights on any machine (two threads split the sums differently: 77.5 % against 74.5 %
 #: held-out exact match on arithmetic after 2,000 steps of tiny)
@@ -289,7 +259,7 @@ def reference_recipe(task: Any, *, model: Any = "tiny", seed: int = 0, steps: in
     torch, transformers and Lightning, the thread count and a hash of the code the reference goes
     through (its task's module included). Its hash names the cached folder.
 
-    >>> from offline_plugins.envs.tasks import ArithmeticTask
+    >>> from offline_plugins.text.tasks import ArithmeticTask
     >>> r = reference_recipe(ArithmeticTask(), steps=10)
     >>> r["steps"], r["threads"], sorted(r["versions"])
     (10, 1, ['lightning', 'offline_plugins', 'torch', 'transformers'])
@@ -440,7 +410,7 @@ def task_preference_data(
     reference log-probs are computed once. With ``cache_dir`` the SFT reference is
     saved there (``save_pretrained``) and reused, and the reference log-probs are cached.
 
-    Returns a :class:`~offline_plugins.data.preference.PreferenceData`.
+    Returns a :class:`~offline_plugins.text.data.preference.PreferenceData`.
     """
     if kind not in ("preference-pairs", "unpaired-feedback"):
         raise ValueError(f"kind must be 'preference-pairs' or 'unpaired-feedback', got {kind!r}")

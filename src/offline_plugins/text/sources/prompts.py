@@ -5,7 +5,7 @@ built-in arithmetic task (its verifier), a JSONL file of ``prompt``/``answer`` r
 match), or prompt rows with a user's reward function ``module:function`` called as
 TRL's reward functions are, ``fn(prompts, responses, **columns) -> list[float]``.
 Held-out prompts are split off deterministically by a hash of their text
-(:func:`~offline_plugins.data.preference_sources.held_out_prompts`, as the preference loader).
+(:func:`~offline_plugins.text.tasks.base.held_out_prompts`, as the preference loader).
 Importing it imports no torch (an algorithm's module may subclass :class:`PromptSource`).
 """
 
@@ -27,15 +27,15 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from offline_plugins.data.jsonl import jsonl_objects
-from offline_plugins.data.preference_sources import held_out_prompts
-from offline_plugins.data.remote import RemoteReward, is_url
-from offline_plugins.envs.tasks import exact_match
 from offline_plugins.errors import UserError
 from offline_plugins.plugins import UnknownNameError, shared_registry
+from offline_plugins.text.sources.remote import RemoteReward, is_url
+from offline_plugins.text.tasks import exact_match
+from offline_plugins.text.tasks.base import held_out_prompts
 
 __all__ = ["RolloutError", "RolloutInterrupted", "RewardGuard", "rollout_seed", "PromptSource", "task_prompt_source", "jsonl_prompt_source",
            "load_reward_function", "reward_specs", "combined_reward", "score_responses", "score_parts",
-           "greedy_responses", "read_jsonl_rows"]
+           "read_jsonl_rows"]
 
 
 class RolloutError(UserError, ValueError):
@@ -72,7 +72,7 @@ class PromptSource:
         sample_fn: ``sample_fn(n, seed) -> rows`` (a task); default: draw from ``train``.
         max_prompt_chars: the longest prompt the source can give (tasks: their longest form).
         multiturn: None (one response per episode), or the
-            :class:`~offline_plugins.envs.multiturn.MultiTurn` of episodes with tools.
+            :class:`~offline_plugins.text.tools.multiturn.MultiTurn` of episodes with tools.
         components: ``[(name, fn), ...]`` when the run was given several rewards (``--reward NAME=SPEC``
             twice or more): each response is scored by each (:func:`score_parts`), and ``reward_fn`` is
             their sum weighted by ``reward_weights`` (:func:`combined_reward`). Empty: one reward.
@@ -212,13 +212,13 @@ def score_parts(source: PromptSource, rows: Sequence[dict], responses: Sequence[
 
 def load_reward_function(spec: str) -> Callable[..., Sequence[float]]:
     """The callable ``module:function`` names (``--reward``); a ``UserError`` naming what is wrong."""
-    from offline_plugins.data.reward_source import is_reward_model_dir, reward_model_function
+    from offline_plugins.text.sources.reward_source import is_reward_model_dir, reward_model_function
 
-    if is_url(spec):  # an offline-plugins serve reward server (offline_plugins.data.remote)
+    if is_url(spec):  # an offline-plugins serve reward server (offline_plugins.text.sources.remote)
         return RemoteReward(str(spec))
     if Path(str(spec)).is_dir():  # a reward-model run's OUT dir or its exported OUT/reward_model
         if not is_reward_model_dir(spec):
-            from offline_plugins.data.reward_source import _folder
+            from offline_plugins.text.sources.reward_source import _folder
 
             _folder(spec)  # raises, naming what the folder lacks
         return reward_model_function(spec)
@@ -597,13 +597,3 @@ def _prompt_ids(tokenizer, prompt: str) -> list[int]:
     from offline_plugins.tokens import prompt_token_ids
 
     return prompt_token_ids(tokenizer, prompt)
-
-
-def greedy_responses(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_tokens: int,
-                     batch_size: int = 100) -> list[str]:
-    """Greedy decoded responses, prompts left-padded in batches of ``batch_size``
-    (:func:`offline_plugins.data.text_tasks.generate`): what one prompt at a time would give."""
-    from offline_plugins.data.text_tasks import generate
-
-    return [r[0] for r in generate(model, tokenizer, prompts, greedy=True, max_new_tokens=max_new_tokens,
-                                   batch_size=batch_size)]

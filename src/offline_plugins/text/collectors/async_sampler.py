@@ -50,7 +50,7 @@ class AsyncSampler:
     """A worker process sampling rounds with a shared-memory copy of ``policy``.
 
     Args:
-        collector: the run's :class:`~offline_plugins.data.collector.RolloutCollector`.
+        collector: the run's :class:`~offline_plugins.text.collectors.collector.RolloutCollector`.
         policy: the policy being trained (copied once; later weights arrive by :meth:`snapshot`).
 
     Keyword Args:
@@ -59,7 +59,7 @@ class AsyncSampler:
         dynamic_sampling: replace groups without signal by newly sampled ones (DAPO).
         after_fork: called first thing in the worker (the run closes its folder lock's inherited
             descriptor there, so a killed run's folder is free again once the worker exits).
-        generator: an engine with :class:`~offline_plugins.modules.vllm_engine.VLLMGenerator`'s contract
+        generator: an engine with :class:`~offline_plugins.text.backends.vllm_engine.VLLMGenerator`'s contract
             that samples in the worker instead of the copy's ``generate`` (``--generator vllm``): started in
             the worker from the first round's weights, loaded with each later round's before it is sampled.
     """

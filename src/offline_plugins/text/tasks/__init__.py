@@ -1,6 +1,6 @@
-"""Built-in verifiable text tasks by name: the arithmetic tasks (:mod:`offline_plugins.envs.arithmetic`) and
-the word problems (:mod:`offline_plugins.envs.word_problems`), each a seeded problem maker with its verifier;
-:mod:`offline_plugins.data.text_tasks` turns a task into SFT data and preference pairs.
+"""Built-in verifiable text tasks by name: the arithmetic tasks (:mod:`offline_plugins.text.tasks.arithmetic`) and
+the word problems (:mod:`offline_plugins.text.tasks.word_problems`), each a seeded problem maker with its verifier;
+:mod:`offline_plugins.text.data.task_data` turns a task into SFT data and preference pairs.
 
 >>> make_task("word-problems", tiers=("easy",)).name
 'word-problems-easy'
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from offline_plugins.envs.arithmetic import CHARSET, ArithmeticTask, LengthTask, length_reward
-from offline_plugins.envs.task_base import Problem, TaskError, exact_match, hash_split
-from offline_plugins.envs.word_problems import WORD_PROBLEM_TASKS
+from offline_plugins.text.tasks.arithmetic import CHARSET, ArithmeticTask, LengthTask, length_reward
+from offline_plugins.text.tasks.base import Problem, TaskError, exact_match, hash_split
+from offline_plugins.text.tasks.word_problems import WORD_PROBLEM_TASKS
 
 __all__ = ["CHARSET", "Problem", "ArithmeticTask", "LengthTask", "TASKS", "TaskError", "exact_match", "hash_split",
            "length_reward", "make_task"]
@@ -29,7 +29,7 @@ def make_task(task: str = "arithmetic", **settings: Any):
     >>> make_task("length")
     Traceback (most recent call last):
     ...
-    offline_plugins.envs.task_base.TaskError: unknown task 'length'; use one of arithmetic, arithmetic-length, word-problems, word-problems-calculator, word-problems-python
+    offline_plugins.text.tasks.base.TaskError: unknown task 'length'; use one of arithmetic, arithmetic-length, word-problems, word-problems-calculator, word-problems-python
     """
     cls = TASKS.get(task) or WORD_PROBLEM_TASKS.get(task)
     if cls is None:

@@ -1,15 +1,15 @@
 """The rollout collector: a round of sampled responses, scored, written as TED text rows.
 
 A :class:`RolloutCollector` runs each round through the text environment
-(:class:`RolloutEnv`, the :class:`~offline_plugins.envs.text.TextEnv` of a
-:class:`~offline_plugins.data.prompts.PromptSource`; a TorchRL ``EnvBase``: prompt = state,
+(:class:`RolloutEnv`, the :class:`~offline_plugins.text.envs.text.TextEnv` of a
+:class:`~offline_plugins.text.sources.prompts.PromptSource`; a TorchRL ``EnvBase``: prompt = state,
 response = action, the reference = the behaviour policy the KL is measured against):
 ``reset(round=, rank=, attempt=)`` gives the round's prompts, drawn with
 ``rollout_seed(seed, rank, round, attempt)``; the policy samples ``G`` responses per prompt
 in one batched ``generate`` (KV cache, temperature / top-p, ``max_new_tokens``, stopping at
 eos) and hands their tokens over as the action; ``step`` places those exact tokens after
 their prompts and scores them with the source's reward
-(:func:`~offline_plugins.data.prompts.score_responses`). The collector adds the reference's
+(:func:`~offline_plugins.text.sources.prompts.score_responses`). The collector adds the reference's
 per-token log-probs and returns the rows in the TED text layout (DESIGN.md; see
 :mod:`offline_plugins.objectives.llm.online`). A loss's ``process_rollouts`` then writes the
 advantages, so the buffer can serve several epochs.
@@ -24,25 +24,30 @@ same round; and its rollouts are the wrapper's, where ours are one ``generate`` 
 ``G`` samples per prompt under a forked, seeded RNG whose sampled tokens are kept as they are
 (a decode / re-tokenise round trip need not give them back, and the PPO ratio needs them).
 So we keep our loop and step our own env, behind the same layout. The sampling log-probs
-are recorded inside ``generate`` from the model's raw logits (:mod:`offline_plugins.modules.generation`,
+are recorded inside ``generate`` from the model's raw logits (:mod:`offline_plugins.text.backends.generation`,
 before the temperature / top-p warpers), the distribution ``CausalLMLogProbs`` scores for the
 losses, so a round costs one ``generate`` and one reference forward, not a second policy
 forward. TorchRL's ``TransformersWrapper`` still scores these rows (tests/test_online_losses.py).
 
 With ``--generator vllm`` the samples come from the collector's :attr:`RolloutCollector.generator`,
 an in-process vLLM engine with the same contract (the round's seed, the sampled tokens as they
-are, the raw distribution's log-probs; :mod:`offline_plugins.modules.vllm_engine`).
+are, the raw distribution's log-probs; :mod:`offline_plugins.text.backends.vllm_engine`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
 from tensordict import TensorDict
 
-from offline_plugins.data.multiturn import multiturn_rows
-from offline_plugins.data.prompts import (
+from offline_plugins.modules.causal_lm import CausalLMLogProbs
+from offline_plugins.text.backends.generation import generate, model_context
+from offline_plugins.text.envs.text import TextEnv
+from offline_plugins.text.envs.turns import TurnBatch
+from offline_plugins.text.sources.prompts import (
     PromptSource,
     RewardGuard,
     RolloutError,
@@ -51,21 +56,55 @@ from offline_plugins.data.prompts import (
     score_parts,
     score_responses,
 )
-from offline_plugins.envs.text import TextEnv
-from offline_plugins.modules.causal_lm import CausalLMLogProbs
-from offline_plugins.modules.generation import generate, model_context
 from offline_plugins.tokens import pad_token_id
 
-__all__ = ["RolloutCollector", "RolloutEnv"]
+__all__ = ["RolloutCollector", "RolloutEnv", "SamplingSettings", "rollout_width", "sample_turn"]
 
 #: what a round writes: the TED text layout the losses read (the env's other keys stay behind)
 _ROW_KEYS = (("tokens", "full"), ("masks", "all_attention_mask"), ("masks", "all_assistant_mask"),
              ("log_probs", "full"), ("next", "reward"), ("next", "done"), ("next", "terminated"),
-             ("text", "prompt"), ("text", "response"), "response_length", "group")
+             ("text", "prompt"), ("text", "response"), "response_length", "group",
+             # several rewards side by side (gdpo); a multi-turn episode's turn rewards and counts
+             ("next", "reward_components"), ("next", "turn_reward"), "stats")
+
+
+@torch.no_grad()
+def sample_turn(model: torch.nn.Module, batches: list[TurnBatch], *, rows: int, pad_id: int, eos_id: Optional[int],
+                seed: Optional[int], temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
+                generator: Any = None) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """The policy's step: each of ``batches`` (the env's :meth:`~offline_plugins.text.envs.text.TextEnv.turn_batches`)
+    sampled in one ``generate`` (by ``generator``, an engine with its contract, where given), seeded with
+    ``rollout_seed(seed, *batch.seed_parts)`` (``seed`` itself for a batch with no parts; None: unseeded).
+
+    Returns ``(tokens, lengths, log_probs)`` for the env's ``rows`` rows: ``[rows, K]`` right-padded with
+    ``pad_id``, ``[rows]`` (None for one batch of every row: each response runs to its first eos, the
+    env's single-turn action) and the sampling log-probs (None when greedy).
+    """
+    device = next(model.parameters()).device
+    outs = []
+    for b in batches:
+        kwargs = dict(pad_id=pad_id, eos_id=eos_id, max_new_tokens=b.max_new_tokens, num_samples=b.num_samples,
+                      temperature=temperature, top_p=top_p,
+                      seed=None if seed is None else rollout_seed(seed, *b.seed_parts) if b.seed_parts else seed)
+        outs.append(generator.generate(b.prompt_ids, device=device, **kwargs) if generator is not None
+                    else generate(model, b.prompt_ids, greedy=greedy, log_probs=not greedy, **kwargs))
+    if len(batches) == 1 and batches[0].rows is None:  # every row, in order
+        return outs[0].tokens, None, outs[0].log_probs
+    width = max((o.tokens.shape[1] for o in outs), default=0)
+    tokens = torch.full((rows, width), pad_id, dtype=torch.long, device=device)
+    lengths = torch.zeros(rows, dtype=torch.long, device=device)
+    log_probs = None if greedy else torch.zeros(rows, width, dtype=torch.float32, device=device)
+    for b, out in zip(batches, outs):
+        index = torch.tensor(b.rows, device=device)
+        tokens[index, :out.tokens.shape[1]] = out.tokens.to(device)
+        lengths[index] = out.lengths.to(device)
+        if log_probs is not None and out.log_probs is not None:
+            log_probs[index, :out.tokens.shape[1]] = out.log_probs.to(device, torch.float32)
+    return tokens, lengths, log_probs
 
 
 class RolloutEnv(TextEnv):
-    """The :class:`~offline_plugins.envs.text.TextEnv` of a :class:`PromptSource`, as the collector steps it.
+    """The :class:`~offline_plugins.text.envs.text.TextEnv` of a :class:`PromptSource`, as the collector steps it.
 
     ``reset(round=r, rank=k, attempt=a)`` draws the source's rows with
     ``rollout_seed(seed, k, r, a)``; ``step`` scores the decoded responses with
@@ -77,7 +116,7 @@ class RolloutEnv(TextEnv):
         source: the :class:`PromptSource`.
 
     Keyword Args:
-        as :class:`~offline_plugins.envs.text.TextEnv`'s (``batch_size``, ``group_size``,
+        as :class:`~offline_plugins.text.envs.text.TextEnv`'s (``batch_size``, ``group_size``,
         ``max_length``, ``max_new_tokens``, ``max_attempts``, ``seed``, ``device``, ...).
     """
 
@@ -88,6 +127,10 @@ class RolloutEnv(TextEnv):
     @property
     def source_name(self) -> str:
         return self.source.name
+
+    @property
+    def multiturn(self) -> Any:
+        return self.source.multiturn
 
     def episode_seed(self, rank: int, round: int, attempt: int) -> int:
         return rollout_seed(self.seed, rank, round, attempt)
@@ -103,6 +146,76 @@ class RolloutEnv(TextEnv):
 
     def score_parts(self, rows: list[dict], responses: list[str]) -> tuple[list[float], Optional[list[list[float]]]]:
         return score_parts(self.source, rows, responses, guard=self.guard)
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How a run samples its rounds (each a ``--set`` name): ``group_size`` responses to each of
+    ``prompts_per_round`` prompts of at most ``max_new_tokens`` tokens, at ``temperature`` / ``top_p``; up
+    to ``max_attempts`` batches a round under dynamic sampling; the reward called under ``reward_timeout``
+    seconds, ``reward_on_failure`` the reward of a failed call, in ``reward_workers`` (:class:`RewardGuard`).
+    Made by :meth:`checked`.
+    """
+
+    group_size: int = 8
+    prompts_per_round: int = 16
+    max_new_tokens: int = 6
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_attempts: int = 4
+    reward_timeout: Optional[float] = 60.0
+    reward_on_failure: float = 0.0
+    reward_workers: str = "thread"
+
+    @classmethod
+    def checked(cls, min_group_size: int = 1, **settings: Any) -> "SamplingSettings":
+        """The settings, after refusing any no round can be sampled with (one line naming it and the fix);
+        ``min_group_size``: the algorithm's (a group method compares ``G >= 2`` responses to one prompt,
+        PPO-RLHF's value baseline needs no group)."""
+        g, need = settings.get("group_size", cls.group_size), int(min_group_size)
+        if isinstance(g, bool) or not isinstance(g, int) or g < need:
+            why = "a group compares G responses to one prompt" if need > 1 else "responses sampled per prompt"
+            raise RolloutError(f"group_size must be a whole number >= {need} ({why}), got {g!r}; fix it with "
+                               f"--set group_size={max(8, need)}")
+        s = cls(**settings)
+        if s.prompts_per_round < 1:
+            raise RolloutError(f"prompts_per_round must be at least 1, got {s.prompts_per_round}; fix it with "
+                               "--set prompts_per_round=16")
+        if s.max_new_tokens < 1:
+            raise RolloutError(f"max_new_tokens must be at least 1, got {s.max_new_tokens}")
+        if not s.temperature > 0 or not 0 < s.top_p <= 1:
+            raise RolloutError(f"temperature must be > 0 and top_p in (0, 1], got {s.temperature}, {s.top_p}; "
+                               "fix them with --set temperature=1.0 top_p=1.0")
+        s.reward_guard()  # a bad reward_workers
+        return cls(int(s.group_size), int(s.prompts_per_round), int(s.max_new_tokens), float(s.temperature),
+                   float(s.top_p), int(s.max_attempts), s.reward_timeout, float(s.reward_on_failure), s.reward_workers)
+
+    @property
+    def rows(self) -> int:
+        """Rows a round holds: ``prompts_per_round * group_size``."""
+        return self.prompts_per_round * self.group_size
+
+    def reward_guard(self) -> RewardGuard:
+        """A :class:`RewardGuard` of these settings (each holds its own failure counts)."""
+        return RewardGuard(time_limit=self.reward_timeout, on_failure=float(self.reward_on_failure),
+                           workers=self.reward_workers)
+
+
+def rollout_width(source: PromptSource, tokenizer: Any, context: int, max_new_tokens: int) -> tuple[int, int]:
+    """``(longest prompt, width)`` in tokens of ``source``'s rounds: the width holds the longest prompt and
+    a response (a multi-turn episode: its turns and observations, within ``context``); a prompt and
+    response past the model's ``context`` are refused, naming the prompt."""
+    longest = max((len(_prompt_ids(tokenizer, p)) for p in source.longest_prompts), default=1)
+    if longest + max_new_tokens > context:
+        worst = max(source.longest_prompts, key=lambda p: len(_prompt_ids(tokenizer, p)))
+        raise RolloutError(
+            f"{source.name}: prompt {worst!r:.80} is {longest} tokens; with max_new_tokens={max_new_tokens} "
+            f"it exceeds the model's context of {context} tokens; shorten the prompt or lower "
+            f"max_new_tokens (--set max_new_tokens=...)")
+    multiturn = source.multiturn
+    if multiturn is None:
+        return longest, longest + max_new_tokens
+    return longest, min(context, longest + multiturn.max_turns * (max_new_tokens + multiturn.max_observation_tokens))
 
 
 class RolloutCollector:
@@ -132,58 +245,46 @@ class RolloutCollector:
                  temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, max_attempts: int = 4,
                  context: Optional[int] = None, min_group_size: int = 2, reward_timeout: Optional[float] = 60.0,
                  reward_on_failure: float = 0.0, reward_workers: str = "thread") -> None:
-        # the algorithm declares its minimum: GRPO-style losses compare G >= 2 responses to one prompt,
-        # PPO-RLHF (a value baseline) needs no group (min_group_size=1)
-        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < int(min_group_size):
-            why = ("a group compares G responses to one prompt" if int(min_group_size) > 1
-                   else "responses sampled per prompt")
-            raise RolloutError(f"group_size must be a whole number >= {int(min_group_size)} ({why}), got "
-                               f"{group_size!r}; fix it with --set group_size={max(8, int(min_group_size))}")
-        if prompts_per_round < 1:
-            raise RolloutError(f"prompts_per_round must be at least 1, got {prompts_per_round}; fix it with "
-                               "--set prompts_per_round=16")
-        if max_new_tokens < 1:
-            raise RolloutError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-        if not temperature > 0 or not 0 < top_p <= 1:
-            raise RolloutError(f"temperature must be > 0 and top_p in (0, 1], got {temperature}, {top_p}; "
-                               "fix them with --set temperature=1.0 top_p=1.0")
-
+        self.settings = SamplingSettings.checked(
+            min_group_size, group_size=group_size, prompts_per_round=prompts_per_round, max_new_tokens=max_new_tokens,
+            temperature=temperature, top_p=top_p, max_attempts=max_attempts, reward_timeout=reward_timeout,
+            reward_on_failure=reward_on_failure, reward_workers=reward_workers)
         self.source = source
         self.tokenizer = tokenizer
         self.pad_id = pad_token_id(tokenizer)
         self.reference = reference
-        self.group_size = int(group_size)
-        self.prompts_per_round = int(prompts_per_round)
-        self.max_new_tokens = int(max_new_tokens)
-        self.temperature = float(temperature)
-        self.top_p = float(top_p)
+        self.group_size = self.settings.group_size
+        self.prompts_per_round = self.settings.prompts_per_round
+        self.max_new_tokens = self.settings.max_new_tokens
+        self.temperature = self.settings.temperature
+        self.top_p = self.settings.top_p
         self.seed = int(seed)
-        self.max_attempts = int(max_attempts)
-        self.reward_guard = RewardGuard(time_limit=reward_timeout, on_failure=float(reward_on_failure),
-                                        workers=reward_workers)
+        self.max_attempts = self.settings.max_attempts
+        self.reward_guard = self.settings.reward_guard()
         self.context = context if context is not None else model_context(reference)
-        longest = max((len(_prompt_ids(tokenizer, p)) for p in source.longest_prompts), default=1)
-        self.max_prompt_tokens = longest
-        if longest + self.max_new_tokens > self.context:
-            worst = max(source.longest_prompts, key=lambda p: len(_prompt_ids(tokenizer, p)))
-            raise RolloutError(
-                f"{source.name}: prompt {worst!r:.80} is {longest} tokens; with max_new_tokens={self.max_new_tokens} "
-                f"it exceeds the model's context of {self.context} tokens; shorten the prompt or lower "
-                f"max_new_tokens (--set max_new_tokens=...)")
-        self.width = longest + self.max_new_tokens
-        multiturn = source.multiturn
-        if multiturn is not None:  # turns and observations (offline_plugins.data.multiturn), within the context
-            self.width = min(self.context, longest + multiturn.max_turns * (self.max_new_tokens
-                                                                            + multiturn.max_observation_tokens))
+        self.max_prompt_tokens, self.width = rollout_width(source, tokenizer, self.context, self.max_new_tokens)
         #: what samples the rounds: None, the policy's own ``generate`` (transformers); or an engine
         #: with the same ``generate`` contract, holding its own copy of the policy's weights
-        #: (:class:`~offline_plugins.modules.vllm_engine.VLLMGenerator`, ``--generator vllm``; the
+        #: (:class:`~offline_plugins.text.backends.vllm_engine.VLLMGenerator`, ``--generator vllm``; the
         #: run's data module starts it and loads the weights before each round)
         self.generator: Optional[Any] = None
 
     @property
     def rows(self) -> int:
-        return self.prompts_per_round * self.group_size
+        return self.settings.rows
+
+    @classmethod
+    def for_data(cls, data: Any, plan: Any = None, *, seed: int = 0) -> "RolloutCollector":
+        """The collector of one run over loaded rollout data (a
+        :class:`~offline_plugins.text.data.rollouts.RolloutData`): its sampling settings, with the prompt
+        source, reference and tokenizer ``plan`` (a :class:`~offline_plugins.algorithms.base.RolloutPlan`)
+        names in place of the data's, checked against the plan's ``min_group_size`` and the model's context."""
+        def pick(name: str) -> Any:
+            theirs = getattr(plan, name, None)
+            return getattr(data, name) if theirs is None else theirs
+
+        return cls(pick("source"), pick("tokenizer"), pick("reference"), seed=seed,
+                   min_group_size=int(getattr(plan, "min_group_size", 1)), **dataclasses.asdict(data.settings))
 
     # -- one round: reset, act, step -----------------------------------------------
     def _env(self, device: torch.device) -> Any:
@@ -202,17 +303,18 @@ class RolloutCollector:
 
     @torch.no_grad()
     def _act(self, model: torch.nn.Module, env: Any, td: TensorDict, seed: int) -> TensorDict:
-        """The policy: ``G`` samples of each of the episode's prompts in one ``generate``, their tokens
-        the action ``("tokens", "response")``, their sampling log-probs ``("log_probs", "response")``;
-        sampled by :attr:`generator` where one is set (its weights, the same contract)."""
-        kwargs = dict(pad_id=self.pad_id, eos_id=self.tokenizer.eos_token_id, max_new_tokens=self.max_new_tokens,
-                      num_samples=self.group_size, temperature=self.temperature, top_p=self.top_p, seed=seed)
-        if self.generator is not None:
-            out = self.generator.generate(env.prompt_ids, device=next(model.parameters()).device, **kwargs)
-        else:
-            out = generate(model, env.prompt_ids, log_probs=True, **kwargs)
-        td.set(("tokens", "response"), out.tokens)
-        td.set(("log_probs", "response"), out.log_probs)
+        """The policy's step (:func:`sample_turn` of the env's :meth:`turn_batches`): single-turn, ``G``
+        samples of each prompt in one ``generate``; multi-turn, the turn of every unfinished episode. The
+        tokens are the action ``("tokens", "response")`` (with ``"turn_length"`` on a turn), their sampling
+        log-probs ``("log_probs", "response")``; sampled by :attr:`generator` where one is set (its
+        weights, the same contract)."""
+        tokens, lengths, log_probs = sample_turn(
+            model, env.turn_batches(), rows=len(env.rows), pad_id=self.pad_id, eos_id=self.tokenizer.eos_token_id,
+            seed=seed, temperature=self.temperature, top_p=self.top_p, generator=self.generator)
+        td.set(("tokens", "response"), tokens)
+        td.set(("log_probs", "response"), log_probs)
+        if lengths is not None:
+            td.set("turn_length", lengths)
         return td
 
     @torch.no_grad()
@@ -222,12 +324,12 @@ class RolloutCollector:
         device = next(model.parameters()).device
         env = self._env(device)
         td = env.reset(round=round, rank=rank, attempt=attempt)
-        if self.source.multiturn is not None:  # episodes of turns with tools
-
-            row = multiturn_rows(self, model, env, td, rollout_seed(self.seed, rank, round, attempt))
-        else:
-            td = env.step(self._act(model, env, td, rollout_seed(self.seed, rank, round, attempt)))
-            row = td.select(*_ROW_KEYS, ("next", "reward_components"), strict=False)
+        seed = rollout_seed(self.seed, rank, round, attempt)
+        while True:  # one step a turn: a single-turn episode ends after the first
+            td = env.step(self._act(model, env, td, seed))
+            if env.episode_done:
+                break
+        row = td.select(*_ROW_KEYS, strict=False)
         if self.reference is not None:
             # the frozen reference belongs to the data, not to the trained module, so the trainer does not
             # move it: it follows the policy's device here, once (a LoRA reference is the policy itself)

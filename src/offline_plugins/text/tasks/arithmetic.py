@@ -2,8 +2,8 @@
 
 A task makes problems (prompt, answer) from a seed, splits them deterministically
 into train and test (a problem is in exactly one split), and scores a response by
-exact match. :mod:`offline_plugins.data.text_tasks` turns a task into SFT data and
-preference pairs; :class:`offline_plugins.envs.text.TextEnv` serves its prompts.
+exact match. :mod:`offline_plugins.text.data.task_data` turns a task into SFT data and
+preference pairs; :class:`offline_plugins.text.envs.text.TextEnv` serves its prompts.
 
 >>> task = ArithmeticTask(digits=2)
 >>> p = task.problems(3, split="train", seed=0)
@@ -25,7 +25,7 @@ import random
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
-from offline_plugins.envs.task_base import Problem, Split, TaskError, exact_match, hash_split
+from offline_plugins.text.tasks.base import Problem, Split, TaskError, exact_match, hash_split
 
 __all__ = ["CHARSET", "ArithmeticTask", "LengthTask", "length_reward"]
 

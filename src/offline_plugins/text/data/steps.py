@@ -30,13 +30,13 @@ import torch
 from tensordict import TensorDict
 
 from offline_plugins.data.jsonl import jsonl_objects
-from offline_plugins.data.preference import PreferenceData
-from offline_plugins.data.preference_sources import cache_root, held_out_prompts
-from offline_plugins.data.text_tasks import sft_reference
-from offline_plugins.envs.steps import STEP_SEPARATOR, StepChainTask
 from offline_plugins.errors import UserError
-from offline_plugins.modules.generation import generate
 from offline_plugins.modules.tiny_lm import is_builtin_model, load_causal_lm
+from offline_plugins.text.backends.generation import generate
+from offline_plugins.text.data.preference import PreferenceData
+from offline_plugins.text.data.preference_sources import cache_root, held_out_prompts
+from offline_plugins.text.data.task_data import sft_reference
+from offline_plugins.text.tasks.steps import STEP_SEPARATOR, StepChainTask
 from offline_plugins.tokens import TokenizeReport, pad_token_id, prompt_token_ids
 
 __all__ = ["StepDataError", "STEP_FIELDS", "RATINGS", "BUILTIN_STEP_DATASETS", "BUILTIN_STEP_ROWS",
@@ -190,7 +190,7 @@ class StepData(PreferenceData):
 
     ``kind`` is ``"step-labels"``; ``train`` and ``test`` are ``[N]`` rows of
     :func:`tokenize_steps`; ``reference`` is the causal LM whose copy becomes the PRM's backbone;
-    ``task`` is the :class:`~offline_plugins.envs.steps.StepChainTask` of a built-in dataset.
+    ``task`` is the :class:`~offline_plugins.text.tasks.steps.StepChainTask` of a built-in dataset.
     The replay buffer is the preference data's (random rows over the training TensorDict).
     """
 
@@ -211,7 +211,7 @@ def load_step_source(dataset_id: str, *, model: Any = "tiny", n_train: Optional[
     prompts chosen by a hash, as preference files).
 
     A built-in id with ``model="tiny"`` and ``reference_sft_steps > 0`` starts from the task's SFT
-    reference (:func:`~offline_plugins.data.text_tasks.sft_reference`, ``finetune``, cached as the
+    reference (:func:`~offline_plugins.text.data.task_data.sft_reference`, ``finetune``, cached as the
     ``steps-arithmetic`` rollout task's: the model that writes the solutions); else from ``model``. With
     ``policy_rows > 0`` a built-in id's training rows also hold that many of the starting model's own
     solutions to other training prompts, labelled by the task (:func:`sampled_rows`)."""

@@ -3,8 +3,8 @@
 :class:`VLLMGenerator` holds a vLLM ``LLM`` in the training process, started from the
 policy's weights (written once to a temporary ``save_pretrained`` folder), and samples a
 round's responses with the run's ``temperature``, ``top_p``, ``max_new_tokens`` and seed.
-It returns the same :class:`~offline_plugins.modules.generation.Generation` as the
-transformers path (:func:`~offline_plugins.modules.generation.generate`), so the collector,
+It returns the same :class:`~offline_plugins.text.backends.generation.Generation` as the
+transformers path (:func:`~offline_plugins.text.backends.generation.generate`), so the collector,
 the text environment and the losses read its rows unchanged:
 
 * log-probs: vLLM's ``logprobs_mode="raw_logprobs"`` (its default) is the log-softmax of
@@ -70,7 +70,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from offline_plugins.errors import UserError
-from offline_plugins.modules.generation import Generation, left_pad, model_context
+from offline_plugins.text.backends.generation import Generation, left_pad, model_context
 
 __all__ = ["GENERATORS", "INSTALL_HINT", "GeneratorError", "VLLMGenerator", "LocalVLLMEngine", "require_vllm",
            "vllm_architecture", "policy_weights"]
@@ -390,7 +390,7 @@ class VLLMGenerator:
                  seed: int = 0, device: Any = "cpu") -> Any:
         """``num_samples`` responses to each prompt, with the log-prob of each sampled token.
 
-        As :func:`~offline_plugins.modules.generation.generate` with ``log_probs=True``: row
+        As :func:`~offline_plugins.text.backends.generation.generate` with ``log_probs=True``: row
         ``i * num_samples + j`` is sample ``j`` of prompt ``i``; a response runs to its first
         eos (included) or to ``max_new_tokens``; the log-probs are the model's raw
         distribution's. Each row's request is seeded from ``seed`` and its row index.

@@ -11,11 +11,11 @@ episode. Every way a call can go wrong ends in a defined :class:`ToolResult` (``
 ``"crash"``) that the environment shows the policy and counts; nothing a response holds can hang
 the run or raise out of it. A ``"crash"`` is a tool whose own code raised: the round then makes the
 tool's health call (:meth:`ToolBox.broken`) and stops the run only when the tool fails that too
-(:func:`offline_plugins.data.multiturn.run_episodes`).
+(:func:`offline_plugins.text.collectors.multiturn.run_episodes`).
 
 - :class:`Calculator` evaluates arithmetic iteratively (numbers, ``+ - * / // %``, ``**`` with a
   bounded exponent, parentheses, Python's precedence), never ``eval`` and never recursion.
-- :class:`PythonTool` runs code in a sandbox (:mod:`offline_plugins.envs.sandbox`): by default
+- :class:`PythonTool` runs code in a sandbox (:mod:`offline_plugins.text.tools.sandbox`): by default
   bubblewrap's namespaces (no network, a read-only system, a private tmpfs, rlimits, killed as a
   whole on timeout), read back by a parent that stays safe whatever the code prints.
 
@@ -38,9 +38,9 @@ import re
 import signal
 from typing import Any, Optional, Sequence
 
-from offline_plugins.envs.sandbox import Limits, Sandbox, make_parent_undumpable
 from offline_plugins.errors import UserError
 from offline_plugins.plugins import shared_registry
+from offline_plugins.text.tools.sandbox import Limits, Sandbox, make_parent_undumpable
 
 __all__ = ["ToolResult", "Tool", "Calculator", "PythonTool", "ToolBox", "ToolError", "parse_calls"]
 
@@ -237,16 +237,16 @@ _WALLS = ("[Errno 30] Read-only file system", "[Errno 13] Permission denied", "[
 
 
 class PythonTool(Tool):
-    """Python code run in a sandbox (:mod:`offline_plugins.envs.sandbox`); what it prints is the answer.
+    """Python code run in a sandbox (:mod:`offline_plugins.text.tools.sandbox`); what it prints is the answer.
 
     Every call is a fresh interpreter with the standard library only, in the sandbox's private
-    working folder, under its limits (:class:`~offline_plugins.envs.sandbox.Limits`).
+    working folder, under its limits (:class:`~offline_plugins.text.tools.sandbox.Limits`).
 
     Keyword Args:
         timeout: wall-clock seconds before the whole sandbox is killed (a ``"timeout"`` result).
         memory_mb: address-space limit of each process.
         max_output: characters of output kept (past them the program is stopped and its output cut).
-        sandbox: a :class:`~offline_plugins.envs.sandbox.Sandbox`, or the name of a registered one
+        sandbox: a :class:`~offline_plugins.text.tools.sandbox.Sandbox`, or the name of a registered one
             (``offline-plugins list``: ``bwrap``, the default; ``unsafe-subprocess``; a plugin's).
     """
 
@@ -265,13 +265,13 @@ class PythonTool(Tool):
 
     @property
     def sandbox(self):
-        """The :class:`~offline_plugins.envs.sandbox.Sandbox` the calls run in (a name is looked up once)."""
+        """The :class:`~offline_plugins.text.tools.sandbox.Sandbox` the calls run in (a name is looked up once)."""
         if isinstance(self._sandbox, str):
             self._sandbox = make_sandbox(self._sandbox)
         return self._sandbox
 
     def check(self) -> None:
-        """Refuse (:class:`~offline_plugins.envs.sandbox.SandboxUnavailable`) when the sandbox cannot run here,
+        """Refuse (:class:`~offline_plugins.text.tools.sandbox.SandboxUnavailable`) when the sandbox cannot run here,
         and mark this process non-dumpable (no process of its user reads or writes its memory through ``/proc``)."""
         self.sandbox.check()
         make_parent_undumpable()
@@ -315,7 +315,7 @@ def make_sandbox(name: str):
 
     if not isinstance(made, Sandbox):
         raise ToolError(f"sandbox {name!r} from {spec.provider or 'a plugin'} is a {type(made).__name__}, not an "
-                        "offline_plugins.envs.sandbox.Sandbox; the plugin must register a Sandbox subclass")
+                        "offline_plugins.text.tools.sandbox.Sandbox; the plugin must register a Sandbox subclass")
     return made
 
 

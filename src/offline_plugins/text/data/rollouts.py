@@ -1,8 +1,8 @@
 """Rollout data for online RL on text: what an online algorithm's ``build`` and the
 ``text-rollouts`` kind read.
 
-The prompts and the reward live in :mod:`offline_plugins.data.prompts`, the sampling in
-:mod:`offline_plugins.data.collector`; this module loads a task (:func:`load_rollout_data`:
+The prompts and the reward live in :mod:`offline_plugins.text.sources.prompts`, the sampling in
+:mod:`offline_plugins.text.collectors.collector`; this module loads a task (:func:`load_rollout_data`:
 prompts, reward, the frozen reference, the collector's settings) and prompt/completion rows for
 SFT (:func:`load_completion_data`).
 """
@@ -21,17 +21,19 @@ from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
 from offline_plugins.config import ROLLOUT_DEFAULTS
-from offline_plugins.data.collector import RolloutCollector
-from offline_plugins.data.multiturn import greedy_final_answers
-from offline_plugins.data.preference import tokenize_completions
-from offline_plugins.data.preference_sources import cache_root, held_out_prompts
-from offline_plugins.data.prompts import (
+from offline_plugins.modules.tiny_lm import is_builtin_model, load_causal_lm
+from offline_plugins.text.backends.generation import generate_left_padded, greedy_responses, model_context
+from offline_plugins.text.collectors.collector import RolloutCollector, SamplingSettings, rollout_width
+from offline_plugins.text.collectors.multiturn import greedy_final_answers
+from offline_plugins.text.data.preference import tokenize_completions
+from offline_plugins.text.data.preference_sources import cache_root, held_out_prompts
+from offline_plugins.text.data.task_data import check_task_fits, sft_reference, sft_rows
+from offline_plugins.text.sources.prompts import (
     TASK_REWARD,
     PromptSource,
     RewardGuard,
     RolloutError,
     combined_reward,
-    greedy_responses,
     jsonl_prompt_source,
     load_reward_function,
     read_jsonl_rows,
@@ -41,12 +43,9 @@ from offline_plugins.data.prompts import (
     single_reward,
     task_prompt_source,
 )
-from offline_plugins.data.reward_source import check_reward_tokenizer
-from offline_plugins.data.text_ids import resolve_rollout_id, text_task_names, text_tasks
-from offline_plugins.data.text_tasks import check_task_fits, sft_reference, sft_rows
-from offline_plugins.envs.tasks import exact_match
-from offline_plugins.modules.generation import generate_left_padded, model_context
-from offline_plugins.modules.tiny_lm import is_builtin_model, load_causal_lm
+from offline_plugins.text.sources.reward_source import check_reward_tokenizer
+from offline_plugins.text.tasks import exact_match
+from offline_plugins.text.tasks.ids import resolve_rollout_id, text_task_names, text_tasks
 from offline_plugins.tokens import prompt_token_ids
 
 __all__ = [
@@ -87,8 +86,8 @@ def _task_of(dataset_id: str, files: str) -> tuple[str, Any]:
 def __getattr__(name: str):
     if name == "BUILTIN_ROLLOUT_TASKS":  # the table the registry replaced (TextTaskSpec records)
 
-        warnings.warn("offline_plugins.data.rollouts.BUILTIN_ROLLOUT_TASKS is deprecated: the text tasks are "
-                      "registered records, offline_plugins.data.text_ids.text_tasks()", DeprecationWarning,
+        warnings.warn("offline_plugins.text.data.rollouts.BUILTIN_ROLLOUT_TASKS is deprecated: the text tasks are "
+                      "registered records, offline_plugins.text.tasks.ids.text_tasks()", DeprecationWarning,
                       stacklevel=2)
         return {k: (v.summary, dict(v.settings)) for k, v in text_tasks().items()}
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -149,17 +148,20 @@ class RolloutData(TextTaskData):
 
     Nothing changes it after loading: an algorithm that samples from other prompts, scores
     against another reference or adds tokens says so in its
-    :class:`~offline_plugins.algorithms.base.RolloutPlan`, and a run's collector is made from
+    :class:`~offline_plugins.algorithms.base.RolloutPlan`, and a run's one collector is made from
     both (:meth:`collector_for`).
 
     Attributes:
-        source: the :class:`~offline_plugins.data.prompts.PromptSource` (training and held-out
+        source: the :class:`~offline_plugins.text.sources.prompts.PromptSource` (training and held-out
             prompts, the reward).
         reference: the frozen reference model; the policy starts as a copy of it.
         tokenizer: its tokenizer.
-        collector: the :class:`~offline_plugins.data.collector.RolloutCollector` of these prompts,
-            reference and sampling settings (``group_size``, ``prompts_per_round``,
-            ``max_new_tokens``, ``temperature``, ``top_p``, ``max_attempts``).
+        settings: the :class:`~offline_plugins.text.collectors.collector.SamplingSettings` (``group_size``,
+            ``prompts_per_round``, ``max_new_tokens``, ``temperature``, ``top_p``, ``max_attempts``, the
+            reward's time limit, failure reward and workers), checked at load.
+        max_prompt_tokens, width: the longest prompt, and a round's width (prompt and response, or a
+            multi-turn episode's turns and observations), in tokens; checked against the model's context.
+        reward_guard: how held-out scoring calls the reward (the run's collector has its own).
         from_scratch: the reference is the tiny model at its random initialisation.
         gold: a built-in task's own verifier, ``gold(prompts, responses) -> list[float]``, kept
             when ``--reward`` replaced it as the rollouts' reward (None otherwise): the gold
@@ -169,12 +171,15 @@ class RolloutData(TextTaskData):
             against answers), else ``"heldout_reward"``.
     """
 
-    def __init__(self, source: PromptSource, reference, tokenizer, collector: RolloutCollector, *,
+    def __init__(self, source: PromptSource, reference, tokenizer, settings: SamplingSettings, *,
                  dataset_id: str, model: str, from_scratch: bool = False, gold: Optional[Any] = None,
                  gold_key: Optional[str] = None) -> None:
         super().__init__(reference, tokenizer, dataset_id=dataset_id, model=model, from_scratch=from_scratch)
         self.source = source
-        self.collector = collector
+        self.settings = settings
+        self.max_prompt_tokens, self.width = rollout_width(source, tokenizer, model_context(reference),
+                                                           settings.max_new_tokens)
+        self.reward_guard = settings.reward_guard()
         self.gold = gold
         if gold_key is None:
             gold_key = ("heldout_gold" if gold is not None else
@@ -184,25 +189,17 @@ class RolloutData(TextTaskData):
         self.gold_key = gold_key
 
     def collector_for(self, plan: Any = None, *, seed: int = 0) -> RolloutCollector:
-        """The collector of one run: these sampling settings, with the prompt source, reference
-        and tokenizer ``plan`` (a :class:`~offline_plugins.algorithms.base.RolloutPlan`) names in
-        place of the data's, checked against its ``min_group_size`` and the model's context."""
-        c = self.collector
-        pick = lambda mine, theirs: mine if theirs is None else theirs  # noqa: E731
-        return RolloutCollector(
-            pick(self.source, getattr(plan, "source", None)), pick(self.tokenizer, getattr(plan, "tokenizer", None)),
-            pick(self.reference, getattr(plan, "reference", None)), group_size=c.group_size,
-            prompts_per_round=c.prompts_per_round, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
-            top_p=c.top_p, seed=seed, max_attempts=c.max_attempts,
-            min_group_size=int(getattr(plan, "min_group_size", 1)), reward_timeout=c.reward_guard.time_limit,
-            reward_on_failure=c.reward_guard.on_failure, reward_workers=c.reward_guard.workers)
+        """The collector of one run (:meth:`RolloutCollector.for_data
+        <offline_plugins.text.collectors.collector.RolloutCollector.for_data>`): these sampling settings, with
+        the prompt source, reference and tokenizer ``plan`` names in place of the data's."""
+        return RolloutCollector.for_data(self, plan, seed=seed)
 
     @torch.no_grad()
     def held_out_scores(self, model, *, plan: Any = None, n: Optional[int] = None, batch_size: int = 100,
                         guard: Any = None) -> dict[str, Optional[float]]:
         """Greedy responses to the held-out prompts (``plan``'s source and tokenizer where it names
         them): ``exact_match`` (None without answers), ``heldout_reward``, the reward called through
-        ``guard`` (a run's :class:`~offline_plugins.data.prompts.RewardGuard`; default: the data's),
+        ``guard`` (a run's :class:`~offline_plugins.text.sources.prompts.RewardGuard`; default: the data's),
         ``response_chars`` (their mean length in characters, stripped), ``heldout_n`` (how many
         prompts were scored) and, where ``--reward``
         replaced a built-in task's verifier, ``heldout_gold``: the task's verifier on the same
@@ -216,9 +213,9 @@ class RolloutData(TextTaskData):
         if not rows:
             return empty
         responses, em = self.greedy_answers(model, tokenizer, rows, "answer" if source.has_answers else None,
-                                            max_new_tokens=self.collector.max_new_tokens, batch_size=batch_size,
-                                            multiturn=source.multiturn, width=self.collector.width)
-        rewards = score_responses(source, rows, responses, guard=guard or self.collector.reward_guard)
+                                            max_new_tokens=self.settings.max_new_tokens, batch_size=batch_size,
+                                            multiturn=source.multiturn, width=self.width)
+        rewards = score_responses(source, rows, responses, guard=guard or self.reward_guard)
         out = {**empty, "exact_match": em, "heldout_reward": sum(rewards) / len(rewards),
                "response_chars": sum(len(r.strip()) for r in responses) / len(responses),
                "heldout_n": len(rows)}  # the monitor's noise interval reads the size
@@ -241,13 +238,13 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
     """Load a rollout task (:func:`resolve_rollout_id`) and its reference.
 
     The built-in task with ``model="tiny"`` starts from the cached SFT reference of the
-    preference results (:func:`~offline_plugins.data.text_tasks.sft_reference`,
+    preference results (:func:`~offline_plugins.text.data.task_data.sft_reference`,
     ``reference_sft_steps`` steps of the ``sft`` algorithm, ``finetune``, when it is not
     cached yet; None: the task's own ``reference_sft_steps``, its documented results' recipe); any other
     ``model`` (a ``save_pretrained`` folder such as an ``sft`` run's ``OUT/model``, or a hub
     id) is the reference itself. A JSONL file's reference is ``model`` as given. The reward is
     called under ``reward_timeout`` seconds a call, a failed call costing ``reward_on_failure``
-    (:class:`~offline_plugins.data.prompts.RewardGuard`). A multi-turn task's episodes take
+    (:class:`~offline_plugins.text.sources.prompts.RewardGuard`). A multi-turn task's episodes take
     ``max_turns`` turns with ``tools`` (comma-separated names; None: the task's own), a Python call
     ``tool_timeout`` seconds in the sandbox ``tool_sandbox`` (None: ``bwrap``; a task whose tools cannot
     work here is refused before anything else is loaded), and a turn whose call answered the problem
@@ -269,6 +266,11 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
         task.multiturn.tools.check()  # e.g. the python tool's sandbox: refused here, before the reference is made
     if max_new_tokens is None:  # the task's own budget (its documented results'), 6 for a prompt file
         max_new_tokens = int(getattr(task, "max_new_tokens", 6)) if task is not None else 6
+    # the sampling settings, refused here if no round can use them: before the reference is made or loaded
+    settings = SamplingSettings.checked(group_size=group_size, prompts_per_round=prompts_per_round,
+                                        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                        max_attempts=max_attempts, reward_timeout=reward_timeout,
+                                        reward_on_failure=reward_on_failure, reward_workers=reward_workers)
     gold, gold_key = None, None
     if task is not None:
         if not task.scores_exact_match:  # its held-out rows carry answers, but its verifier is not exact match
@@ -305,12 +307,7 @@ def load_rollout_data(dataset_id: str, *, model: str = "tiny", reward: Optional[
     reference.eval()
     for p in reference.parameters():
         p.requires_grad_(False)
-    collector = RolloutCollector(source, tokenizer, reference, group_size=group_size,
-                                 prompts_per_round=prompts_per_round, max_new_tokens=max_new_tokens,
-                                 temperature=temperature, top_p=top_p, seed=seed, max_attempts=max_attempts,
-                                 min_group_size=1, reward_timeout=reward_timeout, reward_workers=reward_workers,
-                                 reward_on_failure=reward_on_failure)
-    return RolloutData(source, reference, tokenizer, collector, dataset_id=resolved, model=str(model),
+    return RolloutData(source, reference, tokenizer, settings, dataset_id=resolved, model=str(model),
                        from_scratch=from_scratch, gold=gold, gold_key=gold_key)
 
 

@@ -1,6 +1,6 @@
 """``TextEnv``: prompts as states, responses as actions, one step per episode.
 
-The rollout collector (:class:`~offline_plugins.data.collector.RolloutCollector`) steps it
+The rollout collector (:class:`~offline_plugins.text.collectors.collector.RolloutCollector`) steps it
 every round; it is also a plain TorchRL ``EnvBase`` (``TransformedEnv``, TorchRL's LLM
 transforms). Keys follow TorchRL's LLM stack, the TED text layout the losses read:
 
@@ -8,8 +8,8 @@ transforms). Keys follow TorchRL's LLM stack, the TED text layout the losses rea
   :meth:`TextEnv.episode_seed` ``(k, r, a)``, so the prompts are a function of the run's
   seed, the rank, the round and the attempt, never of how many resets came before (a plain
   ``reset()`` counts rounds itself; the collector's
-  :class:`~offline_plugins.data.collector.RolloutEnv` draws from a
-  :class:`~offline_plugins.data.prompts.PromptSource` with ``rollout_seed(seed, k, r, a)``).
+  :class:`~offline_plugins.text.collectors.collector.RolloutEnv` draws from a
+  :class:`~offline_plugins.text.sources.prompts.PromptSource` with ``rollout_seed(seed, k, r, a)``).
   It writes ``("text", "prompt")`` (strings),
   ``("tokens", "prompt")`` (left-padded ids) and ``"group"`` (the prompt's id: with
   ``group_size > 1`` each prompt appears that many times in a row, as GRPO needs);
@@ -26,12 +26,12 @@ transforms). Keys follow TorchRL's LLM stack, the TED text layout the losses rea
   ``"response_length"``, right-padded to ``max_length``, and returns ``("next", "reward")``
   (:meth:`TextEnv.score` on the decoded responses: the task's verifier or ``reward_fn``, in
   ``RolloutEnv`` the source's reward through
-  :func:`~offline_plugins.data.prompts.score_responses` and its checks; or a token-level
+  :func:`~offline_plugins.text.sources.prompts.score_responses` and its checks; or a token-level
   ``reward_model`` on the exact tokens), ``("next", "done")`` and
   ``("next", "terminated")`` (every episode ends after one step).
 
 >>> from offline_plugins.modules.tiny_lm import char_tokenizer
->>> from offline_plugins.envs.tasks import ArithmeticTask
+>>> from offline_plugins.text.tasks import ArithmeticTask
 >>> tok = char_tokenizer()
 >>> env = TextEnv(tok, task=ArithmeticTask(), batch_size=2, seed=0, max_length=16)
 >>> td = env.reset(round=0)
@@ -60,6 +60,7 @@ from torchrl.data import Categorical, Composite, NonTensor, Unbounded
 from torchrl.envs import EnvBase
 
 from offline_plugins.errors import UserError
+from offline_plugins.text.envs.turns import TurnBatch, Turns
 from offline_plugins.tokens import TokenizeReport, encode_example, pad_rows, pad_token_id, prompt_token_ids
 
 __all__ = ["TextEnv", "TextEnvError"]
@@ -76,7 +77,7 @@ class TextEnv(EnvBase):
         tokenizer: a transformers tokenizer (one without a pad token gets one).
 
     Keyword Args:
-        task: a verifiable task (e.g. :class:`~offline_plugins.envs.tasks.ArithmeticTask`): its
+        task: a verifiable task (e.g. :class:`~offline_plugins.text.tasks.ArithmeticTask`): its
             train-split problems and, unless ``reward_fn`` or ``reward_model`` is given, its verifier.
         prompts: a list of prompts drawn with replacement instead of ``task``'s.
         reward_fn: ``reward_fn(prompts, responses) -> list[float]``.
@@ -95,7 +96,22 @@ class TextEnv(EnvBase):
             episode's last token (the sequence reward arrives at the end), the shape TorchRL's
             ``KLRewardTransform`` subtracts its per-token KL from. Defaults to ``False``
             (one reward per episode, ``[B, 1]``).
+        multiturn: a :class:`~offline_plugins.text.tools.multiturn.MultiTurn` (default: ``task``'s
+            ``multiturn``, where it has one): ``step`` is then one turn of multi-turn episodes with tools
+            (below); needs ``max_new_tokens`` (a turn's budget) and a reward that reads text.
         seed (int): the run's seed. Defaults to ``0``.
+
+    **Multi-turn episodes.** With ``multiturn`` set, an episode is prompt + turns + tool observations, and
+    each ``step`` is one turn of every unfinished episode (:class:`~offline_plugins.text.envs.turns.Turns`):
+    the action is the turn's tokens, ``("tokens", "response")`` ``[B, K]`` with ``"turn_length"`` ``[B]``
+    (how many of each row's tokens were sampled) and optional ``("log_probs", "response")``;
+    :meth:`turn_batches` says what the policy samples for the turn. ``("next", "done")`` is True for the
+    episodes that have ended; the step that ends the last one writes the episodes as a single-turn step
+    does (``("tokens", "full")``, the masks, ``("log_probs", "full")``, ``"response_length"``,
+    ``("text", "response")``: the transcript after the prompt), plus ``"stats"`` (per episode: turns, tool
+    calls, failed calls by kind, turn reward) and ``("next", "turn_reward")`` ``[B, max_length]`` (each
+    turn's reward on its last token, the verifier's on the last turn's); ``("next", "reward")`` is the
+    episode's return, their sum, and the verifier scores the final answer, the last turn's text.
     """
 
     batch_locked = True
@@ -116,6 +132,7 @@ class TextEnv(EnvBase):
         max_new_tokens: Optional[int] = None,
         max_attempts: int = 1,
         reward_per_token: bool = False,
+        multiturn: Any = None,
         seed: int = 0,
         device: Any = None,
     ) -> None:
@@ -144,6 +161,13 @@ class TextEnv(EnvBase):
         self.prompt_ids: list[list[int]] = []  # the episode's prompts' ids, one list per group
         self._prompt_right: Optional[torch.Tensor] = None  # [prompts, width] right-padded, on the device
         self._prompt_len: Optional[torch.Tensor] = None  # [B]
+        self._multiturn = multiturn
+        self.turns: Optional[Turns] = None  # the multi-turn episodes between turns
+        self._stepped = False  # a single-turn episode has had its step
+        if self.multiturn is not None and (max_new_tokens is None or reward_model is not None or reward_per_token):
+            raise TextEnvError("TextEnv: multi-turn episodes need max_new_tokens (each turn's budget) and a reward "
+                               "that reads the final answer's text (task=, reward_fn=), not reward_model= or "
+                               "reward_per_token=True")
         self._make_specs()
 
     def _make_specs(self) -> None:
@@ -168,6 +192,24 @@ class TextEnv(EnvBase):
     def _set_seed(self, seed: Optional[int]) -> None:
         self.seed = 0 if seed is None else int(seed)
         self._rounds = 0
+
+    @property
+    def multiturn(self) -> Any:
+        """The :class:`~offline_plugins.text.tools.multiturn.MultiTurn` of the episodes (None: one step each)."""
+        return self._multiturn if self._multiturn is not None else getattr(self.task, "multiturn", None)
+
+    @property
+    def episode_done(self) -> bool:
+        """Every episode of the last reset has ended (a single-turn episode after its step)."""
+        return self.turns.done if self.turns is not None else self._stepped
+
+    def turn_batches(self) -> list[TurnBatch]:
+        """What the policy samples for the next step: one batch of ``group_size`` samples of each prompt
+        (single-turn), or the unfinished episodes grouped by the room each has left
+        (:meth:`Turns.batches <offline_plugins.text.envs.turns.Turns.batches>`)."""
+        if self.turns is not None:
+            return self.turns.batches()
+        return [TurnBatch(None, self.prompt_ids, int(self.max_new_tokens or self.max_length), self.group_size)]
 
     # -- where prompts and rewards come from (the collector's RolloutEnv binds a PromptSource) --
     @property
@@ -242,6 +284,11 @@ class TextEnv(EnvBase):
         )
         # from_list: NonTensorStack(*items) on a device TensorDict moves every item
         out.set(("text", "prompt"), NonTensorStack.from_list([r["prompt"] for r in self.rows]))
+        self._stepped = False
+        multiturn = self.multiturn
+        self.turns = None if multiturn is None else Turns(
+            self.tokenizer, [ids[i // g] for i in range(len(self.rows))], multiturn, width=self.max_length,
+            max_new_tokens=int(self.max_new_tokens), device=self.device if self.device is not None else "cpu")
         return out
 
     # -- the episode -----------------------------------------------------------------
@@ -328,6 +375,9 @@ class TextEnv(EnvBase):
         return tensordict
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        if self.turns is not None:
+            return self._turn(tensordict)
+        self._stepped = True
         self.tokenize_responses(tensordict)
         attn = tensordict.get(("masks", "all_attention_mask"))
         if self.reward_model is not None:
@@ -349,4 +399,46 @@ class TextEnv(EnvBase):
                           "truncated": torch.zeros_like(done)}, batch_size=self.batch_size, device=self.device)
         if parts is not None:  # several rewards side by side, [B, K] (gdpo reads them)
             out.set("reward_components", torch.tensor(parts, dtype=torch.float32, device=attn.device).T.contiguous())
+        return out
+
+    def _turn(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """One turn of the multi-turn episodes (the class docstring's "Multi-turn episodes")."""
+        if self.turns.done:
+            raise TextEnvError("TextEnv.step after every episode ended: call reset() for new episodes")
+        tokens = tensordict.get(("tokens", "response"), None)
+        lengths = tensordict.get("turn_length", None)
+        if tokens is None or lengths is None:
+            raise TextEnvError("TextEnv.step of a multi-turn episode needs the turn's tokens at ('tokens', "
+                               "'response') [B, K] and 'turn_length' [B] (tokens sampled per row); the policy "
+                               "wrote " + ("neither" if tokens is None and lengths is None else
+                                           "only ('tokens', 'response')" if lengths is None else "only 'turn_length'"))
+        self.turns.take(tokens, lengths, tensordict.get(("log_probs", "response"), None))
+        if not self.turns.done:
+            ended = torch.ones(*self.batch_size, 1, dtype=torch.bool)
+            ended[self.turns.running] = False
+            ended = ended.to(tokens.device)
+            return TensorDict({"reward": torch.zeros(*self.batch_size, 1, device=tokens.device), "done": ended,
+                               "terminated": ended.clone(), "truncated": torch.zeros_like(ended)},
+                              batch_size=self.batch_size, device=self.device)
+        ep = self.turns.finish()
+        device = ep.tokens.device
+        values, parts = self.score_parts(self.rows, ep.answers)
+        verifier = torch.tensor(values, dtype=torch.float32, device=device)
+        # the verifier's reward on the last policy token, beside the turns' own
+        last = ep.assistant_mask.long().cumsum(-1).argmax(-1, keepdim=True)
+        per_token = ep.turn_rewards.scatter_add(1, last, verifier.unsqueeze(-1))
+        reward = per_token.sum(-1, keepdim=True)
+        done = torch.ones_like(reward, dtype=torch.bool)
+        tensordict.set(("tokens", "full"), ep.tokens)
+        tensordict.set(("masks", "all_attention_mask"), ep.attention_mask)
+        tensordict.set(("masks", "all_assistant_mask"), ep.assistant_mask)
+        tensordict.set(("log_probs", "full"), ep.log_probs)
+        tensordict.set("response_length", ep.assistant_mask.sum(-1).float())
+        tensordict.set("stats", TensorDict(ep.counts, batch_size=self.batch_size, device=device))
+        tensordict.set(("text", "response"), NonTensorStack.from_list(ep.transcripts))
+        tensordict.set(("text", "answer"), NonTensorStack.from_list(ep.answers))
+        out = TensorDict({"reward": reward, "turn_reward": per_token, "done": done, "terminated": done.clone(),
+                          "truncated": torch.zeros_like(done)}, batch_size=self.batch_size, device=self.device)
+        if parts is not None:  # several rewards of the final answer, side by side (gdpo reads them)
+            out.set("reward_components", torch.tensor(parts, dtype=torch.float32, device=device).T.contiguous())
         return out

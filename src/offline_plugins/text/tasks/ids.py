@@ -1,5 +1,5 @@
 """The ids of the text tasks, without importing torch (``offline-plugins data list`` and the
-text-rollouts kind's ``claims`` read them; :mod:`offline_plugins.data.rollouts` loads the tasks).
+text-rollouts kind's ``claims`` read them; :mod:`offline_plugins.text.data.rollouts` loads the tasks).
 
 The tasks are registered records (:class:`~offline_plugins.plugins.registry.TextTaskSpec`,
 ``offline_plugins_register_text_tasks``): the built-in ones by :mod:`offline_plugins.plugins.text_tasks`,

@@ -162,7 +162,7 @@ class RemoteReward:
     >>> RemoteReward("ftp://x")
     Traceback (most recent call last):
     ...
-    offline_plugins.data.remote.RemoteError: 'ftp://x' is no server address; give http://HOST:PORT
+    offline_plugins.text.sources.remote.RemoteError: 'ftp://x' is no server address; give http://HOST:PORT
     """
 
     def __init__(self, url: str, **client: Any) -> None:

@@ -44,9 +44,9 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar, Optional, Sequence
 
-from offline_plugins.envs.multiturn import MultiTurn, make_tools
-from offline_plugins.envs.task_base import Problem, TaskError, hash_split
 from offline_plugins.modules.task_text import FRIENDS, ITEMS, OPENINGS, OPERATIONS, PEOPLE, QUESTIONS
+from offline_plugins.text.tasks.base import Problem, TaskError, hash_split
+from offline_plugins.text.tools.multiturn import MultiTurn, make_tools
 
 __all__ = ["TIERS", "WORD_PROBLEM_TASKS", "WordProblemTask", "CalculatorWordProblemTask", "PythonWordProblemTask",
            "final_answer", "answer_format", "step_accuracy"]
@@ -97,7 +97,7 @@ _STEP = re.compile(r"\s*(-?\d+)\s*([+\-*/])\s*(-?\d+)\s*=\s*(-?\d+)\s*")
 
 def answer_format(prompts: Sequence[str], responses: Sequence[str], **_) -> list[float]:
     """A reward for the form alone: 1.0 where a response ends with a ``#### N`` line, else 0.0
-    (``--reward format=offline_plugins.envs.word_problems:answer_format``; a second reward of ``gdpo``).
+    (``--reward format=offline_plugins.text.tasks.word_problems:answer_format``; a second reward of ``gdpo``).
 
     >>> answer_format(["", ""], ["3+4=7\\n#### 7", "the answer is 7"])
     [1.0, 0.0]
@@ -107,7 +107,7 @@ def answer_format(prompts: Sequence[str], responses: Sequence[str], **_) -> list
 
 def step_accuracy(prompts: Sequence[str], responses: Sequence[str], **_) -> list[float]:
     """A reward for the working: the share of a response's ``a op b = c`` lines whose arithmetic holds
-    (0.0 without any; ``--reward steps=offline_plugins.envs.word_problems:step_accuracy``). It says
+    (0.0 without any; ``--reward steps=offline_plugins.text.tasks.word_problems:step_accuracy``). It says
     nothing of whether the steps solve the story: a second reward beside the answer's.
 
     >>> step_accuracy(["", "", ""], ["3+4=7\\n7*2=15\\n#### 15", "#### 4", "8/2=4"])

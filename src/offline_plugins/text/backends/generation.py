@@ -33,8 +33,10 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from transformers import GenerationConfig, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
+from offline_plugins.tokens import pad_token_id, prompt_token_ids
+
 __all__ = ["model_context", "left_pad", "generate_left_padded", "SampledLogProbs", "Generation", "generate",
-           "generation_kwargs", "DEFAULT_CONTEXT"]
+           "generation_kwargs", "generate_texts", "greedy_responses", "DEFAULT_CONTEXT"]
 
 #: the context of a model whose config names none (a plain module): GPT-2's
 DEFAULT_CONTEXT = 1024
@@ -243,3 +245,38 @@ def generate(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]], *, pad
         lp = recorder.finish(gen)
         result.log_probs = torch.where(result.response_mask, lp, lp.new_zeros(()))
     return result
+
+
+def generate_texts(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    *,
+    num_samples: int = 1,
+    max_new_tokens: int = 8,
+    temperature: float = 1.0,
+    greedy: bool = False,
+    seed: Optional[int] = None,
+    batch_size: Optional[int] = None,
+) -> list[list[str]]:
+    """``num_samples`` decoded responses per prompt: :func:`generate`
+    on the prompts' tokens, ``batch_size`` prompts per batch (all in one by default; batch ``k``
+    samples with ``seed + k * batch_size``)."""
+    pad = pad_token_id(tokenizer)
+    step = batch_size or max(len(prompts), 1)
+    texts: list[str] = []
+    for start in range(0, len(prompts), step):
+        ids = [prompt_token_ids(tokenizer, p) for p in prompts[start:start + step]]
+        out = generate(model, ids, pad_id=pad, eos_id=tokenizer.eos_token_id, max_new_tokens=max_new_tokens,
+                              num_samples=num_samples, greedy=greedy, temperature=temperature,
+                              seed=None if seed is None else seed + start)
+        texts.extend(out.texts(tokenizer, pad))
+    return [texts[i * num_samples : (i + 1) * num_samples] for i in range(len(prompts))]
+
+
+def greedy_responses(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_tokens: int,
+                     batch_size: int = 100) -> list[str]:
+    """Greedy decoded responses, prompts left-padded in batches of ``batch_size``
+    (:func:`generate_texts`): what one prompt at a time would give."""
+    return [r[0] for r in generate_texts(model, tokenizer, prompts, greedy=True, max_new_tokens=max_new_tokens,
+                                   batch_size=batch_size)]

@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 import gymnasium as gym
 
-from offline_plugins.envs.arithmetic import CHARSET, ArithmeticTask
+from offline_plugins.text.tasks.arithmetic import CHARSET, ArithmeticTask
 
 __all__ = ["TextTaskGymEnv"]
 

@@ -9,7 +9,7 @@ result; from the first wrong step on, every step is labelled wrong (PRM800K's fi
 convention, Lightman et al. 2023, arXiv:2305.20050: a solution is wrong from its first error).
 
 Labels are PRM800K's per-step ratings: ``1`` good, ``-1`` bad (``0``, neutral, is never made
-here but is read from files; see :mod:`offline_plugins.data.steps`).
+here but is read from files; see :mod:`offline_plugins.text.data.steps`).
 
 >>> task = StepChainTask()
 >>> row = task.rows(1, seed=0, error_rate=1.0)[0]
@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar, Optional, Sequence
 
-from offline_plugins.envs.task_base import Problem, TaskError, exact_match, hash_split
+from offline_plugins.text.tasks.base import Problem, TaskError, exact_match, hash_split
 
 __all__ = ["STEP_SEPARATOR", "StepChainTask"]
 
@@ -100,7 +100,7 @@ class StepChainTask:
 
     def problems(self, n: int, *, split: str = "train", seed: int = 0) -> list[Problem]:
         """``n`` problems whose answer is the whole correct solution, one step a line: what SFT on
-        the task trains a solution writer on (:func:`offline_plugins.data.text_tasks.sft_reference`)."""
+        the task trains a solution writer on (:func:`offline_plugins.text.data.task_data.sft_reference`)."""
         return [Problem(p, STEP_SEPARATOR.join(self.solution(p))) for p in self.prompts(n, split=split, seed=seed)]
 
     def solution(self, prompt: str, *, error_at: Optional[int] = None, delta: int = 1) -> list[str]:

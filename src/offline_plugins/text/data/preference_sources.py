@@ -9,7 +9,7 @@ Three kinds of ``ID``:
   from test prompts, and exact-match accuracy is scored on held-out prompts;
   ``offline-plugins/arithmetic-length/preference-v0`` (short ``arithmetic-length``): the same
   prompts and reference, pairs of its samples ranked by a gold length reward
-  (:class:`~offline_plugins.envs.tasks.LengthTask`), for the RLHF over-optimisation study;
+  (:class:`~offline_plugins.text.tasks.LengthTask`), for the RLHF over-optimisation study;
 * a JSONL file (``*.jsonl``) of ``{"prompt", "chosen", "rejected"}`` pairs or
   ``{"prompt", "completion", "label"}`` unpaired rows;
 * a Hugging Face dataset, ``hf:NAME`` or ``hf:NAME:SPLIT`` (needs ``datasets``, and a
@@ -41,9 +41,7 @@ True
 from __future__ import annotations
 
 import difflib
-import hashlib
 import json
-import math
 import os
 import warnings
 from pathlib import Path
@@ -51,8 +49,9 @@ from typing import Any, Optional, Sequence, Union
 
 from offline_plugins.config import cache_root as root
 from offline_plugins.data.jsonl import jsonl_objects
-from offline_plugins.envs.tasks import make_task
 from offline_plugins.errors import UserError
+from offline_plugins.text.tasks import make_task
+from offline_plugins.text.tasks.base import held_out_prompts
 
 __all__ = [
     "BUILTIN_PREFERENCE_DATASETS",
@@ -71,8 +70,8 @@ class PreferenceSourceError(UserError, ValueError):
 
 
 #: built-in preference datasets: id -> (summary, task settings (``task``: a name in
-#: :data:`offline_plugins.envs.tasks.TASKS`, default arithmetic), data settings of
-#: :func:`offline_plugins.data.text_tasks.task_preference_data`)
+#: :data:`offline_plugins.text.tasks.TASKS`, default arithmetic), data settings of
+#: :func:`offline_plugins.text.data.task_data.task_preference_data`)
 BUILTIN_PREFERENCE_DATASETS: dict[str, tuple[str, dict, dict]] = {
     "offline-plugins/arithmetic/preference-v0": (
         "2-digit addition: correct vs incorrect answers sampled from the SFT reference",
@@ -142,10 +141,6 @@ def unknown_preference_dataset(dataset: str, algorithm: str, *, verb: str = "tra
     )
 
 
-def _prompt_hash(prompt: str) -> int:
-    return int.from_bytes(hashlib.blake2b(prompt.encode("utf-8"), digest_size=8).digest(), "little")
-
-
 class NoHeldOutWarning(UserWarning):
     """A preference file too small or too uniform to hold rows out: its held-out figures are n/a."""
 
@@ -168,37 +163,6 @@ def _warn_no_held_out(source: str, rows: Sequence[dict]) -> None:
         "prompts (10 % of the rows, at least 100 and at most half, are held out, whole prompts at a time)"), stacklevel=3)
 
 
-def held_out_prompts(prompts: Sequence[str], *, fraction: float = 0.1, min_rows: int = 100) -> set[str]:
-    """The prompts whose rows are held out: at least ``max(min_rows, fraction * len(prompts))`` rows.
-
-    Distinct prompts are taken in the order of a hash of their text (so the split does not
-    depend on the order of the rows, and every row of a prompt lands on the same side)
-    until their rows reach the target; at most half the rows are held out, so a small
-    file still trains. ``prompts`` has one entry per row.
-
-    >>> held = held_out_prompts([f"{i}+{i}=" for i in range(1000)])
-    >>> len(held)
-    100
-    >>> len(held_out_prompts([f"{i}+{i}=" for i in range(3000)]))
-    300
-    """
-    if not 0.0 <= fraction < 1.0:
-        raise PreferenceSourceError(f"the held-out fraction must be in [0, 1), got {fraction}")
-    counts: dict[str, int] = {}
-    for p in prompts:
-        counts[p] = counts.get(p, 0) + 1
-    n = len(prompts)
-    target = min(max(int(min_rows), math.ceil(fraction * n)), n // 2)
-    held: set[str] = set()
-    covered = 0
-    for p in sorted(counts, key=lambda q: (_prompt_hash(q), q)):
-        if covered >= target or covered + counts[p] > n // 2:
-            break
-        held.add(p)
-        covered += counts[p]
-    return held
-
-
 #: the longest a preference row is padded to: every row is padded to one width, so a long-context
 #: hub model's full context (32k) would make every pair that wide
 PAIR_LENGTH_CAP = 1024
@@ -210,7 +174,7 @@ def _layout(columns) -> str:
 
 def _rows_from(source: str) -> tuple[list[dict], str]:
     """``(rows, "pairs"|"unpaired")`` of a JSONL file or ``hf:`` dataset, fields checked."""
-    from offline_plugins.data.preference import PAIR_FIELDS, UNPAIRED_FIELDS, load_hf_dataset, load_jsonl
+    from offline_plugins.text.data.preference import PAIR_FIELDS, UNPAIRED_FIELDS, load_hf_dataset, load_jsonl
 
     if source.startswith("hf:"):
         try:
@@ -273,7 +237,7 @@ def _keep_optional(row: dict, field: str, value: Any, where: str) -> None:
     >>> _keep_optional(row, "shown_first", "left", "f.jsonl: row 3")
     Traceback (most recent call last):
     ...
-    offline_plugins.data.preference_sources.PreferenceSourceError: f.jsonl: row 3 field 'shown_first' is 'left'; expected "chosen" or "rejected" (the response the annotator saw first); fix the row, or leave the field out where the order is unknown
+    offline_plugins.text.data.preference_sources.PreferenceSourceError: f.jsonl: row 3 field 'shown_first' is 'left'; expected "chosen" or "rejected" (the response the annotator saw first); fix the row, or leave the field out where the order is unknown
     """
     if value is None:
         return
@@ -347,9 +311,9 @@ def load_preference_source(
             (:func:`offline_plugins.kinds.sft.supervised_finetune`, the ``sft`` algorithm).
 
     Returns:
-        A :class:`~offline_plugins.data.preference.PreferenceData`.
+        A :class:`~offline_plugins.text.data.preference.PreferenceData`.
     """
-    from offline_plugins.data.preference import (
+    from offline_plugins.text.data.preference import (
         PreferenceData,
         add_reference_log_probs,
         pairs_to_unpaired,
@@ -362,7 +326,7 @@ def load_preference_source(
         raise unknown_preference_dataset(dataset, algorithm or "this algorithm")
     cache = Path(cache_dir) if cache_dir is not None else cache_root() / "preference"
     if resolved in BUILTIN_PREFERENCE_DATASETS:
-        from offline_plugins.data.text_tasks import task_preference_data
+        from offline_plugins.text.data.task_data import task_preference_data
 
         _, task_settings, data_settings = BUILTIN_PREFERENCE_DATASETS[resolved]
         task = make_task(**task_settings)
@@ -371,8 +335,8 @@ def load_preference_source(
         data.dataset_id = resolved
         return data
 
-    from offline_plugins.modules.generation import model_context
     from offline_plugins.modules.tiny_lm import is_builtin_model, load_causal_lm
+    from offline_plugins.text.backends.generation import model_context
 
     rows, layout = _rows_from(resolved)
     if layout == "unpaired" and kind == "preference-pairs":
