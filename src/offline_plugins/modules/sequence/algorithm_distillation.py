@@ -33,7 +33,7 @@ from tensordict.utils import NestedKey
 from torch import nn
 
 from offline_plugins.errors import SequenceModelError
-from offline_plugins.modules.sequence.decision_transformer import env_rows, windows
+from offline_plugins.modules.sequence.decision_transformer import ContextPolicy, env_rows, windows
 from offline_plugins.modules.sequence.gpt import CausalTransformer
 
 __all__ = ["AlgorithmDistillationNet", "AlgorithmDistillationActor", "AlgorithmDistillationPolicy", "previous_steps"]
@@ -113,7 +113,7 @@ class AlgorithmDistillationActor(TensorDictModuleBase):
         return tensordict
 
 
-class AlgorithmDistillationPolicy(TensorDictModuleBase):
+class AlgorithmDistillationPolicy(ContextPolicy):
     """Acts in context: the last ``context_len`` steps of the history, across episodes, no weight update.
 
     Call :meth:`reset` before a new history (a new task; ``.train()`` and ``.eval()``
@@ -140,10 +140,6 @@ class AlgorithmDistillationPolicy(TensorDictModuleBase):
         self.reward_scale, self.reward_shift = float(reward_scale), float(reward_shift)
         self.in_keys, self.out_keys = ["observation"], ["action"]
         self.reset()
-
-    def train(self, mode: bool = True):
-        self.reset()
-        return super().train(mode)
 
     def reset(self) -> None:
         """Forget the history: the next call starts a new task."""

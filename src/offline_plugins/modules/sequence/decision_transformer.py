@@ -36,7 +36,7 @@ from torch import nn
 from offline_plugins.errors import OfflineLossError
 from offline_plugins.modules.sequence.gpt import CausalTransformer
 
-__all__ = ["DecisionTransformerNet", "StochasticDecisionTransformerNet", "DecisionTransformerActor", "DecisionTransformerPolicy", "windows", "env_rows"]
+__all__ = ["DecisionTransformerNet", "StochasticDecisionTransformerNet", "DecisionTransformerActor", "DecisionTransformerPolicy", "ContextPolicy", "windows", "env_rows"]
 
 
 def windows(tensordict: TensorDictBase, length: int, owner: str) -> TensorDictBase:
@@ -69,6 +69,20 @@ def env_rows(td: TensorDictBase, obs: torch.Tensor, state: Optional[torch.Tensor
             "reset() before a new batch of episodes"
         )
     return torch.arange(obs.shape[0], device=obs.device)
+
+
+class ContextPolicy(TensorDictModuleBase):
+    """A policy that keeps the episode so far between calls (a context window, a plan): :meth:`reset`
+    forgets it, and so does switching the mode (``train()``/``eval()``). The evaluator switches the policy
+    to eval mode before every evaluation and all its episodes start together, so each evaluation starts
+    afresh even where nothing calls ``reset()``."""
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+    def train(self, mode: bool = True):
+        self.reset()
+        return super().train(mode)
 
 
 class DecisionTransformerNet(nn.Module):
@@ -232,7 +246,7 @@ class DecisionTransformerActor(TensorDictModuleBase):
         return tensordict
 
 
-class DecisionTransformerPolicy(TensorDictModuleBase):
+class DecisionTransformerPolicy(ContextPolicy):
     """Evaluation policy that conditions on a target return and keeps a rolling context.
 
     Call :meth:`reset` at the start of every episode (``.train()`` and ``.eval()``
@@ -274,13 +288,6 @@ class DecisionTransformerPolicy(TensorDictModuleBase):
         self.out_keys = ["action"]
         self._warned_reward = False
         self.reset()
-
-    def train(self, mode: bool = True):
-        # the evaluator switches the policy to eval mode before every evaluation, and
-        # all its episodes start together: a fresh context each time, even if it
-        # does not call reset()
-        self.reset()
-        return super().train(mode)
 
     def reset(self) -> None:
         """Forget the context: the next call starts a new episode at ``target_return``."""

@@ -21,16 +21,16 @@ from typing import Optional
 
 import torch
 from tensordict import TensorDict, TensorDictBase, TensorDictParams
-from tensordict.nn import TensorDictModule, TensorDictModuleBase
+from tensordict.nn import TensorDictModule
 
-from offline_plugins.modules.sequence.decision_transformer import env_rows
+from offline_plugins.modules.sequence.decision_transformer import ContextPolicy, env_rows
 from offline_plugins.modules.sequence.diffusion import DDPMSchedule
 from offline_plugins.modules.sequence.planning import PlannerMixin, clock_now
 
 __all__ = ["DiffuserPlanner"]
 
 
-class DiffuserPlanner(PlannerMixin, TensorDictModuleBase):
+class DiffuserPlanner(PlannerMixin, ContextPolicy):
     """Sample ``n_samples`` plans per environment, guided up the return model's gradient; act on the best.
 
     Each reverse step first takes ``n_guide_steps`` steps of
@@ -116,11 +116,6 @@ class DiffuserPlanner(PlannerMixin, TensorDictModuleBase):
         """Forget the current plan (only kept with ``plan_every > 1``)."""
         self._plans: Optional[torch.Tensor] = None  # [slots, H, C] standardised best plans
         self._age = 0
-
-    def train(self, mode: bool = True):
-        # the evaluator switches to eval mode before every evaluation: start without a plan
-        self.reset()
-        return super().train(mode)
 
     def _call(self, module: TensorDictModule, x: torch.Tensor, t: torch.Tensor, key: str) -> torch.Tensor:
         return module(TensorDict({"noisy_trajectory": x, "diffusion_step": t}, [x.shape[0]])).get(key)

@@ -23,10 +23,9 @@ from typing import Optional
 
 import torch
 from tensordict import TensorDictBase
-from tensordict.nn import TensorDictModuleBase
 from torch import nn
 
-from offline_plugins.modules.sequence.decision_transformer import env_rows
+from offline_plugins.modules.sequence.decision_transformer import ContextPolicy, env_rows
 from offline_plugins.modules.sequence.gpt import CausalTransformer
 from offline_plugins.modules.sequence.planning import PlannerMixin, clock_now
 
@@ -114,7 +113,7 @@ def _choose_token(logits: torch.Tensor, *, topk: Optional[int], cdf: Optional[fl
     return torch.multinomial(logits.softmax(-1), 1)
 
 
-class TrajectoryTransformerPlanner(PlannerMixin, TensorDictModuleBase):
+class TrajectoryTransformerPlanner(PlannerMixin, ContextPolicy):
     """Beam-search planning with a trained Trajectory Transformer: the evaluation policy.
 
     At each step the context (the last ``max_context_transitions - 1`` transitions,
@@ -182,13 +181,6 @@ class TrajectoryTransformerPlanner(PlannerMixin, TensorDictModuleBase):
         self.reward_scale, self.reward_shift = float(reward_scale), float(reward_shift)
         self.in_keys, self.out_keys = ["observation"], ["action"]
         self.reset()
-
-    def train(self, mode: bool = True):
-        # the evaluator switches the policy to eval mode before every evaluation, and
-        # all its episodes start together: a fresh context each time, even if it
-        # does not call reset()
-        self.reset()
-        return super().train(mode)
 
     def reset(self) -> None:
         """Forget the context: the next call starts a new episode."""
