@@ -509,3 +509,47 @@ def test_sft_on_a_tool_task_trains_the_calls_and_the_answer_not_the_tools_output
             assert trained == call + answer  # the result the tool wrote is not a training target
             untrained = tok.decode(tokens[td["masks", "all_attention_mask"][i] & ~mask].tolist())
             assert untrained.endswith(f"<result>{answer}</result>")
+
+
+def test_the_text_env_steps_one_turn_at_a_time():
+    """A multi-turn ``TextEnv``: the first step (a calculator call) leaves the episode running with the
+    observation appended, the second (the answer, then eos) ends it and the verifier scores the answer;
+    the turn's tokens past the call's closing tag are dropped with their log-probs."""
+    from offline_plugins.text.envs.text import TextEnv, TextEnvError
+
+    task = ToolArithmeticTask(digits=2)
+    env = TextEnv(TOK, task=task, batch_size=2, group_size=2, max_length=128, max_new_tokens=40, seed=0)
+    td = env.reset(round=0)
+    prompt = td["text", "prompt"][0]
+    a, b = (int(x) for x in re.findall(r"(\d+)\*(\d+)=", prompt)[0])
+    (batch,) = env.turn_batches()
+    assert batch.rows == [0, 1] and batch.max_new_tokens == 40 and batch.seed_parts == (0,)
+
+    def act(texts):
+        rows = [(ids(t.replace("$", "")) + [EOS] * t.endswith("$")) for t in texts]
+        k = max(len(r) for r in rows)
+        td["tokens", "response"] = torch.tensor([r + [TOK.pad_token_id] * (k - len(r)) for r in rows])
+        td["turn_length"] = torch.tensor([len(r) for r in rows])
+        td["log_probs", "response"] = torch.full((2, k), -0.5)
+        return env.step(td)
+
+    call = f'<tool name="calculator">{a}*{b}</tool>'
+    td = act([call + "junk", "7$"])  # row 0 calls the calculator, row 1 answers at once
+    assert not env.episode_done
+    assert td["next", "done"].squeeze(-1).tolist() == [False, True]
+    (batch,) = env.turn_batches()
+    assert batch.rows == [0] and batch.seed_parts == (1,)
+    assert TOK.decode(batch.prompt_ids[0]).endswith(f"{call}<result>{a * b}</result>")  # "junk" dropped
+    td = act([f"{a * b}$", "ignored"])
+    assert env.episode_done
+    assert td["next", "reward"].squeeze(-1).tolist() == [1.0, float(a * b == 7)]
+    assert list(td["text", "answer"]) == [str(a * b), "7"]
+    assert td["stats", "turns"].tolist() == [2.0, 1.0] and td["stats", "tool_calls"].tolist() == [1.0, 0.0]
+    # the policy's tokens only: the call and the answer (with eos), not the observation
+    policy = td["masks", "all_assistant_mask"][0]
+    assert int(policy.sum()) == len(ids(call)) + len(ids(str(a * b))) + 1
+    assert torch.all(td["log_probs", "full"][0][policy] == -0.5) and torch.all(td["log_probs", "full"][0][~policy] == 0)
+    with pytest.raises(TextEnvError, match="after every episode ended"):
+        act(["1$", "1$"])
+    with pytest.raises(TextEnvError, match="need max_new_tokens"):
+        TextEnv(TOK, task=task, batch_size=2, max_length=96)
