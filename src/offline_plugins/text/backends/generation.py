@@ -268,8 +268,8 @@ def generate_texts(
     for start in range(0, len(prompts), step):
         ids = [prompt_token_ids(tokenizer, p) for p in prompts[start:start + step]]
         out = generate(model, ids, pad_id=pad, eos_id=tokenizer.eos_token_id, max_new_tokens=max_new_tokens,
-                              num_samples=num_samples, greedy=greedy, temperature=temperature,
-                              seed=None if seed is None else seed + start)
+                       num_samples=num_samples, greedy=greedy, temperature=temperature,
+                       seed=None if seed is None else seed + start)
         texts.extend(out.texts(tokenizer, pad))
     return [texts[i * num_samples : (i + 1) * num_samples] for i in range(len(prompts))]
 
@@ -279,4 +279,4 @@ def greedy_responses(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_
     """Greedy decoded responses, prompts left-padded in batches of ``batch_size``
     (:func:`generate_texts`): what one prompt at a time would give."""
     return [r[0] for r in generate_texts(model, tokenizer, prompts, greedy=True, max_new_tokens=max_new_tokens,
-                                   batch_size=batch_size)]
+                                         batch_size=batch_size)]

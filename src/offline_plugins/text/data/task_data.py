@@ -83,7 +83,7 @@ def sft_rows(task: Any, n: int, *, split: str = "train", seed: int = 0) -> list[
 def sample_responses(model, tokenizer, prompts, *, num_samples=4, max_new_tokens=8, temperature=1.0, seed=0):
     """Sampled responses per prompt (temperature sampling); see :func:`generate`."""
     return generate_texts(model, tokenizer, prompts, num_samples=num_samples, max_new_tokens=max_new_tokens,
-                    temperature=temperature, seed=seed)
+                          temperature=temperature, seed=seed)
 
 
 def preference_rows(
@@ -160,7 +160,7 @@ def gold_preference_rows(
         chunk = problems[start : start + batch_size]
         if not vary_length:
             samples = generate_texts(model, tokenizer, [p.prompt for p in chunk], num_samples=num_samples,
-                               max_new_tokens=max_new_tokens, temperature=temperature, seed=seed + start)
+                                     max_new_tokens=max_new_tokens, temperature=temperature, seed=seed + start)
         else:
             device = next(model.parameters()).device
             ids, attn = left_pad([prompt_token_ids(tokenizer, p.prompt) for p in chunk], pad, repeat=num_samples)
@@ -213,8 +213,8 @@ def exact_match_accuracy(
     worked = bool(getattr(task, "worked_solutions", False))
     if worked:
         max_new_tokens = max(int(max_new_tokens), int(task.max_new_tokens))
-    outs = generate_texts(model, tokenizer, [p.prompt for p in problems], greedy=True, max_new_tokens=max_new_tokens,
-                    batch_size=batch_size)
+    outs = generate_texts(model, tokenizer, [p.prompt for p in problems], greedy=True,
+                          max_new_tokens=max_new_tokens, batch_size=batch_size)
     if worked:
         return sum(task.reward(p.prompt, o[0]) for p, o in zip(problems, outs)) / max(n, 1)
     return sum(exact_match(o[0], p.answer) for p, o in zip(problems, outs)) / max(n, 1)
