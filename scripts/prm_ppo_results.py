@@ -13,7 +13,6 @@ thread, one run at a time) from the SFT reference of ``--reference-steps`` steps
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import statistics
@@ -21,6 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import run_table_args  # noqa: E402
 from prm_results import SETTINGS, _train  # noqa: E402
 
 #: arm -> (algorithm, its extra settings, the table's label)
@@ -64,20 +64,17 @@ def table(root: Path) -> None:
               f"{ms([x['kl_to_reference'] for x in s])} | {warnings} | {statistics.mean(x['train_s'] for x in s):.0f} |")
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run")
-    r.add_argument("--root", type=Path, default=Path("runs/results-prm-ppo"))
+def _run_options(r) -> None:
     r.add_argument("--steps", type=int, default=40)
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     r.add_argument("--reference-steps", type=int, default=800)
     r.add_argument("--prm-steps", type=int, default=300)
     r.add_argument("--prm", type=Path, default=None, help="a trained PRM's OUT folder (default: train one)")
     r.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
-    t = sub.add_parser("table")
-    t.add_argument("--root", type=Path, default=Path("runs/results-prm-ppo"))
-    a = p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = run_table_args(__doc__, "runs/results-prm-ppo", _run_options, argv)
     if a.cmd == "run":
         run(a.root, a.steps, a.seeds, a.reference_steps, a.prm_steps, a.prm, a.arms)
     else:

@@ -14,12 +14,14 @@ the first and last rounds, and the monitor's warnings.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import statistics
-import subprocess
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import run_table_args, run_unless_done  # noqa: E402
 
 ALGOS = ("grpo", "grpo-prm")
 SETTINGS = ["max_new_tokens=32", "eval_prompts=200"]
@@ -30,10 +32,7 @@ PRM_RECIPE = ["--dataset", "steps/arithmetic-v1", "--set", "lm_coef=1", "--set",
 
 
 def _train(cmd: list[str], out: Path) -> None:
-    if not (out / "summary.json").is_file():
-        cmd = ["offline-plugins", "train", *cmd, "--out", str(out), "--threads", "1", "--no-progress"]
-        print(" ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True)
+    run_unless_done(["offline-plugins", "train", *cmd, "--out", str(out), "--threads", "1", "--no-progress"], out)
 
 
 def run(root: Path, steps: int, seeds: list[int], reference_steps: int, prm_steps: int, prm: Path = None) -> None:
@@ -65,19 +64,16 @@ def table(root: Path) -> None:
               f"{ms([x['kl_to_reference'] for x in s])} | {warnings} | {statistics.mean(x['train_s'] for x in s):.0f} |")
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run")
-    r.add_argument("--root", type=Path, default=Path("runs/results-prm"))
+def _run_options(r) -> None:
     r.add_argument("--steps", type=int, default=60)
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     r.add_argument("--reference-steps", type=int, default=800)
     r.add_argument("--prm-steps", type=int, default=6000)
     r.add_argument("--prm", type=Path, default=None, help="a trained PRM (train prm's OUT) instead of training one")
-    t = sub.add_parser("table")
-    t.add_argument("--root", type=Path, default=Path("runs/results-prm"))
-    a = p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = run_table_args(__doc__, "runs/results-prm", _run_options, argv)
     if a.cmd == "run":
         run(a.root, a.steps, a.seeds, a.reference_steps, a.prm_steps, a.prm)
     else:
