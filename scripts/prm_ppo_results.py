@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import run_table_args  # noqa: E402
-from prm_results import SETTINGS, _train  # noqa: E402
+from prm_results import _ms, _train, _train_seeds  # noqa: E402
 
 #: arm -> (algorithm, its extra settings, the table's label)
 ARMS = {"ppo-rlhf": ("ppo-rlhf", [], "ORM (ppo-rlhf)"),
@@ -37,17 +37,13 @@ def run(root: Path, steps: int, seeds: list[int], reference_steps: int, prm_step
     for arm in arms:
         algo, extra, _ = ARMS[arm]
         extra = extra + [f"prm={prm}"] if algo == "ppo-prm" else extra
-        sets = [a for s in SETTINGS + [f"reference_sft_steps={reference_steps}", *extra] for a in ("--set", s)]
-        for seed in seeds:
-            _train([algo, "--dataset", "steps-arithmetic", "--steps", str(steps), "--seed", str(seed), *sets],
-                   root / arm / f"s{seed}")
+        _train_seeds(algo, extra, root / arm, steps, seeds, reference_steps)
 
 
 def table(root: Path) -> None:
     print("| rewards | seeds | held-out verifier reward (greedy), before -> after | rollout reward, first -> last "
           "round | response tokens, first -> last round | KL to reference | monitor warnings | train s |")
     print("|---|---|---|---|---|---|---|---|")
-    ms = lambda v: f"{statistics.mean(v):.3f} ± {statistics.stdev(v) if len(v) > 1 else 0.0:.3f}"  # noqa: E731
     for arm, (_, _, label) in ARMS.items():
         runs = sorted((root / arm).glob("s*/summary.json"))
         if not runs:
@@ -57,11 +53,12 @@ def table(root: Path) -> None:
                    if r.get("rollout/response_length")] for p in runs]
         warnings = sum(len(x["reward_hacking"].get("hacking_warnings") or []) for x in s)
         after = ", ".join(f"{x['heldout_reward_after']:.3f}" for x in s)
-        print(f"| {label} | {len(s)} | {ms([x['heldout_reward_before'] for x in s])} -> "
-              f"{ms([x['heldout_reward_after'] for x in s])} ({after}) | "
-              f"{ms([x['reward_mean_first_round'] for x in s])} -> {ms([x['reward_mean'] for x in s])} | "
-              f"{ms([x[0] for x in length])} -> {ms([x[-1] for x in length])} | "
-              f"{ms([x['kl_to_reference'] for x in s])} | {warnings} | {statistics.mean(x['train_s'] for x in s):.0f} |")
+        print(f"| {label} | {len(s)} | {_ms([x['heldout_reward_before'] for x in s])} -> "
+              f"{_ms([x['heldout_reward_after'] for x in s])} ({after}) | "
+              f"{_ms([x['reward_mean_first_round'] for x in s])} -> {_ms([x['reward_mean'] for x in s])} | "
+              f"{_ms([x[0] for x in length])} -> {_ms([x[-1] for x in length])} | "
+              f"{_ms([x['kl_to_reference'] for x in s])} | {warnings} | "
+              f"{statistics.mean(x['train_s'] for x in s):.0f} |")
 
 
 def _run_options(r) -> None:

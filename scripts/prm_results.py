@@ -35,23 +35,33 @@ def _train(cmd: list[str], out: Path) -> None:
     run_unless_done(["offline-plugins", "train", *cmd, "--out", str(out), "--threads", "1", "--no-progress"], out)
 
 
+def _train_seeds(algo: str, extra: list[str], out: Path, steps: int, seeds: list[int], reference_steps: int) -> None:
+    """``algo`` on ``steps-arithmetic`` from the SFT reference of ``reference_steps`` steps with :data:`SETTINGS`
+    and ``extra``, a run a seed into ``out/sSEED``."""
+    sets = [a for s in SETTINGS + [f"reference_sft_steps={reference_steps}", *extra] for a in ("--set", s)]
+    for seed in seeds:
+        _train([algo, "--dataset", "steps-arithmetic", "--steps", str(steps), "--seed", str(seed), *sets],
+               out / f"s{seed}")
+
+
 def run(root: Path, steps: int, seeds: list[int], reference_steps: int, prm_steps: int, prm: Path = None) -> None:
     if prm is None:
         prm = root / "prm"
         _train(["prm", *PRM_RECIPE, "--steps", str(prm_steps), "--seed", "0"], prm)
     for algo in ALGOS:
         extra = [f"prm={prm}"] if algo == "grpo-prm" else []
-        sets = [a for s in SETTINGS + [f"reference_sft_steps={reference_steps}", *extra] for a in ("--set", s)]
-        for seed in seeds:
-            _train([algo, "--dataset", "steps-arithmetic", "--steps", str(steps), "--seed", str(seed), *sets],
-                   root / algo / f"s{seed}")
+        _train_seeds(algo, extra, root / algo, steps, seeds, reference_steps)
+
+
+def _ms(values) -> str:
+    """Mean ± standard deviation (0 for one value), three decimals: the tables' cells."""
+    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values) if len(values) > 1 else 0.0:.3f}"
 
 
 def table(root: Path) -> None:
     print("| rewards | seeds | held-out verifier reward (greedy), before -> after | rollout reward, first -> last "
           "round | KL to reference | monitor warnings | train s |")
     print("|---|---|---|---|---|---|---|")
-    ms = lambda v: f"{statistics.mean(v):.3f} ± {statistics.stdev(v) if len(v) > 1 else 0.0:.3f}"  # noqa: E731
     for algo in ALGOS:
         runs = sorted((root / algo).glob("s*/summary.json"))
         if not runs:
@@ -59,9 +69,10 @@ def table(root: Path) -> None:
         s = [json.loads(p.read_text()) for p in runs]
         warnings = sum(len(x["reward_hacking"].get("hacking_warnings") or []) for x in s)
         print(f"| {'ORM (grpo)' if algo == 'grpo' else 'PRM (grpo-prm)'} | {len(s)} | "
-              f"{ms([x['heldout_reward_before'] for x in s])} -> {ms([x['heldout_reward_after'] for x in s])} | "
-              f"{ms([x['reward_mean_first_round'] for x in s])} -> {ms([x['reward_mean'] for x in s])} | "
-              f"{ms([x['kl_to_reference'] for x in s])} | {warnings} | {statistics.mean(x['train_s'] for x in s):.0f} |")
+              f"{_ms([x['heldout_reward_before'] for x in s])} -> {_ms([x['heldout_reward_after'] for x in s])} | "
+              f"{_ms([x['reward_mean_first_round'] for x in s])} -> {_ms([x['reward_mean'] for x in s])} | "
+              f"{_ms([x['kl_to_reference'] for x in s])} | {warnings} | "
+              f"{statistics.mean(x['train_s'] for x in s):.0f} |")
 
 
 def _run_options(r) -> None:
