@@ -27,7 +27,7 @@ def test_two_cpu_ranks_train_a_language_model_in_sync(tmp_path, algorithm):
     if algorithm == "dpo":
         rows = [{"prompt": f"q{i}=", "chosen": "good" + "!" * (i % 3), "rejected": "bad"} for i in range(200)]
     else:
-        # prompt rows; the reward is the run script's length_reward (a random init gets it, unlike exact match)
+        # prompt rows; the reward is _text_rewards.length_reward (a random init gets it, unlike exact match)
         rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(10)] * 2
     data = _write(tmp_path / f"{algorithm}.jsonl", rows)
     out = tmp_path / "ddp"
