@@ -99,31 +99,32 @@ def _agree(ours, theirs, batch, *, seed=0, terms=None):
 
 
 # -- every value estimator: our loss equals TorchRL's ---------------------------------------------
+def _pair_with_estimator(make_pair, value_type, hyperparams):
+    """``make_pair()`` with the value estimator made after construction (TorchRL's pattern); ours takes its
+    fused path exactly where that path is exact."""
+    ours, theirs = make_pair()
+    for loss in (ours, theirs):
+        loss.make_value_estimator(value_type, **hyperparams)
+    assert (ours._fused_blocker() is None) == _exact_on_fused_path(value_type, hyperparams)
+    return ours, theirs
+
+
 @pytest.mark.parametrize(("value_type", "hyperparams"), ESTIMATORS, ids=_IDS)
 def test_iql_equals_torchrl_for_every_value_estimator(value_type, hyperparams):
-    ours, theirs = _iql_pair()
-    for loss in (ours, theirs):
-        loss.make_value_estimator(value_type, **hyperparams)  # after construction, TorchRL's pattern
-    assert (ours._fused_blocker() is None) == _exact_on_fused_path(value_type, hyperparams)
+    ours, theirs = _pair_with_estimator(_iql_pair, value_type, hyperparams)
     out = _agree(ours, theirs, _iql_batch())
     assert {"q_data_mean", "advantage_mean", "value_mean"} <= set(out.keys())
 
 
 @pytest.mark.parametrize(("value_type", "hyperparams"), ESTIMATORS, ids=_IDS)
 def test_td3bc_equals_torchrl_for_every_value_estimator(value_type, hyperparams):
-    ours, theirs = _td3bc_pair()
-    for loss in (ours, theirs):
-        loss.make_value_estimator(value_type, **hyperparams)
-    assert (ours._fused_blocker() is None) == _exact_on_fused_path(value_type, hyperparams)
+    ours, theirs = _pair_with_estimator(_td3bc_pair, value_type, hyperparams)
     _agree(ours, theirs, _batch(), seed=3)  # same seed: the same target-policy noise
 
 
 @pytest.mark.parametrize(("value_type", "hyperparams"), ESTIMATORS, ids=_IDS)
 def test_td3bc_critic_only_terms_equal_torchrl_for_every_value_estimator(value_type, hyperparams):
-    ours, theirs = _td3bc_pair()
-    for loss in (ours, theirs):
-        loss.make_value_estimator(value_type, **hyperparams)
-    assert (ours._fused_blocker() is None) == _exact_on_fused_path(value_type, hyperparams)
+    ours, theirs = _pair_with_estimator(_td3bc_pair, value_type, hyperparams)
     _agree(ours, theirs, _batch(), seed=3, terms=["loss_qvalue"])
 
 
