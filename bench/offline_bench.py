@@ -468,15 +468,7 @@ def main(argv=None) -> None:
                 d3_err = None
             except Exception as exc:  # a broken d3rlpy venv should not stop the rest
                 d3_err = str(exc)
-        # contenders take turns chunk by chunk; the median chunk speed is robust to load spikes
-        speeds = {k: [] for k in runners}
-        chunk = max(1, args.steps // args.rounds)
-        for _ in range(args.rounds):
-            for key, runner in runners.items():
-                speeds[key].append(runner.run(chunk))
-        if "d3rlpy" in runners:
-            runners["d3rlpy"].close()
-        med = {k: statistics.median(v) for k, v in speeds.items()}
+        speeds, med = _race(runners, args.steps, args.rounds)
         d3 = med.get("d3rlpy")
         rows.append({"algo": name, "ours": med["ours"], "torchrl": med["torchrl"], "d3rlpy": d3,
                      "plain": med.get("plain"), "ours/plain": med["ours"] / med["plain"] if "plain" in med else None,
@@ -505,6 +497,19 @@ def main(argv=None) -> None:
                       "ensemble_rows": ensemble_rows, "cql_ceiling": ceiling}))
 
 
+def _race(runners: dict, steps: int, rounds: int) -> tuple[dict, dict]:
+    """Run ``steps`` steps of each runner, the contenders taking turns chunk by chunk over ``rounds`` rounds (closing
+    d3rlpy's after); the speeds of every chunk and each runner's median, which is robust to load spikes."""
+    speeds = {k: [] for k in runners}
+    chunk = max(1, steps // rounds)
+    for _ in range(rounds):
+        for key, runner in runners.items():
+            speeds[key].append(runner.run(chunk))
+    if "d3rlpy" in runners:
+        runners["d3rlpy"].close()
+    return speeds, {k: statistics.median(v) for k, v in speeds.items()}
+
+
 def _ensemble_rows(args, data, sample, device) -> list:
     """SAC-N / EDAC at each ``--critics`` N: ours (vmapped), the plain per-critic loop, d3rlpy's SAC (SAC-N only)."""
     import torch
@@ -523,14 +528,7 @@ def _ensemble_rows(args, data, sample, device) -> list:
                     d3_err = None
                 except Exception as exc:
                     d3_err = str(exc)
-            speeds = {k: [] for k in runners}
-            chunk = max(1, args.ensemble_steps // args.rounds)
-            for _ in range(args.rounds):
-                for key, runner in runners.items():
-                    speeds[key].append(runner.run(chunk))
-            if "d3rlpy" in runners:
-                runners["d3rlpy"].close()
-            med = {k: statistics.median(v) for k, v in speeds.items()}
+            speeds, med = _race(runners, args.ensemble_steps, args.rounds)
             rows.append({"algo": name, "critics": n, **med, "ours/plain": med["ours"] / med["plain"],
                          "ours/d3rlpy": med["ours"] / med["d3rlpy"] if "d3rlpy" in med else None,
                          "d3rlpy_error": d3_err, "chunks": speeds})

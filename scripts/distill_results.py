@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import run_logged  # noqa: E402
 from online_results import _fmt, results_main  # noqa: E402
 
 METHODS = ("opd", "gkd", "sft-teacher-samples")
@@ -45,13 +45,8 @@ def _cli(args, cmd: list[str], out: Path) -> None:
     if (out / "summary.json").is_file() and not args.overwrite:
         print(f"{out}: done, kept", flush=True)
         return
-    cmd = ["offline-plugins", "train", *cmd, "--threads", "1", "--no-progress", "--out", str(out), "--overwrite"]
-    print(" ".join(cmd), flush=True)
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-    lines = [line for line in (done.stdout + done.stderr).splitlines() if "held-out" in line]
-    print(lines[-1] if lines else (done.stdout + done.stderr)[-2000:], flush=True)
-    if done.returncode:
-        sys.exit(done.returncode)
+    run_logged(["offline-plugins", "train", *cmd, "--threads", "1", "--no-progress", "--out", str(out), "--overwrite"],
+               args.timeout)
 
 
 def _student_init(path: Path) -> None:

@@ -21,7 +21,11 @@ import argparse
 import json
 import statistics
 import subprocess
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import run_unless_done  # noqa: E402
 
 DATASET = "pointmaze/umaze-v0"
 #: name -> (algorithm, steps, --set overrides)
@@ -39,14 +43,9 @@ def run(root: Path, seeds: list[int], arms: list[str], episodes: int) -> None:
         algo, steps, sets = ARMS[name]
         for seed in seeds:
             out = root / name / f"s{seed}"
-            if (out / "summary.json").is_file():
-                continue
-            cmd = ["offline-plugins", "train", algo, "--dataset", DATASET, "--steps", str(steps), "--seed", str(seed),
-                   "--eval-episodes", str(episodes), "--eval-every", "0", "--out", str(out), "--threads", "1",
-                   "--no-progress",
-                   *[a for s in sets for a in ("--set", s)]]
-            print(" ".join(cmd), flush=True)
-            subprocess.run(cmd, check=True)
+            run_unless_done(["offline-plugins", "train", algo, "--dataset", DATASET, "--steps", str(steps), "--seed",
+                             str(seed), "--eval-episodes", str(episodes), "--eval-every", "0", "--out", str(out),
+                             "--threads", "1", "--no-progress", *[a for s in sets for a in ("--set", s)]], out)
 
 
 def table(root: Path) -> None:

@@ -16,13 +16,14 @@ and last rounds' rollout reward and turn reward, tool calls and malformed calls 
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import run_table_args, run_unless_done  # noqa: E402
 
 #: arm -> (algorithm, its settings beside SETTINGS, task); a turn of tool-python's call is 52 tokens
 PYTHON = ["max_new_tokens=56"]
@@ -40,15 +41,11 @@ def run(root: Path, steps: int, seeds: list[int], reference_steps: int, arms: li
         algo, extra, task = ARMS[arm]
         for seed in seeds:
             out = root / arm / f"s{seed}"
-            if (out / "summary.json").is_file():
-                continue
             own = {e.split("=")[0] for e in extra}  # the arm's own value of a setting replaces SETTINGS'
             settings = [s for s in SETTINGS if s.split("=")[0] not in own] + extra
             sets = [a for s in settings + [f"reference_sft_steps={reference_steps}"] for a in ("--set", s)]
-            cmd = ["offline-plugins", "train", algo, "--dataset", task, "--steps", str(steps), "--seed", str(seed),
-                    "--out", str(out), "--threads", "1", "--no-progress", *sets]
-            print(" ".join(cmd), flush=True)
-            subprocess.run(cmd, check=True)
+            run_unless_done(["offline-plugins", "train", algo, "--dataset", task, "--steps", str(steps), "--seed",
+                             str(seed), "--out", str(out), "--threads", "1", "--no-progress", *sets], out)
 
 
 def _rounds(out: Path) -> list[dict]:
@@ -83,18 +80,15 @@ def table(root: Path) -> None:
               f"{statistics.mean(x['train_s'] for x in s):.0f} |")
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run")
-    r.add_argument("--root", type=Path, default=Path("runs/results-multiturn"))
+def _run_options(r) -> None:
     r.add_argument("--steps", type=int, default=60)
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     r.add_argument("--reference-steps", type=int, default=130)
     r.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
-    t = sub.add_parser("table")
-    t.add_argument("--root", type=Path, default=Path("runs/results-multiturn"))
-    a = p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = run_table_args(__doc__, "runs/results-multiturn", _run_options, argv)
     if a.cmd == "run":
         run(a.root, a.steps, a.seeds, a.reference_steps, a.arms)
     else:

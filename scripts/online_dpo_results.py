@@ -32,11 +32,11 @@ import csv
 import json
 import math
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _common import train_arithmetic  # noqa: E402
 from online_results import _fmt, results_main  # noqa: E402
 
 #: setting -> (algorithm, steps, eval_every, --set values)
@@ -62,17 +62,8 @@ def pairs_trained(summary: dict) -> int:
 
 
 def _train(algorithm: str, steps: int, eval_every: int, seed: int, out: Path, sets: list[str], timeout: int) -> None:
-    cmd = ["offline-plugins", "train", algorithm, "--dataset", "arithmetic", "--model", "tiny", "--steps", str(steps),
-           "--eval-every", str(eval_every), "--seed", str(seed), "--threads", "1", "--no-progress", "--out", str(out),
-           "--overwrite"]
-    for kv in sets:
-        cmd += ["--set", kv]
-    print(" ".join(cmd), flush=True)
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    lines = [line for line in (done.stdout + done.stderr).splitlines() if "held-out" in line or "accuracy" in line]
-    print(lines[-1] if lines else (done.stdout + done.stderr)[-2000:], flush=True)
-    if done.returncode:
-        sys.exit(done.returncode)
+    train_arithmetic(algorithm, steps, eval_every, seed, out, sets, timeout,
+                     shows=lambda line: "held-out" in line or "accuracy" in line)
 
 
 def _fixed_eval(out: Path) -> dict:

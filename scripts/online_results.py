@@ -17,9 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import train_arithmetic  # noqa: E402
 
 ALGOS = ("grpo", "dapo", "dr-grpo", "rloo", "cispo", "gspo", "sapo", "gmpo", "dppo", "reinforce-pp",
          "reinforce-pp-baseline", "expert-iteration")
@@ -32,17 +34,7 @@ def run(args) -> None:
             if (out / "summary.json").is_file() and not args.overwrite:
                 print(f"{out}: done, kept", flush=True)
                 continue
-            cmd = ["offline-plugins", "train", algo, "--dataset", "arithmetic", "--model", "tiny",
-                   "--steps", str(args.steps), "--eval-every", str(args.eval_every), "--seed", str(seed),
-                   "--threads", "1", "--no-progress", "--out", str(out), "--overwrite"]
-            for kv in args.set or []:
-                cmd += ["--set", kv]
-            print(" ".join(cmd), flush=True)
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-            lines = [line for line in (done.stdout + done.stderr).splitlines() if "held-out" in line]
-            print(lines[-1] if lines else (done.stdout + done.stderr)[-2000:], flush=True)
-            if done.returncode:
-                sys.exit(done.returncode)
+            train_arithmetic(algo, args.steps, args.eval_every, seed, out, args.set or [], args.timeout)
 
 
 def _fmt(values, scale=100.0, digits=1) -> str:

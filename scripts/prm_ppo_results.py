@@ -13,7 +13,6 @@ thread, one run at a time) from the SFT reference of ``--reference-steps`` steps
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import statistics
@@ -21,7 +20,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from prm_results import SETTINGS, _train  # noqa: E402
+from _common import run_table_args  # noqa: E402
+from prm_results import _ms, _train, _train_seeds  # noqa: E402
 
 #: arm -> (algorithm, its extra settings, the table's label)
 ARMS = {"ppo-rlhf": ("ppo-rlhf", [], "ORM (ppo-rlhf)"),
@@ -37,17 +37,13 @@ def run(root: Path, steps: int, seeds: list[int], reference_steps: int, prm_step
     for arm in arms:
         algo, extra, _ = ARMS[arm]
         extra = extra + [f"prm={prm}"] if algo == "ppo-prm" else extra
-        sets = [a for s in SETTINGS + [f"reference_sft_steps={reference_steps}", *extra] for a in ("--set", s)]
-        for seed in seeds:
-            _train([algo, "--dataset", "steps-arithmetic", "--steps", str(steps), "--seed", str(seed), *sets],
-                   root / arm / f"s{seed}")
+        _train_seeds(algo, extra, root / arm, steps, seeds, reference_steps)
 
 
 def table(root: Path) -> None:
     print("| rewards | seeds | held-out verifier reward (greedy), before -> after | rollout reward, first -> last "
           "round | response tokens, first -> last round | KL to reference | monitor warnings | train s |")
     print("|---|---|---|---|---|---|---|---|")
-    ms = lambda v: f"{statistics.mean(v):.3f} ± {statistics.stdev(v) if len(v) > 1 else 0.0:.3f}"  # noqa: E731
     for arm, (_, _, label) in ARMS.items():
         runs = sorted((root / arm).glob("s*/summary.json"))
         if not runs:
@@ -57,27 +53,25 @@ def table(root: Path) -> None:
                    if r.get("rollout/response_length")] for p in runs]
         warnings = sum(len(x["reward_hacking"].get("hacking_warnings") or []) for x in s)
         after = ", ".join(f"{x['heldout_reward_after']:.3f}" for x in s)
-        print(f"| {label} | {len(s)} | {ms([x['heldout_reward_before'] for x in s])} -> "
-              f"{ms([x['heldout_reward_after'] for x in s])} ({after}) | "
-              f"{ms([x['reward_mean_first_round'] for x in s])} -> {ms([x['reward_mean'] for x in s])} | "
-              f"{ms([x[0] for x in length])} -> {ms([x[-1] for x in length])} | "
-              f"{ms([x['kl_to_reference'] for x in s])} | {warnings} | {statistics.mean(x['train_s'] for x in s):.0f} |")
+        print(f"| {label} | {len(s)} | {_ms([x['heldout_reward_before'] for x in s])} -> "
+              f"{_ms([x['heldout_reward_after'] for x in s])} ({after}) | "
+              f"{_ms([x['reward_mean_first_round'] for x in s])} -> {_ms([x['reward_mean'] for x in s])} | "
+              f"{_ms([x[0] for x in length])} -> {_ms([x[-1] for x in length])} | "
+              f"{_ms([x['kl_to_reference'] for x in s])} | {warnings} | "
+              f"{statistics.mean(x['train_s'] for x in s):.0f} |")
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run")
-    r.add_argument("--root", type=Path, default=Path("runs/results-prm-ppo"))
+def _run_options(r) -> None:
     r.add_argument("--steps", type=int, default=40)
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     r.add_argument("--reference-steps", type=int, default=800)
     r.add_argument("--prm-steps", type=int, default=300)
     r.add_argument("--prm", type=Path, default=None, help="a trained PRM's OUT folder (default: train one)")
     r.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
-    t = sub.add_parser("table")
-    t.add_argument("--root", type=Path, default=Path("runs/results-prm-ppo"))
-    a = p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = run_table_args(__doc__, "runs/results-prm-ppo", _run_options, argv)
     if a.cmd == "run":
         run(a.root, a.steps, a.seeds, a.reference_steps, a.prm_steps, a.prm, a.arms)
     else:

@@ -14,12 +14,14 @@ the first and last rounds, and the monitor's warnings.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import statistics
-import subprocess
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import run_table_args, run_unless_done  # noqa: E402
 
 ALGOS = ("grpo", "grpo-prm")
 SETTINGS = ["max_new_tokens=32", "eval_prompts=200"]
@@ -30,10 +32,16 @@ PRM_RECIPE = ["--dataset", "steps/arithmetic-v1", "--set", "lm_coef=1", "--set",
 
 
 def _train(cmd: list[str], out: Path) -> None:
-    if not (out / "summary.json").is_file():
-        cmd = ["offline-plugins", "train", *cmd, "--out", str(out), "--threads", "1", "--no-progress"]
-        print(" ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True)
+    run_unless_done(["offline-plugins", "train", *cmd, "--out", str(out), "--threads", "1", "--no-progress"], out)
+
+
+def _train_seeds(algo: str, extra: list[str], out: Path, steps: int, seeds: list[int], reference_steps: int) -> None:
+    """``algo`` on ``steps-arithmetic`` from the SFT reference of ``reference_steps`` steps with :data:`SETTINGS`
+    and ``extra``, a run a seed into ``out/sSEED``."""
+    sets = [a for s in SETTINGS + [f"reference_sft_steps={reference_steps}", *extra] for a in ("--set", s)]
+    for seed in seeds:
+        _train([algo, "--dataset", "steps-arithmetic", "--steps", str(steps), "--seed", str(seed), *sets],
+               out / f"s{seed}")
 
 
 def run(root: Path, steps: int, seeds: list[int], reference_steps: int, prm_steps: int, prm: Path = None) -> None:
@@ -42,17 +50,18 @@ def run(root: Path, steps: int, seeds: list[int], reference_steps: int, prm_step
         _train(["prm", *PRM_RECIPE, "--steps", str(prm_steps), "--seed", "0"], prm)
     for algo in ALGOS:
         extra = [f"prm={prm}"] if algo == "grpo-prm" else []
-        sets = [a for s in SETTINGS + [f"reference_sft_steps={reference_steps}", *extra] for a in ("--set", s)]
-        for seed in seeds:
-            _train([algo, "--dataset", "steps-arithmetic", "--steps", str(steps), "--seed", str(seed), *sets],
-                   root / algo / f"s{seed}")
+        _train_seeds(algo, extra, root / algo, steps, seeds, reference_steps)
+
+
+def _ms(values) -> str:
+    """Mean ± standard deviation (0 for one value), three decimals: the tables' cells."""
+    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values) if len(values) > 1 else 0.0:.3f}"
 
 
 def table(root: Path) -> None:
     print("| rewards | seeds | held-out verifier reward (greedy), before -> after | rollout reward, first -> last "
           "round | KL to reference | monitor warnings | train s |")
     print("|---|---|---|---|---|---|---|")
-    ms = lambda v: f"{statistics.mean(v):.3f} ± {statistics.stdev(v) if len(v) > 1 else 0.0:.3f}"  # noqa: E731
     for algo in ALGOS:
         runs = sorted((root / algo).glob("s*/summary.json"))
         if not runs:
@@ -60,24 +69,22 @@ def table(root: Path) -> None:
         s = [json.loads(p.read_text()) for p in runs]
         warnings = sum(len(x["reward_hacking"].get("hacking_warnings") or []) for x in s)
         print(f"| {'ORM (grpo)' if algo == 'grpo' else 'PRM (grpo-prm)'} | {len(s)} | "
-              f"{ms([x['heldout_reward_before'] for x in s])} -> {ms([x['heldout_reward_after'] for x in s])} | "
-              f"{ms([x['reward_mean_first_round'] for x in s])} -> {ms([x['reward_mean'] for x in s])} | "
-              f"{ms([x['kl_to_reference'] for x in s])} | {warnings} | {statistics.mean(x['train_s'] for x in s):.0f} |")
+              f"{_ms([x['heldout_reward_before'] for x in s])} -> {_ms([x['heldout_reward_after'] for x in s])} | "
+              f"{_ms([x['reward_mean_first_round'] for x in s])} -> {_ms([x['reward_mean'] for x in s])} | "
+              f"{_ms([x['kl_to_reference'] for x in s])} | {warnings} | "
+              f"{statistics.mean(x['train_s'] for x in s):.0f} |")
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run")
-    r.add_argument("--root", type=Path, default=Path("runs/results-prm"))
+def _run_options(r) -> None:
     r.add_argument("--steps", type=int, default=60)
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     r.add_argument("--reference-steps", type=int, default=800)
     r.add_argument("--prm-steps", type=int, default=6000)
     r.add_argument("--prm", type=Path, default=None, help="a trained PRM (train prm's OUT) instead of training one")
-    t = sub.add_parser("table")
-    t.add_argument("--root", type=Path, default=Path("runs/results-prm"))
-    a = p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = run_table_args(__doc__, "runs/results-prm", _run_options, argv)
     if a.cmd == "run":
         run(a.root, a.steps, a.seeds, a.reference_steps, a.prm_steps, a.prm)
     else:

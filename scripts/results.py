@@ -175,6 +175,14 @@ def cmd_plot(args) -> None:
     print(f"wrote {args.out}")
 
 
+def _add_selection(p: argparse.ArgumentParser) -> None:
+    """The options of ``table`` and ``plot`` that pick the runs and the metric."""
+    p.add_argument("--root", default="runs/results", help="one folder, or several separated by commas")
+    p.add_argument("--algos", default=None, help="only these algorithms (comma-separated)")
+    p.add_argument("--datasets", default=None, help="only these dataset ids (comma-separated)")
+    p.add_argument("--metric", default="normalized_score")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(required=True)
@@ -193,19 +201,13 @@ def main() -> None:
     p.add_argument("--root", default="runs/results")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("table", help="markdown table of the runs under --root")
-    p.add_argument("--root", default="runs/results", help="one folder, or several separated by commas")
-    p.add_argument("--algos", default=None, help="only these algorithms (comma-separated)")
-    p.add_argument("--datasets", default=None, help="only these dataset ids (comma-separated)")
-    p.add_argument("--metric", default="normalized_score")
+    _add_selection(p)
     p.add_argument("--scale", type=float, default=1.0, help="multiply values (100 for accuracies in %%)")
     p.add_argument("--at", type=int, default=None, help="report the evaluation at this step instead of the last")
     p.add_argument("--pivot", action="store_true", help="one row per algorithm, one column per dataset (first --metric; cells: mean ± sd (seeds, steps))")
     p.set_defaults(func=cmd_table)
     p = sub.add_parser("plot", help="learning curves (mean over seeds, min-max band) of the runs under --root")
-    p.add_argument("--root", default="runs/results", help="one folder, or several separated by commas")
-    p.add_argument("--algos", default=None, help="only these algorithms (comma-separated)")
-    p.add_argument("--datasets", default=None, help="only these dataset ids (comma-separated)")
-    p.add_argument("--metric", default="normalized_score")
+    _add_selection(p)
     p.add_argument("--scale", type=float, default=1.0)
     p.add_argument("--ylabel", default=None)
     p.add_argument("--baseline", default="exact_match_before", help="summary key drawn as a dashed line")

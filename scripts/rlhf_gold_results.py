@@ -30,9 +30,11 @@ import argparse
 import json
 import math
 import statistics
-import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import run_logged  # noqa: E402
 
 DATASET = "offline-plugins/arithmetic-length/v0"
 PAIRS = "offline-plugins/arithmetic-length/preference-v0"
@@ -40,12 +42,7 @@ SETTINGS = ("reward-model", "ppo-rlhf", "best-of-n", "grpo-gold")
 
 
 def _cli(cmd: list[str], out: Path, timeout: int) -> None:
-    print(" ".join(cmd), flush=True)
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    lines = [line for line in (done.stdout + done.stderr).splitlines() if " on " in line and " steps, seed " in line]
-    print(lines[-1] if lines else (done.stdout + done.stderr)[-2000:], flush=True)
-    if done.returncode:
-        sys.exit(done.returncode)
+    run_logged(cmd, timeout, shows=lambda line: " on " in line and " steps, seed " in line)
 
 
 def best_of_n(rm_dir: Path, *, seed: int, n_max: int, max_new_tokens: int, prompts: int) -> dict:

@@ -11,11 +11,14 @@ std over the seeds and generated tokens per prompt, per method and compute setti
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import run_table_args  # noqa: E402
 
 
 def run(root: Path, policy: str, prm: str, seeds: list[int], ns: list[int], widths: list[int], prompts: int) -> None:
@@ -51,20 +54,17 @@ def table(root: Path) -> None:
     print(f"wrote {root / 'search.png'}")
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run")
-    r.add_argument("--root", type=Path, default=Path("runs/results-search"))
+def _run_options(r) -> None:
     r.add_argument("--policy", required=True, help="the solution writer (save_pretrained folder or a run's OUT)")
     r.add_argument("--prm", required=True, help="a train prm run's OUT folder")
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     r.add_argument("--n", type=int, nargs="+", default=[2, 4, 8])
     r.add_argument("--beam-width", type=int, nargs="+", default=[2])
     r.add_argument("--prompts", type=int, default=100)
-    t = sub.add_parser("table")
-    t.add_argument("--root", type=Path, default=Path("runs/results-search"))
-    a = p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = run_table_args(__doc__, "runs/results-search", _run_options, argv)
     if a.cmd == "run":
         run(a.root, a.policy, a.prm, a.seeds, a.n, a.beam_width, a.prompts)
     else:

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _common import train_arithmetic  # noqa: E402
 from online_results import _fmt, results_main  # noqa: E402
 
 #: run name -> (algorithm, its --set overrides): the Decision Transformer (every row trained), the same with
@@ -65,17 +65,8 @@ def run(args) -> None:
             out = Path(args.root) / algo / f"s{seed}"
             if not (out / "summary.json").is_file() or args.overwrite:
                 name, extra = RUNS[algo]
-                cmd = ["offline-plugins", "train", name, "--dataset", "arithmetic", "--model", "tiny",
-                       "--steps", str(args.steps), "--eval-every", str(args.eval_every), "--seed", str(seed),
-                       "--threads", "1", "--no-progress", "--out", str(out), "--overwrite"]
-                for kv in [*extra, *(args.set or [])]:
-                    cmd += ["--set", kv]
-                print(" ".join(cmd), flush=True)
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-                lines = [line for line in (done.stdout + done.stderr).splitlines() if "held-out" in line]
-                print(lines[-1] if lines else (done.stdout + done.stderr)[-2000:], flush=True)
-                if done.returncode:
-                    sys.exit(done.returncode)
+                train_arithmetic(name, args.steps, args.eval_every, seed, out, [*extra, *(args.set or [])],
+                                 args.timeout)
             if RUNS[algo][0] == "text-dt" and (not (out / "conditioning.json").is_file() or args.overwrite):
                 started = time.perf_counter()
                 scores = conditioning(out)

@@ -10,27 +10,25 @@ import sys
 from pathlib import Path
 
 import torch
-from lightning.pytorch import Callback
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from _lightning_fixtures import TINY_SPEC, FakeOfflineData  # noqa: E402
+from _ranks import SaveRankState  # noqa: E402
 
 from offline_plugins.lightning.run import train_algorithm  # noqa: E402
 
 
-class RecordRank(Callback):
+class RecordRank(SaveRankState):
     def __init__(self, out: Path) -> None:
-        self.out = out
+        super().__init__(out)
         self.batches: list[float] = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.batches.append(float(batch["observation"].sum()))
 
-    def on_train_end(self, trainer, pl_module) -> None:
-        state = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
-        torch.save({"state": state, "batches": self.batches, "world_size": trainer.world_size,
-                    "steps": trainer.global_step}, self.out / f"rank{trainer.global_rank}.pt")
+    def extra(self, trainer) -> dict:
+        return {"batches": self.batches, "steps": trainer.global_step}
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ TorchRL's ``TD3BCLoss`` (two optimiser groups, a delayed actor, a ``SoftUpdate``
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -142,14 +143,11 @@ TINY_SPEC = AlgorithmSpec(
     action_spaces=("continuous",),
 )
 
-DISCRETE_SPEC = AlgorithmSpec(
+DISCRETE_SPEC = dataclasses.replace(
+    TINY_SPEC,
     name="tiny-discrete",
     summary="a discrete-action algorithm (tests only)",
-    family="offline-rl",
-    data="transitions",
     loss="torchrl.objectives:DQNLoss",
-    build=build_tiny_td3bc,
-    config=TinyTD3BCConfig,
     action_spaces=("discrete",),
 )
 

@@ -11,23 +11,9 @@ import sys
 from pathlib import Path
 
 import torch
-from lightning.pytorch import Callback
+from _ranks import SaveRankState
 
 from offline_plugins.lightning.run import train_algorithm
-
-
-def length_reward(prompts, responses, **row):
-    """A reward with signal from a random initialisation: shorter responses score higher."""
-    return [1.0 / (1.0 + len(r)) for r in responses]
-
-
-class SaveRank(Callback):
-    def __init__(self, out: Path) -> None:
-        self.out = out
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        state = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
-        torch.save({"state": state, "world_size": trainer.world_size}, self.out / f"rank{trainer.global_rank}.pt")
 
 
 if __name__ == "__main__":
@@ -37,7 +23,7 @@ if __name__ == "__main__":
     # GRPO: 4 prompts x 4 responses = 16 rollouts a rank, batch 8, 2 epochs: 4 steps a round
     overrides = (["batch_size=8"] if algorithm == "dpo" else
                  ["group_size=4", "prompts_per_round=4", "batch_size=8", "ppo_epochs=2", "lr=3e-3"])
-    reward = None if algorithm == "dpo" else "_llm_ddp_run:length_reward"
+    reward = None if algorithm == "dpo" else "_text_rewards:length_reward"
     train_algorithm(algorithm, data, model="tiny", reward=reward, steps=steps, seed=0, eval_every=0, devices=2,
-          accelerator="cpu", out_dir=out, progress=False, overrides=overrides, callbacks=[SaveRank(out)],
+          accelerator="cpu", out_dir=out, progress=False, overrides=overrides, callbacks=[SaveRankState(out)],
                     resume=resume or None)

@@ -18,11 +18,6 @@ from lightning.pytorch import Callback
 from offline_plugins.lightning.run import train_algorithm
 
 
-def length_reward(prompts, responses, **row):
-    """A reward with signal from a random initialisation: shorter responses score higher."""
-    return [1.0 / (1.0 + len(r)) for r in responses]
-
-
 class SaveFull(Callback):
     def __init__(self, out: Path) -> None:
         self.out = out
@@ -57,7 +52,7 @@ if __name__ == "__main__":
     args = parser.parse_args()
     overrides = ["batch_size=8"] if args.algorithm == "dpo" else ["group_size=4", "prompts_per_round=4",
                                                                    "batch_size=8"]
-    reward = None if args.algorithm == "dpo" else "_llm_fsdp_run:length_reward"
+    reward = None if args.algorithm == "dpo" else "_text_rewards:length_reward"
     args.out.mkdir(parents=True, exist_ok=True)
     train_algorithm(args.algorithm, args.data, model=args.model, reward=reward, steps=args.steps, seed=0, eval_every=0,
                     devices=2, accelerator="cpu", strategy=args.strategy, out_dir=args.out, progress=False,

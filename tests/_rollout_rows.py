@@ -1,4 +1,4 @@
-"""Rollout rows and a fixed actor for the hand-computed tests of the text losses."""
+"""Rollout rows, a fixed actor and the log-probs they start from, for the hand-computed tests of the text losses."""
 
 from __future__ import annotations
 
@@ -35,3 +35,17 @@ def _rows(sample_lp, rewards, groups, *, ref_lp=None, response=None, components=
         "masks": {"all_attention_mask": torch.ones(b, t, dtype=torch.bool), "all_assistant_mask": resp},
         "log_probs": {"full": sample_lp}, "next": nxt, "group": torch.tensor(groups),
     }, [b])
+
+
+# two responses of one prompt, 2 response tokens each (position 0 is the prompt): the sampling policy's
+# log-probs, and the current policy's
+SAMPLE = torch.log(torch.tensor([[0.5, 0.5, 0.25], [0.5, 0.2, 0.4]]))
+CURRENT = torch.log(torch.tensor([[0.5, 0.6, 0.5], [0.5, 0.1, 0.6]]))
+
+
+def _run(loss, current, td):
+    """``loss`` on the rollouts ``td`` (processed first) with an actor whose log-probs are ``current``: its
+    output, the actor's log-prob parameter (for gradients) and the processed rollouts."""
+    loss.actor_network = _Fixed(current)
+    td = loss.process_rollouts(td)
+    return loss(td), loss.actor_network.lp, td

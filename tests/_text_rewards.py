@@ -18,6 +18,12 @@ def brevity(prompts, responses, **columns):
     return [1.0 if len(r.strip()) <= 2 else 0.0 for r in responses]
 
 
+def length_reward(prompts, responses, **row):
+    """A reward with signal from a random initialisation: shorter responses score higher (the DDP and FSDP
+    runs' GRPO, tests/_llm_ddp_run.py and tests/_llm_fsdp_run.py)."""
+    return [1.0 / (1.0 + len(r)) for r in responses]
+
+
 def write_letter_prompts(path: Path, n: int = 220) -> Path:
     """``n`` prompts of four random letters and a colon, one JSON row each (seeded)."""
     rng = random.Random(0)

@@ -32,6 +32,24 @@ def prompt_file(tmp_path_factory):
     return write_letter_prompts(tmp_path_factory.mktemp("prompts") / "prompts.jsonl")
 
 
+@pytest.fixture
+def preference_pairs(tmp_path, monkeypatch):
+    """``load(rows)``: the ``preference-pairs`` data of ``rows`` (prompt, chosen, rejected), written to
+    ``tmp_path/pairs.jsonl``; the reference log-probs are cached under ``tmp_path/cache``."""
+    import json
+
+    from offline_plugins.text.data.preference_sources import load_preference_source
+
+    monkeypatch.setenv("OFFLINE_PLUGINS_CACHE", str(tmp_path / "cache"))
+
+    def load(rows: list[dict]):
+        path = tmp_path / "pairs.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return load_preference_source(str(path), kind="preference-pairs", progress=False)
+
+    return load
+
+
 @pytest.fixture(scope="session")
 def tiny_prm(tmp_path_factory):
     """The folder of a PRM trained 3 steps on ``steps/arithmetic-v0``, made once a test run, for the

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -44,14 +43,9 @@ def test_iql_with_four_micro_batches_trains_as_the_whole_batch(tmp_path):
         assert split["losses"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
 
 
-def test_dpo_counts_pairs_per_step_whatever_the_micro_batches(tmp_path, monkeypatch):
-    from offline_plugins.text.data.preference_sources import load_preference_source
-
-    monkeypatch.setenv("OFFLINE_PLUGINS_CACHE", str(tmp_path / "cache"))
-    rows = [{"prompt": f"q{i}=", "chosen": "good" + "!" * (i % 3), "rejected": "bad"} for i in range(200)]
-    path = tmp_path / "pairs.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    data = load_preference_source(str(path), kind="preference-pairs", progress=False)
+def test_dpo_counts_pairs_per_step_whatever_the_micro_batches(tmp_path, preference_pairs):
+    data = preference_pairs([{"prompt": f"q{i}=", "chosen": "good" + "!" * (i % 3), "rejected": "bad"}
+                             for i in range(200)])
     kw = dict(steps=3, overrides={"batch_size": 8}, **QUIET)
     whole = train_algorithm("dpo", data, out_dir=tmp_path / "whole", **kw)
     split = train_algorithm("dpo", data, out_dir=tmp_path / "split", accumulate=2, **kw)

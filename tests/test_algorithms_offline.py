@@ -11,6 +11,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from _offline_train import train
 from _synthetic import synthetic_transitions
 from offline_plugins.errors import UserError
 from offline_plugins.plugins.manager import load_registry
@@ -59,26 +60,6 @@ def _small(spec, **overrides):
             changes[f.name] = 1e-3
     changes.update(overrides)
     return dataclasses.replace(config, **{k: v for k, v in changes.items() if hasattr(config, k)})
-
-
-def train(parts, batch, steps: int):
-    """What a trainer does: sum every loss_* term, one backward, step the due groups, update targets."""
-    optimizers = [(g, g.make_optimizer()) for g in parts.optimizers]
-    keys = parts.loss_keys()
-    history = []
-    for step in range(steps):
-        out = parts.loss(batch.clone())
-        history.append(out.detach())
-        total = sum(out[k] for k in keys)
-        for _, opt in optimizers:
-            opt.zero_grad()
-        total.backward()
-        for group, opt in optimizers:
-            if group.due(step):
-                opt.step()
-        if parts.target_updater is not None:
-            parts.target_updater.step()
-    return history
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _ranks import launch
+from _ranks import launch, ranks_in_sync
 
 SCRIPT = Path(__file__).parent / "_llm_ddp_run.py"
 
@@ -27,7 +27,7 @@ def test_two_cpu_ranks_train_a_language_model_in_sync(tmp_path, algorithm):
     if algorithm == "dpo":
         rows = [{"prompt": f"q{i}=", "chosen": "good" + "!" * (i % 3), "rejected": "bad"} for i in range(200)]
     else:
-        # prompt rows; the reward is the run script's length_reward (a random init gets it, unlike exact match)
+        # prompt rows; the reward is _text_rewards.length_reward (a random init gets it, unlike exact match)
         rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(10)] * 2
     data = _write(tmp_path / f"{algorithm}.jsonl", rows)
     out = tmp_path / "ddp"
@@ -35,12 +35,7 @@ def test_two_cpu_ranks_train_a_language_model_in_sync(tmp_path, algorithm):
            "OFFLINE_PLUGINS_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(Path(__file__).parent)}
     proc = launch([sys.executable, str(SCRIPT), algorithm, str(data), str(out), "4"], env, 290)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
-    assert [r["world_size"] for r in ranks] == [2, 2]
-    a, b = (r["state"] for r in ranks)
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
+    ranks_in_sync(out)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 4
     assert (out / "model" / "config.json").is_file()

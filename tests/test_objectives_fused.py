@@ -99,31 +99,32 @@ def _agree(ours, theirs, batch, *, seed=0, terms=None):
 
 
 # -- every value estimator: our loss equals TorchRL's ---------------------------------------------
+def _pair_with_estimator(make_pair, value_type, hyperparams):
+    """``make_pair()`` with the value estimator made after construction (TorchRL's pattern); ours takes its
+    fused path exactly where that path is exact."""
+    ours, theirs = make_pair()
+    for loss in (ours, theirs):
+        loss.make_value_estimator(value_type, **hyperparams)
+    assert (ours._fused_blocker() is None) == _exact_on_fused_path(value_type, hyperparams)
+    return ours, theirs
+
+
 @pytest.mark.parametrize(("value_type", "hyperparams"), ESTIMATORS, ids=_IDS)
 def test_iql_equals_torchrl_for_every_value_estimator(value_type, hyperparams):
-    ours, theirs = _iql_pair()
-    for loss in (ours, theirs):
-        loss.make_value_estimator(value_type, **hyperparams)  # after construction, TorchRL's pattern
-    assert (ours._fused_blocker() is None) == _exact_on_fused_path(value_type, hyperparams)
+    ours, theirs = _pair_with_estimator(_iql_pair, value_type, hyperparams)
     out = _agree(ours, theirs, _iql_batch())
     assert {"q_data_mean", "advantage_mean", "value_mean"} <= set(out.keys())
 
 
 @pytest.mark.parametrize(("value_type", "hyperparams"), ESTIMATORS, ids=_IDS)
 def test_td3bc_equals_torchrl_for_every_value_estimator(value_type, hyperparams):
-    ours, theirs = _td3bc_pair()
-    for loss in (ours, theirs):
-        loss.make_value_estimator(value_type, **hyperparams)
-    assert (ours._fused_blocker() is None) == _exact_on_fused_path(value_type, hyperparams)
+    ours, theirs = _pair_with_estimator(_td3bc_pair, value_type, hyperparams)
     _agree(ours, theirs, _batch(), seed=3)  # same seed: the same target-policy noise
 
 
 @pytest.mark.parametrize(("value_type", "hyperparams"), ESTIMATORS, ids=_IDS)
 def test_td3bc_critic_only_terms_equal_torchrl_for_every_value_estimator(value_type, hyperparams):
-    ours, theirs = _td3bc_pair()
-    for loss in (ours, theirs):
-        loss.make_value_estimator(value_type, **hyperparams)
-    assert (ours._fused_blocker() is None) == _exact_on_fused_path(value_type, hyperparams)
+    ours, theirs = _pair_with_estimator(_td3bc_pair, value_type, hyperparams)
     _agree(ours, theirs, _batch(), seed=3, terms=["loss_qvalue"])
 
 
@@ -197,27 +198,27 @@ def _doubled(method_name):
     return mixin
 
 
-@pytest.mark.parametrize("method_name", ["actor_loss", "qvalue_loss", "value_loss"])
-def test_iql_subclass_override_is_honoured(method_name):
+def _doubled_pair(method_name, make_pair, ours_cls, theirs_cls):
+    """``make_pair`` of ours and TorchRL's loss, each subclassed with ``method_name``'s term doubled, with their
+    value estimators; ours sees the override (it blocks the fused path)."""
     mixin = _doubled(method_name)
-    ours_cls = type("OurIQL", (mixin, IQLLoss), {})
-    theirs_cls = type("TheirIQL", (mixin, trl.IQLLoss), {})
-    ours, theirs = _iql_pair(ours_cls, theirs_cls)
+    ours, theirs = make_pair(type(f"Our{ours_cls.__name__}", (mixin, ours_cls), {}),
+                             type(f"Their{theirs_cls.__name__}", (mixin, theirs_cls), {}))
     assert method_name in ours._fused_blocker()
     for loss in (ours, theirs):
         loss.make_value_estimator(gamma=0.99)
+    return ours, theirs
+
+
+@pytest.mark.parametrize("method_name", ["actor_loss", "qvalue_loss", "value_loss"])
+def test_iql_subclass_override_is_honoured(method_name):
+    ours, theirs = _doubled_pair(method_name, _iql_pair, IQLLoss, trl.IQLLoss)
     _agree(ours, theirs, _iql_batch())
 
 
 @pytest.mark.parametrize("method_name", ["actor_loss", "qvalue_loss"])
 def test_td3bc_subclass_override_is_honoured(method_name):
-    mixin = _doubled(method_name)
-    ours_cls = type("OurTD3BC", (mixin, TD3BCLoss), {})
-    theirs_cls = type("TheirTD3BC", (mixin, trl.TD3BCLoss), {})
-    ours, theirs = _td3bc_pair(ours_cls, theirs_cls)
-    assert method_name in ours._fused_blocker()
-    for loss in (ours, theirs):
-        loss.make_value_estimator(gamma=0.99)
+    ours, theirs = _doubled_pair(method_name, _td3bc_pair, TD3BCLoss, trl.TD3BCLoss)
     _agree(ours, theirs, _batch(), seed=3)
 
 

@@ -16,6 +16,7 @@ from torchrl.data import Bounded
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from _cql_by_hand import conservative_term_by_hand
+from _offline_train import train
 from _synthetic import synthetic_transitions
 from offline_plugins.errors import UserError
 from offline_plugins.modules import networks as nets
@@ -429,23 +430,14 @@ def test_build_train_and_act(registry, name):
     batch["index"] = torch.arange(64)  # what the replay buffer writes: the columns are looked up by it
     parts = spec.load_build()(_small(spec), data)
     assert isinstance(parts.loss, spec.load_loss_class())
-    optimizers = [(g, g.make_optimizer()) for g in parts.optimizers]
-    keys = parts.loss_keys()
-    history = []
-    for step in range(30):
-        out = parts.loss(batch.clone())
+    assert parts.target_updater is not None
+
+    def diagnostics_detached(out):
         for key in out.keys():
             if not key.startswith("loss_"):
                 assert not out[key].requires_grad, key
-        history.append(float(out["loss_qvalue"]))
-        total = sum(out[k] for k in keys)
-        for _, opt in optimizers:
-            opt.zero_grad()
-        total.backward()
-        for group, opt in optimizers:
-            if group.due(step):
-                opt.step()
-        parts.target_updater.step()
+
+    history = [float(out["loss_qvalue"]) for out in train(parts, batch, 30, check=diagnostics_detached)]
     assert all(math.isfinite(v) for v in history)
     assert sum(history[-5:]) < sum(history[:5]), f"{name}: loss_qvalue did not fall"
     obs = TensorDict({"observation": batch["observation"][:7]}, [7])

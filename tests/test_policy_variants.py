@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from _rollout_rows import _Fixed, _rows
+from _rollout_rows import CURRENT, SAMPLE, _Fixed, _rows, _run
 
 from offline_plugins.objectives.llm.online import (
     REINFORCEPPBaselineLoss,
@@ -23,15 +23,10 @@ from offline_plugins.objectives.llm.online import (
 torch.set_num_threads(1)
 
 
-# two responses of one prompt, 2 response tokens each (position 0 is the prompt); rewards 1 and 0 -> A = +1, -1
-SAMPLE = torch.log(torch.tensor([[0.5, 0.5, 0.25], [0.5, 0.2, 0.4]]))
-CURRENT = torch.log(torch.tensor([[0.5, 0.6, 0.5], [0.5, 0.1, 0.6]]))
-
-
+# by default _rollout_rows' two responses of one prompt (SAMPLE, CURRENT) with rewards 1 and 0 -> A = +1, -1
 def _loss_value(loss, current=CURRENT, sample=SAMPLE, rewards=(1.0, 0.0), groups=(0, 0), **rows):
-    loss.actor_network = _Fixed(current)
-    td = loss.process_rollouts(_rows(sample, list(rewards), list(groups), **rows))
-    return loss(td), loss.actor_network.lp
+    out, lp, _ = _run(loss, current, _rows(sample, list(rewards), list(groups), **rows))
+    return out, lp
 
 
 def test_sapo_is_the_soft_gate_with_its_temperatures():

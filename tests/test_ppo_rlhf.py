@@ -115,14 +115,20 @@ def test_loss_terms_and_controller_state_in_the_state_dict():
     assert torch.isclose(out["loss_critic"], 0.1 * 0.5 * (((v - g) ** 2) * m).sum() / m.sum(), atol=1e-6)
 
 
-def test_ppo_rlhf_trains_through_the_shell_and_exports_the_policy(tmp_path):
+def _train_on_letter_prompts(tmp_path, steps: int, overrides: dict) -> dict:
+    """``ppo-rlhf`` through the shell, ``steps`` steps on 220 letter prompts rewarded by their share of digits,
+    seed 0, into ``tmp_path/run``."""
     from offline_plugins.lightning.run import train_algorithm
 
     prompts = _letter_prompts(tmp_path, 220, seed=0)
-    summary = train_algorithm("ppo-rlhf", str(prompts), steps=8, seed=0, out_dir=tmp_path / "run", progress=False, threads=1,
-                    reward="_text_rewards:digit_share", eval_every=0,
-                    overrides={"group_size": 2, "prompts_per_round": 4, "batch_size": 4, "ppo_epochs": 2,
-                               "max_new_tokens": 4, "eval_prompts": 10, "lr": 1e-3})
+    return train_algorithm("ppo-rlhf", str(prompts), steps=steps, seed=0, out_dir=tmp_path / "run", progress=False,
+                           threads=1, reward="_text_rewards:digit_share", eval_every=0, overrides=overrides)
+
+
+def test_ppo_rlhf_trains_through_the_shell_and_exports_the_policy(tmp_path):
+    summary = _train_on_letter_prompts(tmp_path, 8, {"group_size": 2, "prompts_per_round": 4, "batch_size": 4,
+                                                     "ppo_epochs": 2, "max_new_tokens": 4, "eval_prompts": 10,
+                                                     "lr": 1e-3})
     assert summary["data_kind"] == "text-rollouts" and summary["rounds"] == 2
     assert (tmp_path / "run" / "model" / "config.json").is_file()
     assert summary["kl_to_reference"] is not None
@@ -243,13 +249,8 @@ def test_group_size_one_is_allowed_when_the_algorithm_declares_it(tmp_path):
 
 
 def test_seeded_ppo_rlhf_raises_the_reward_of_a_user_task(tmp_path):
-    from offline_plugins.lightning.run import train_algorithm
-
-    prompts = _letter_prompts(tmp_path, 220, seed=0)
-    s = train_algorithm("ppo-rlhf", str(prompts), steps=48, seed=0, out_dir=tmp_path / "run", progress=False, threads=1,
-              reward="_text_rewards:digit_share", eval_every=0,
-              overrides={"group_size": 2, "prompts_per_round": 12, "batch_size": 8, "ppo_epochs": 2,
-                         "max_new_tokens": 4, "eval_prompts": 20, "lr": 3e-3})
+    s = _train_on_letter_prompts(tmp_path, 48, {"group_size": 2, "prompts_per_round": 12, "batch_size": 8,
+                                                "ppo_epochs": 2, "max_new_tokens": 4, "eval_prompts": 20, "lr": 3e-3})
     # spread (seeds 0-2, the releases of constraints.txt): sampled reward 0.09-0.17 -> 0.74-0.80
     # (gains 0.63-0.66), held-out 0.0 -> 0.9-1.0, about 6 s each; margins 0.2 and 0.4 under the weakest
     assert s["reward_mean"] > s["reward_mean_first_round"] + 0.4

@@ -9,16 +9,11 @@ import torch
 torch.set_num_threads(1)
 
 
-def test_bf16_mixed_training_keeps_the_cached_reference_log_probs_in_fp32(tmp_path, monkeypatch):
+def test_bf16_mixed_training_keeps_the_cached_reference_log_probs_in_fp32(tmp_path, preference_pairs):
     """The seeds: bf16 reference log-probs drown the DPO signal; they are computed once, in fp32, at load."""
     from offline_plugins.lightning.run import train_algorithm
-    from offline_plugins.text.data.preference_sources import load_preference_source
 
-    monkeypatch.setenv("OFFLINE_PLUGINS_CACHE", str(tmp_path / "cache"))
-    rows = [{"prompt": f"q{i}=", "chosen": "good", "rejected": "bad"} for i in range(200)]
-    path = tmp_path / "pairs.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    data = load_preference_source(str(path), kind="preference-pairs", progress=False)
+    data = preference_pairs([{"prompt": f"q{i}=", "chosen": "good", "rejected": "bad"} for i in range(200)])
     before = data.train["ref_log_probs"].clone()
     summary = train_algorithm("dpo", data, steps=4, precision="bf16-mixed", out_dir=tmp_path / "run", progress=False,
                     eval_every=0, overrides={"batch_size": 4})
@@ -28,15 +23,11 @@ def test_bf16_mixed_training_keeps_the_cached_reference_log_probs_in_fp32(tmp_pa
     assert all(torch.equal(after[k], before[k]) for k in before.keys(True, True))
 
 
-def test_gradient_checkpointing_gives_the_same_dpo_gradients(tmp_path, monkeypatch):
+def test_gradient_checkpointing_gives_the_same_dpo_gradients(preference_pairs):
     from offline_plugins.algorithms.preference import DPOConfig, build_dpo
-    from offline_plugins.text.data.preference_sources import load_preference_source
 
-    monkeypatch.setenv("OFFLINE_PLUGINS_CACHE", str(tmp_path / "cache"))
-    rows = [{"prompt": f"q{i}=", "chosen": "good" + "!" * (i % 3), "rejected": "bad"} for i in range(200)]
-    path = tmp_path / "pairs.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    data = load_preference_source(str(path), kind="preference-pairs", progress=False)
+    data = preference_pairs([{"prompt": f"q{i}=", "chosen": "good" + "!" * (i % 3), "rejected": "bad"}
+                             for i in range(200)])
     batch = data.train[:8]
     grads = []
     for checkpointing in (False, True):
@@ -49,17 +40,12 @@ def test_gradient_checkpointing_gives_the_same_dpo_gradients(tmp_path, monkeypat
         assert torch.allclose(g, grads[1][name], atol=1e-6), name
 
 
-def test_summary_reports_the_tokens_trained_and_their_rate(tmp_path, monkeypatch):
+def test_summary_reports_the_tokens_trained_and_their_rate(tmp_path, preference_pairs):
     """``tokens_trained`` is every real token of every pair the steps read: here each step reads
     4 pairs whose prompt + response lengths are known, so the count is exact."""
     from offline_plugins.lightning.run import train_algorithm
-    from offline_plugins.text.data.preference_sources import load_preference_source
 
-    monkeypatch.setenv("OFFLINE_PLUGINS_CACHE", str(tmp_path / "cache"))
-    rows = [{"prompt": f"q{i:03d}=", "chosen": "good", "rejected": "bad"} for i in range(200)]
-    path = tmp_path / "pairs.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    data = load_preference_source(str(path), kind="preference-pairs", progress=False)
+    data = preference_pairs([{"prompt": f"q{i:03d}=", "chosen": "good", "rejected": "bad"} for i in range(200)])
     per_pair = int(data.train[0]["masks", "all_attention_mask"].sum())
     assert (data.train["masks", "all_attention_mask"].sum((-1, -2)) == per_pair).all()
     summary = train_algorithm("dpo", data, steps=6, out_dir=tmp_path / "run", progress=False, eval_every=0,

@@ -4,15 +4,12 @@ give by hand, the real PRM's scores placed on the step ends, the refusal of a fo
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-from _cli_checks import fails_cleanly
+from _cli_checks import trains_with_a_prm
 from tensordict import TensorDict
 
 from offline_plugins.algorithms.prm_rl import PPOPRMConfig, build_ppo_prm
-from offline_plugins.cli import main
 from offline_plugins.errors import UserError
 from offline_plugins.modules.causal_lm import CausalLMLogProbs
 from offline_plugins.objectives.llm.prm_rl import PRMRewardPPOLoss
@@ -97,16 +94,7 @@ def test_ppo_prm_trains_on_steps_arithmetic_and_rewards_each_step_end_with_the_p
     from offline_plugins.eval.search import PRMScorer, load_prm
 
     prm_dir = tiny_prm
-    out = tmp_path / "ppo-prm"
-    assert main(["train", "ppo-prm", "--dataset", "steps-arithmetic", "--steps", "2", "--seed", "0",
-                 "--out", str(out), "--no-progress", "--set", f"prm={prm_dir}", *SMALL]) == 0, capsys.readouterr().err
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["algorithm"] == "ppo-prm" and summary["dataset"] == "offline-plugins/steps-arithmetic/v0"
-    header = (out / "metrics.csv").read_text().splitlines()[0].split(",")
-    assert {"eval/heldout_reward", "rollout/prm_step_reward"} <= set(header)  # the judge's score beside the gold
-    capsys.readouterr()
-    fails_cleanly(capsys, tmp_path, "ppo-prm", "--dataset", "steps-arithmetic", "--set", f"prm={tmp_path}", *SMALL,
-                  match="is not a trained PRM")
+    assert trains_with_a_prm(capsys, tmp_path, "ppo-prm", prm_dir, SMALL)["algorithm"] == "ppo-prm"
 
     # the trained PRM's own step probabilities (by the search's scorer) land on the separator and the last token
     prm, tok = load_prm(prm_dir)

@@ -3,16 +3,14 @@ separator, the refusal of a folder that holds no PRM, and ``grpo-prm`` on ``step
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 import torch
 
-from offline_plugins.cli import main
 from offline_plugins.objectives.llm.prm_rl import split_steps, step_token_advantages
 
-from _cli_checks import fails_cleanly
+from _cli_checks import trains_with_a_prm
 
 
 def test_token_advantages_are_the_group_normalised_step_rewards_still_to_come():
@@ -73,15 +71,4 @@ SMALL = ["--set", "reference_sft_steps=10", "--set", "group_size=2", "--set", "p
 
 
 def test_grpo_prm_trains_on_steps_arithmetic_with_a_tiny_prm(tmp_path, capsys, tiny_prm):
-    prm = tiny_prm
-    out = tmp_path / "grpo-prm"
-    assert main(["train", "grpo-prm", "--dataset", "steps-arithmetic", "--steps", "2", "--seed", "0",
-                 "--out", str(out), "--no-progress", "--set", f"prm={prm}", *SMALL]) == 0, capsys.readouterr().err
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["dataset"] == "offline-plugins/steps-arithmetic/v0"
-    header = (out / "metrics.csv").read_text().splitlines()[0].split(",")
-    assert "eval/heldout_reward" in header  # the held-out gold is the outcome verifier, not the PRM
-    assert "rollout/prm_step_reward" in header  # the PRM's own score, logged beside it
-    capsys.readouterr()
-    fails_cleanly(capsys, tmp_path, "grpo-prm", "--dataset", "steps-arithmetic", "--set", f"prm={tmp_path}", *SMALL,
-                  match="is not a trained PRM")
+    trains_with_a_prm(capsys, tmp_path, "grpo-prm", tiny_prm, SMALL)

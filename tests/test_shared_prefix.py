@@ -105,7 +105,7 @@ def test_a_run_with_shared_prefixes_trains_as_one_without(tmp_path, algorithm):
     # GRPO: a reward with signal from the random init (shorter is better). With none, the
     # advantages are 0 and the only gradient is the KL's float noise between two ways of computing
     # the same log-probs, which Adam scales up to full-size steps: a comparison of nothing
-    reward = None if algorithm == "dpo" else "_llm_ddp_run:length_reward"
+    reward = None if algorithm == "dpo" else "_text_rewards:length_reward"
     runs = {}
     for shared in (False, True):
         runs[shared] = train_algorithm(algorithm, str(data), model="tiny", steps=3, seed=0, eval_every=0, log_every=1,

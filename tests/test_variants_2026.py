@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from _rollout_rows import _Fixed, _rows
+from _rollout_rows import CURRENT, SAMPLE, _Fixed, _rows, _run
 
 from offline_plugins.modules.causal_lm import CausalLMLogProbs
 from offline_plugins.objectives.llm.estimators import k3_kl, optimal_token_advantages
@@ -28,16 +28,6 @@ from offline_plugins.objectives.llm.online_variants import (
 )
 
 torch.set_num_threads(1)
-
-
-SAMPLE = torch.log(torch.tensor([[0.5, 0.5, 0.25], [0.5, 0.2, 0.4]]))
-CURRENT = torch.log(torch.tensor([[0.5, 0.6, 0.5], [0.5, 0.1, 0.6]]))
-
-
-def _run(loss, current, td):
-    loss.actor_network = _Fixed(current)
-    td = loss.process_rollouts(td)
-    return loss(td), loss.actor_network.lp, td
 
 
 # -- gdpo ------------------------------------------------------------------------------------------
