@@ -56,6 +56,10 @@ timeout 120 python3 bench/preference_bench.py --device cuda --model-size 500m --
 # memory), and TRL's GRPOTrainer on the same prompts, group and lengths
 timeout 150 python3 bench/online_bench.py --device cuda --model-size 500m --precision bf16 --rounds 3 \
   --trl-steps 3 --skip-ppo --json 2>"$OUT/online_bench_500m.err" | tee "$OUT/online_bench_500m.json" || rc=1
+# flow Q-learning beside IQL and ReBRAC at FQL's 4 x 512, batch 256, eager and compiled (docs/benchmarks.md,
+# "Flow Q-learning"; the anchor in the same run: TorchRL's IQL loop)
+timeout 120 python3 bench/flow_bench.py --device cuda --steps 300 --rounds 3 --compile 2>&1 \
+  | tee "$OUT/flow_bench.json" || rc=1
 # HF generate against the vLLM engine: only where vllm imports (it is not among the wheels)
 if python3 -c "import vllm" >/dev/null 2>&1; then
   echo "vllm imports here: $(python3 -c 'import vllm; print(vllm.__version__)')" | tee "$OUT/vllm.txt"
