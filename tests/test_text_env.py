@@ -276,3 +276,20 @@ def test_torchrl_kl_reward_transform_reads_what_textenv_writes(lm):
     nxt = env.step(td)["next"]
     kl = ((pol_lp - ref_lp) * mask).sum(-1)
     torch.testing.assert_close(nxt["reward"].detach().sum((-2, -1)), torch.tensor([1.0, 0.0]) - kl, atol=1e-5, rtol=1e-5)
+
+
+def test_a_single_turn_env_asks_for_one_batch_of_group_size_samples_within_its_width():
+    from offline_plugins.modules.tiny_lm import char_tokenizer
+    from offline_plugins.text.envs.text import TextEnv
+    from offline_plugins.text.tasks import ArithmeticTask
+
+    tok = char_tokenizer()
+    env = TextEnv(tok, task=ArithmeticTask(), batch_size=4, group_size=2, max_length=16, seed=0)
+    env.reset(round=0)
+    (batch,) = env.turn_batches()
+    longest = max(len(p) for p in env.prompt_ids)
+    assert batch.rows is None and batch.num_samples == 2 and len(batch.prompt_ids) == 2
+    assert batch.max_new_tokens == 16 - longest and batch.seed_parts == ()  # the room the width leaves
+    env = TextEnv(tok, task=ArithmeticTask(), batch_size=4, group_size=2, max_length=16, max_new_tokens=5, seed=0)
+    env.reset(round=0)
+    assert env.turn_batches()[0].max_new_tokens == 5 and not env.episode_done

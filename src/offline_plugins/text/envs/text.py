@@ -209,7 +209,8 @@ class TextEnv(EnvBase):
         (:meth:`Turns.batches <offline_plugins.text.envs.turns.Turns.batches>`)."""
         if self.turns is not None:
             return self.turns.batches()
-        return [TurnBatch(None, self.prompt_ids, int(self.max_new_tokens or self.max_length), self.group_size)]
+        room = self.max_new_tokens or self.max_length - max((len(p) for p in self.prompt_ids), default=0)
+        return [TurnBatch(None, self.prompt_ids, int(room), self.group_size)]
 
     # -- where prompts and rewards come from (the collector's RolloutEnv binds a PromptSource) --
     @property
