@@ -418,11 +418,32 @@ def _git(*args: str) -> str:
         return ""
 
 
+def _head() -> str:
+    return _git("rev-parse", "--short", "HEAD") or "unknown (not a git checkout)"
+
+
+def _dirty() -> bool:
+    return bool(_git("status", "--porcelain", "--", "src", "scripts"))
+
+
+def run_commits(table: "Table", root: Path, seeds: list[int], fallback: str) -> dict[str, int]:
+    """``{commit: runs}`` of the table's finished runs: each run's ``made_at.json``, or ``fallback`` (the
+    table's provenance) for a run made before runs recorded their own."""
+    counts: dict[str, int] = {}
+    for run_ in table.runs:
+        for seed in (seeds if run_.seeded else [0]):
+            out = table.folder(root, run_.name) / f"s{seed}"
+            if (out / "summary.json").is_file():
+                made = out / "made_at.json"
+                commit = json.loads(made.read_text())["commit"] if made.is_file() else fallback
+                counts[commit] = counts.get(commit, 0) + 1
+    return counts
+
+
 def provenance(command: list[str], budget: dict, seeds: list[int]) -> dict:
     import torch
 
-    return {"commit": _git("rev-parse", "--short", "HEAD") or "unknown (not a git checkout)", "dirty": bool(_git("status", "--porcelain", "--",
-                                                                               "src", "scripts")),
+    return {"commit": _head(), "dirty": _dirty(),
             "machine": f"{platform.machine()} {platform.processor() or platform.platform()}, "
                        f"{os.cpu_count()} cores, torch {torch.__version__}",
             "command": " ".join(["python", "scripts/tables.py", *command]), "budget": budget, "seeds": seeds,
@@ -471,6 +492,9 @@ def _train(args, run_: Run, seed: int, budget: dict, folder: Path) -> None:
         code = subprocess.call([sys.executable, "-m", "offline_plugins.cli", *argv], timeout=args.timeout)
     if code:
         sys.exit(f"{out}: exit {code}")
+    # the commit this run was made at (a table may hold runs of several commits: `write` says which)
+    (out / "made_at.json").write_text(json.dumps({"commit": _head(), "dirty": _dirty(),
+                                                  "date": time.strftime("%Y-%m-%d")}) + "\n")
 
 
 def run(args) -> None:
@@ -509,12 +533,17 @@ def write(args) -> None:
     if not prov_path.is_file():
         sys.exit(f"{root} holds no runs of {table.name}: run `python scripts/tables.py run {table.name}` first")
     prov = json.loads(prov_path.read_text())
-    head = _git("rev-parse", "--short", "HEAD") or "unknown (not a git checkout)"
-    if prov["commit"] != head and not args.stale and not args.smoke:
-        sys.exit(f"the runs under {root} were made at {prov['commit']}, the code is at {head}: run them again "
+    head = _head()
+    commits = run_commits(table, root, prov["seeds"], prov["commit"]) or {prov["commit"]: 0}
+    others = sorted(c for c in commits if c != head)
+    if others and not args.stale and not args.smoke:
+        made = ", ".join(c + (f" ({commits[c]} runs)" if commits[c] else "") for c in others)
+        sys.exit(f"runs under {root} were made at {made}, the code is at {head}: run them again "
                  "(run --overwrite), or pass --stale and say in the doc why they still hold")
+    at = (f"commit {next(iter(commits))}" if len(commits) == 1 else
+          "commits " + ", ".join(f"{c} ({n} runs)" for c, n in sorted(commits.items(), key=lambda kv: -kv[1])))
     body = table.render(table, root, prov["seeds"], prov["budget"])
-    stamp = (f"Made by `{prov['command']}` at commit {prov['commit']}{' (with uncommitted changes)' if prov['dirty'] else ''}"
+    stamp = (f"Made by `{prov['command']}` at {at}{' (with uncommitted changes)' if prov['dirty'] else ''}"
              f" on {prov['machine']}, {prov['date']}; seeds {', '.join(map(str, prov['seeds']))}; budget "
              + ", ".join(f"{k} {v}" for k, v in prov["budget"].items() if k not in ("online_set", "offline_set"))
              + "".join(f", {' '.join(v[1::2])}" for k, v in prov["budget"].items() if k == "offline_set")

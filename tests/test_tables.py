@@ -86,3 +86,33 @@ def test_write_replaces_only_its_own_block(tmp_path, monkeypatch):
     text = doc.read_text()
     assert text.startswith("# Results\n\nbefore\n\n<!-- table:word-problems -->") and text.endswith("\n\nafter\n")
     assert "old" not in text and "| grpo | not run |" in text and "at commit abc1234" in text
+
+
+def test_a_table_of_runs_made_at_two_commits_says_so_and_needs_stale(tmp_path, monkeypatch):
+    """A run re-made at a later commit (``made_at.json``) beside runs made at the table's first one: ``write``
+    refuses without ``--stale``, and with it the stamp counts the runs of each commit."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import tables
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    folder = tmp_path / "word-problems"
+    for name, made in (("grpo", None), ("dapo", None), ("expert-iteration", "def5678")):
+        out = folder / name / "s0"
+        out.mkdir(parents=True)
+        (out / "summary.json").write_text(json.dumps({"wall_s": 1.0}))
+        if made:
+            (out / "made_at.json").write_text(json.dumps({"commit": made, "dirty": False, "date": "d"}))
+    (folder / "provenance.json").write_text(json.dumps({"commit": "abc1234", "dirty": False, "machine": "m",
+                                                        "command": "c", "budget": {"eval_prompts": 10}, "seeds": [0],
+                                                        "date": "d"}))
+    assert tables.run_commits(tables.TABLES["word-problems"], folder, [0], "abc1234") == {"abc1234": 2, "def5678": 1}
+    monkeypatch.setattr(tables, "_git", lambda *a: "def5678")
+    doc = tmp_path / "results.md"
+    args = type("A", (), {"table": "word-problems", "root": str(tmp_path), "doc": str(doc), "stale": False,
+                          "smoke": False})
+    with pytest.raises(SystemExit, match=r"were made at abc1234 \(2 runs\), the code is at def5678"):
+        tables.write(args)
+    args.stale = True
+    tables.write(args)
+    assert "at commits abc1234 (2 runs), def5678 (1 runs)" in doc.read_text()
