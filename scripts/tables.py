@@ -497,6 +497,22 @@ def _train(args, run_: Run, seed: int, budget: dict, folder: Path) -> None:
                                                   "date": time.strftime("%Y-%m-%d")}) + "\n")
 
 
+def _keep_run_commits(table: Table, root: Path, prov: dict) -> None:
+    """Before a run at another commit replaces ``provenance.json``: the finished runs that do not record
+    their commit (made before runs did) get the one the old provenance names, so ``write`` still tells them
+    apart from the runs made now."""
+    path = root / "provenance.json"
+    old = json.loads(path.read_text()) if path.is_file() else None
+    if not old or old["commit"] == prov["commit"]:
+        return
+    for run_ in table.runs:
+        for folder in [table.folder(root, run_.name)]:
+            for out in (folder.glob("s*") if folder.is_dir() else []):
+                if (out / "summary.json").is_file() and not (out / "made_at.json").is_file():
+                    (out / "made_at.json").write_text(json.dumps({"commit": old["commit"], "dirty": old["dirty"],
+                                                                  "date": old["date"]}) + "\n")
+
+
 def run(args) -> None:
     """Score the references, then train and score each run, seed by seed (every method's first seed
     before any method's second), so a table stopped part-way has rows for every method."""
@@ -505,6 +521,7 @@ def run(args) -> None:
     budget = {**table.budget, **(table.smoke if args.smoke else {})}
     root.mkdir(parents=True, exist_ok=True)
     prov = provenance(sys.argv[1:], budget, args.seeds)
+    _keep_run_commits(table, root, prov)
     (root / "provenance.json").write_text(json.dumps(prov, indent=1) + "\n")
     if table.prepare is not None:
         table.prepare(budget)

@@ -116,3 +116,18 @@ def test_a_table_of_runs_made_at_two_commits_says_so_and_needs_stale(tmp_path, m
     args.stale = True
     tables.write(args)
     assert "at commits abc1234 (2 runs), def5678 (1 runs)" in doc.read_text()
+
+
+def test_a_run_at_a_new_commit_keeps_the_commit_of_the_runs_made_before(tmp_path, monkeypatch):
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import tables
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    folder = tmp_path / "word-problems"
+    (folder / "grpo" / "s0").mkdir(parents=True)
+    (folder / "grpo" / "s0" / "summary.json").write_text("{}")
+    (folder / "provenance.json").write_text(json.dumps({"commit": "abc1234", "dirty": False, "date": "d"}))
+    tables._keep_run_commits(tables.TABLES["word-problems"], folder, {"commit": "def5678"})
+    assert json.loads((folder / "grpo" / "s0" / "made_at.json").read_text())["commit"] == "abc1234"
+    assert tables.run_commits(tables.TABLES["word-problems"], folder, [0], "def5678") == {"abc1234": 1}
