@@ -506,11 +506,11 @@ def _keep_run_commits(table: Table, root: Path, prov: dict) -> None:
     if not old or old["commit"] == prov["commit"]:
         return
     for run_ in table.runs:
-        for folder in [table.folder(root, run_.name)]:
-            for out in (folder.glob("s*") if folder.is_dir() else []):
-                if (out / "summary.json").is_file() and not (out / "made_at.json").is_file():
-                    (out / "made_at.json").write_text(json.dumps({"commit": old["commit"], "dirty": old["dirty"],
-                                                                  "date": old["date"]}) + "\n")
+        folder = table.folder(root, run_.name)
+        for out in (folder.glob("s*") if folder.is_dir() else []):
+            if (out / "summary.json").is_file() and not (out / "made_at.json").is_file():
+                (out / "made_at.json").write_text(json.dumps({"commit": old["commit"], "dirty": old["dirty"],
+                                                              "date": old["date"]}) + "\n")
 
 
 def run(args) -> None:
