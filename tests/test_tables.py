@@ -21,6 +21,16 @@ def _tables(*args: str, env: dict, timeout: int = 900) -> subprocess.CompletedPr
                           env={**os.environ, "OMP_NUM_THREADS": "1", **env})
 
 
+def _tables_module():
+    """``scripts/tables.py`` imported as a module."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import tables
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    return tables
+
+
 def _names() -> list[str]:
     listed = subprocess.run([sys.executable, str(SCRIPT), "list"], capture_output=True, text=True, check=True).stdout
     return [line.split()[0] for line in listed.splitlines() if line.strip()]
@@ -67,11 +77,7 @@ def test_write_refuses_runs_made_at_another_commit(tmp_path):
 
 
 def test_write_replaces_only_its_own_block(tmp_path, monkeypatch):
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import tables
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    tables = _tables_module()
     doc = tmp_path / "results.md"
     doc.write_text("# Results\n\nbefore\n\n<!-- table:word-problems -->\nold\n<!-- /table:word-problems -->\n\nafter\n")
     folder = tmp_path / "word-problems"
@@ -91,11 +97,7 @@ def test_write_replaces_only_its_own_block(tmp_path, monkeypatch):
 def test_a_table_of_runs_made_at_two_commits_says_so_and_needs_stale(tmp_path, monkeypatch):
     """A run re-made at a later commit (``made_at.json``) beside runs made at the table's first one: ``write``
     refuses without ``--stale``, and with it the stamp counts the runs of each commit."""
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import tables
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    tables = _tables_module()
     folder = tmp_path / "word-problems"
     for name, made in (("grpo", None), ("dapo", None), ("expert-iteration", "def5678")):
         out = folder / name / "s0"
@@ -119,11 +121,7 @@ def test_a_table_of_runs_made_at_two_commits_says_so_and_needs_stale(tmp_path, m
 
 
 def test_a_run_at_a_new_commit_keeps_the_commit_of_the_runs_made_before(tmp_path, monkeypatch):
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import tables
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    tables = _tables_module()
     folder = tmp_path / "word-problems"
     (folder / "grpo" / "s0").mkdir(parents=True)
     (folder / "grpo" / "s0" / "summary.json").write_text("{}")
