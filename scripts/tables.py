@@ -185,7 +185,8 @@ def _render_word_problems(table: Table, root: Path, seeds: list[int], budget: di
     ref_path = table.folder(root, "reference") / "heldout_scores.json"
     reference = json.loads(ref_path.read_text())["scores"] if ref_path.is_file() else None
     head = [f"| method | held-out accuracy ({n} prompts), mean ± 95 % interval over seeds | gain over the "
-            "reference, pooled seeds (95 % interval, prompt by prompt) | per seed | wall time per run |",
+            "reference, mean ± 95 % interval over seeds (the pooled seeds' prompt-by-prompt interval) | per seed | "
+            "wall time per run |",
             "|---|---|---|---|---|"]
     if reference is not None:
         r = statistics.fmean(reference)
@@ -210,15 +211,19 @@ def _render_word_problems(table: Table, root: Path, seeds: list[int], budget: di
             calc_ref = base
         gain = ""
         if base is not None:
-            d, w = paired_difference([x for _, sc, _ in scored for x in sc], base * len(scored))
-            gain = f"{100 * d:+.1f} (± {100 * w:.1f}){' *' if abs(d) > w else ''}"
+            g, g_ci = mean_ci([x - statistics.fmean(base) for x in means])
+            _, w = paired_difference([x for _, sc, _ in scored for x in sc], base * len(scored))
+            gain = (f"{100 * g:+.1f}" + (f" ± {100 * g_ci:.1f}" if g_ci is not None else "")
+                    + f" (prompts ± {100 * w:.1f}){' *' if g_ci is not None and abs(g) > g_ci else ''}")
         wall = statistics.fmean((s or {}).get("wall_s") or 0.0 for _, _, s in scored)
         label = run.label or run.name + (" (calculator)" if run.dataset != "word-problems" else "")
         rows.append(f"| {label} | {100 * m:.1f}"
                     + (f" ± {100 * ci:.1f}" if ci is not None else "") + f" | {gain} | "
                     + ", ".join(f"{100 * x:.1f}" for x in means) + f" | {wall:.0f} s |")
     notes = ["Every row is its policy's greedy answers to the same held-out prompts scored by the task's verifier "
-             "(`heldout_scores` in scripts/tables.py); * marks a gain whose 95 % interval excludes 0."]
+             "(`heldout_scores` in scripts/tables.py). * marks a gain whose 95 % interval over seeds excludes 0 "
+             "(Student's t on the per-seed gains; none is marked with one seed): the prompt-by-prompt interval "
+             "in brackets counts only the held-out set's noise, not the seed-to-seed spread of training."]
     if calc_ref is not None:
         notes.append(f"The calculator row's gain is over its own SFT reference ({100 * statistics.fmean(calc_ref):.1f} %).")
     rm = _summary(table.folder(root, "reward-model"), 0) if any(r.name == "reward-model" for r in table.runs) else None
