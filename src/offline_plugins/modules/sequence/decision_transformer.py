@@ -72,13 +72,10 @@ def env_rows(td: TensorDictBase, obs: torch.Tensor, state: Optional[torch.Tensor
 
 
 class ContextPolicy(TensorDictModuleBase):
-    """A policy that keeps the episode so far between calls (a context window, a plan): :meth:`reset`
-    forgets it, and so does switching the mode (``train()``/``eval()``). The evaluator switches the policy
-    to eval mode before every evaluation and all its episodes start together, so each evaluation starts
-    afresh even where nothing calls ``reset()``."""
-
-    def reset(self) -> None:
-        raise NotImplementedError
+    """A policy that keeps the episode so far between calls (a context window, a plan); a subclass's
+    ``reset()`` forgets it, and switching the mode (``train()``/``eval()``) calls it. The evaluator
+    switches the policy to eval mode before every evaluation and all its episodes start together, so
+    each evaluation starts afresh even where nothing calls ``reset()``."""
 
     def train(self, mode: bool = True):
         self.reset()
