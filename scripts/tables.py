@@ -18,6 +18,13 @@ the table under a line saying all of that; it refuses runs made at another commi
 current one unless ``--stale`` (say why in the doc). ``--smoke`` runs every run at a tiny
 budget in this process and writes the table to ``ROOT`` only: it checks that the table's
 pipeline runs, not its figures (``tests/test_tables.py`` runs it).
+
+A finished run's record (its ``summary.json``, ``heldout_scores.json``, ``made_at.json`` and
+``metrics.csv``), the references' scores and the table's ``provenance.json`` are also copied into
+``--records`` (``results/tables/`` in the repository, committed): a table's runs take hours of CPU,
+so what is finished survives a new machine. ``run`` and ``write`` first restore into ``ROOT`` every
+record ``ROOT`` lacks, so a recorded run is kept, not trained again, and ``write`` renders from the
+records alone on a fresh clone. Models and checkpoints stay in ``ROOT`` only.
 """
 
 from __future__ import annotations
@@ -518,6 +525,42 @@ def _keep_run_commits(table: Table, root: Path, prov: dict) -> None:
                                                               "date": old["date"]}) + "\n")
 
 
+#: what a finished run's record holds (small files; the model and checkpoints stay in ROOT)
+RECORD_FILES = ("summary.json", "heldout_scores.json", "made_at.json", "metrics.csv", "provenance.json")
+
+
+def _records(args) -> Optional[Path]:
+    """Where the records live, or None (``--smoke`` keeps nothing, ``--records ''`` turns them off)."""
+    records = getattr(args, "records", None)
+    return None if getattr(args, "smoke", False) or not records else Path(records)
+
+
+def restore_records(records: Optional[Path], root: Path) -> int:
+    """Copy into ``root`` (``--root``: every table's folder under it) each recorded file it lacks;
+    the number copied."""
+    copied = 0
+    for src in (sorted(records.rglob("*")) if records is not None and records.is_dir() else []):
+        dst = root / src.relative_to(records)
+        if src.is_file() and src.name in RECORD_FILES and not dst.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes(src.read_bytes())
+            copied += 1
+    return copied
+
+
+def save_record(records: Optional[Path], root: Path, folder: Path) -> None:
+    """Copy ``folder``'s record files (a run's ``s<seed>``, a reference's or a table's folder, under
+    ``root``) into ``records``, at the same place."""
+    if records is None:
+        return
+    for name in RECORD_FILES:
+        src = folder / name
+        if src.is_file():
+            dst = records / folder.relative_to(root) / name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes(src.read_bytes())
+
+
 def run(args) -> None:
     """Score the references, then train and score each run, seed by seed (every method's first seed
     before any method's second), so a table stopped part-way has rows for every method."""
@@ -525,9 +568,14 @@ def run(args) -> None:
     root = Path(args.root) / table.name
     budget = {**table.budget, **(table.smoke if args.smoke else {})}
     root.mkdir(parents=True, exist_ok=True)
+    records = _records(args)
+    restored = restore_records(records, root.parent)
+    if restored:
+        print(f"restored {restored} recorded files from {records} into {root.parent}", flush=True)
     prov = provenance(sys.argv[1:], budget, args.seeds)
     _keep_run_commits(table, root, prov)
     (root / "provenance.json").write_text(json.dumps(prov, indent=1) + "\n")
+    save_record(records, root.parent, root)
     if table.prepare is not None:
         table.prepare(budget)
     n = int(budget.get("eval_prompts", 0))
@@ -536,6 +584,7 @@ def run(args) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         _scored(folder / "heldout_scores.json", dataset, str(reference_folder(dataset, budget)), n,
                 budget.get("max_new_tokens"))
+        save_record(records, root.parent, folder)
     for seed in args.seeds:
         for run_ in table.runs:
             if (not run_.seeded and seed != args.seeds[0]) or (table.keep and not table.keep(run_, budget)):
@@ -546,11 +595,14 @@ def run(args) -> None:
             if run_.dataset and (out / "model").is_dir():
                 print(f"scoring {out}/model on {n} held-out prompts", flush=True)
                 _scored(out / "heldout_scores.json", run_.dataset, str(out / "model"), n, budget.get("max_new_tokens"))
+            if (out / "summary.json").is_file():
+                save_record(records, root.parent, out)
 
 
 def write(args) -> None:
     table = TABLES[args.table]
     root = Path(args.root) / table.name
+    restore_records(_records(args), root.parent)
     prov_path = root / "provenance.json"
     if not prov_path.is_file():
         sys.exit(f"{root} holds no runs of {table.name}: run `python scripts/tables.py run {table.name}` first")
@@ -594,6 +646,8 @@ def main() -> None:
         p.add_argument("table", choices=sorted(TABLES))
         p.add_argument("--root", default="runs/tables")
         p.add_argument("--smoke", action="store_true", help="a tiny budget: the pipeline runs (tests/test_tables.py)")
+        p.add_argument("--records", default=str(REPO / "results" / "tables"),
+                       help="the committed records of finished runs ('' for none; --smoke keeps none)")
         if name == "run":
             p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
             p.add_argument("--overwrite", action="store_true")

@@ -71,7 +71,8 @@ def test_write_refuses_runs_made_at_another_commit(tmp_path):
     folder.mkdir()
     (folder / "provenance.json").write_text(json.dumps({"commit": "0000000", "dirty": False, "machine": "m",
                                                         "command": "c", "budget": {}, "seeds": [0], "date": "d"}))
-    done = _tables("write", "word-problems", "--root", str(tmp_path), "--doc", str(tmp_path / "r.md"), env={})
+    done = _tables("write", "word-problems", "--root", str(tmp_path), "--doc", str(tmp_path / "r.md"), "--records", "",
+                   env={})
     assert done.returncode != 0 and "were made at 0000000" in done.stderr and "run --overwrite" in done.stderr
     assert not (tmp_path / "r.md").exists()
 
@@ -129,3 +130,44 @@ def test_a_run_at_a_new_commit_keeps_the_commit_of_the_runs_made_before(tmp_path
     tables._keep_run_commits(tables.TABLES["word-problems"], folder, {"commit": "def5678"})
     assert json.loads((folder / "grpo" / "s0" / "made_at.json").read_text())["commit"] == "abc1234"
     assert tables.run_commits(tables.TABLES["word-problems"], folder, [0], "def5678") == {"abc1234": 1}
+
+
+def test_a_finished_run_is_recorded_and_a_new_root_keeps_it_instead_of_training_again(tmp_path, monkeypatch):
+    """The records (committed under results/tables/) carry a run's small files to a machine that never trained
+    it: ``run`` restores them and keeps the run, ``write`` renders the same table from them alone."""
+    tables = _tables_module()
+    monkeypatch.setattr(tables, "_git", lambda *a: "abc1234")
+    first, records = tmp_path / "first" / "word-problems", tmp_path / "records"
+    out = first / "grpo" / "s0"
+    (out / "model").mkdir(parents=True)
+    (out / "model" / "weights.bin").write_bytes(b"big")
+    (out / "summary.json").write_text(json.dumps({"wall_s": 12.0}))
+    (out / "heldout_scores.json").write_text(json.dumps({"n": 4, "model": "m", "scores": [1.0, 0.0, 1.0, 1.0]}))
+    (out / "made_at.json").write_text(json.dumps({"commit": "abc1234", "dirty": False, "date": "d"}))
+    (first / "reference").mkdir()
+    (first / "reference" / "heldout_scores.json").write_text(json.dumps({"n": 4, "model": "r",
+                                                                        "scores": [0.0, 0.0, 1.0, 1.0]}))
+    (first / "provenance.json").write_text(json.dumps({"commit": "abc1234", "dirty": False, "machine": "m",
+                                                      "command": "c", "budget": {"eval_prompts": 4}, "seeds": [0],
+                                                      "date": "d"}))
+    for folder in (out, first / "reference", first):
+        tables.save_record(records, first.parent, folder)
+    assert (records / "word-problems" / "grpo" / "s0" / "heldout_scores.json").is_file()
+    assert not (records / "word-problems" / "grpo" / "s0" / "model").exists()  # models stay in the root
+
+    second = tmp_path / "second"
+    assert tables.restore_records(records, second) == 5
+    (second / "word-problems" / "grpo" / "s0" / "summary.json").write_text(json.dumps({"wall_s": 99.0}))
+    assert tables.restore_records(records, second) == 0  # what the root has wins
+    trained = []
+    monkeypatch.setattr(tables.subprocess, "call", lambda *a, **k: trained.append(a) or 0)
+    args = type("A", (), {"overwrite": False, "smoke": False, "timeout": 1})
+    tables._train(args, tables.TABLES["word-problems"].runs[0], 0, {}, second / "word-problems" / "grpo")
+    assert trained == []  # kept, not trained again
+
+    doc = tmp_path / "results.md"
+    args = type("A", (), {"table": "word-problems", "root": str(tmp_path / "third"), "doc": str(doc), "stale": False,
+                          "smoke": False, "records": str(records)})
+    tables.write(args)
+    text = doc.read_text()
+    assert "| SFT reference | 50.0" in text and "| grpo | 75.0 |" in text and "12 s |" in text, text
