@@ -25,12 +25,17 @@ A finished run's record (its ``summary.json``, ``heldout_scores.json``, ``made_a
 so what is finished survives a new machine. ``run`` and ``write`` first restore into ``ROOT`` every
 record ``ROOT`` lacks, so a recorded run is kept, not trained again, and ``write`` renders from the
 records alone on a fresh clone. Models and checkpoints stay in ``ROOT`` only.
+
+Several ``run`` processes of the same table (and of tables sharing a base) may run side by side, one
+a core: each run is made under a lock (``ROOT/TABLE/<run>/s<seed>.lock``), and a process finding a
+run locked goes on to the next.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import dataclasses
 import json
 import math
@@ -561,6 +566,23 @@ def save_record(records: Optional[Path], root: Path, folder: Path) -> None:
             dst.write_bytes(src.read_bytes())
 
 
+@contextlib.contextmanager
+def _run_lock(folder: Path, seed: int):
+    """Hold ``folder/s<seed>.lock`` (yields True), or yield False at once when another process holds it;
+    the kernel drops it when the holder dies, so a killed run never blocks the next ``run``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / f"s{seed}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
 def run(args) -> None:
     """Score the references, then train and score each run, seed by seed (every method's first seed
     before any method's second), so a table stopped part-way has rows for every method."""
@@ -589,14 +611,19 @@ def run(args) -> None:
         for run_ in table.runs:
             if (not run_.seeded and seed != args.seeds[0]) or (table.keep and not table.keep(run_, budget)):
                 continue
-            seed_ = seed if run_.seeded else 0
-            _train(args, run_, seed_, budget, table.folder(root, run_.name))
-            out = table.folder(root, run_.name) / f"s{seed_}"
-            if run_.dataset and (out / "model").is_dir():
-                print(f"scoring {out}/model on {n} held-out prompts", flush=True)
-                _scored(out / "heldout_scores.json", run_.dataset, str(out / "model"), n, budget.get("max_new_tokens"))
-            if (out / "summary.json").is_file():
-                save_record(records, root.parent, out)
+            seed_, folder = (seed if run_.seeded else 0), table.folder(root, run_.name)
+            out = folder / f"s{seed_}"
+            with _run_lock(folder, seed_) as held:
+                if not held:
+                    print(f"{out}: being made by another process, skipped", flush=True)
+                    continue
+                _train(args, run_, seed_, budget, folder)
+                if run_.dataset and (out / "model").is_dir():
+                    print(f"scoring {out}/model on {n} held-out prompts", flush=True)
+                    _scored(out / "heldout_scores.json", run_.dataset, str(out / "model"), n,
+                            budget.get("max_new_tokens"))
+                if (out / "summary.json").is_file():
+                    save_record(records, root.parent, out)
 
 
 def write(args) -> None:

@@ -171,3 +171,18 @@ def test_a_finished_run_is_recorded_and_a_new_root_keeps_it_instead_of_training_
     tables.write(args)
     text = doc.read_text()
     assert "| SFT reference | 50.0" in text and "| grpo | 75.0 |" in text and "12 s |" in text, text
+
+
+def test_a_run_locked_by_another_process_is_skipped_not_trained_twice(tmp_path, monkeypatch):
+    tables = _tables_module()
+    folder = tmp_path / "word-problems" / "grpo"
+    with tables._run_lock(folder, 0) as held:
+        assert held
+        other = subprocess.run([sys.executable, "-c", (
+            "import sys; sys.path.insert(0, sys.argv[1]); import tables; from pathlib import Path\n"
+            "with tables._run_lock(Path(sys.argv[2]), 0) as held: print(held)\n"
+            "with tables._run_lock(Path(sys.argv[2]), 1) as held: print(held)"),
+            str(Path(tables.__file__).parent), str(folder)], capture_output=True, text=True, timeout=60)
+        assert other.stdout.split() == ["False", "True"], other.stderr
+    with tables._run_lock(folder, 0) as held:  # released with its holder
+        assert held
