@@ -42,13 +42,15 @@ def test_losses_read_windows_and_decrease_with_training():
     fixed = rb.sample()
 
     def evaluate():
-        torch.manual_seed(1)  # same noise and steps for both measurements
+        torch.manual_seed(1)  # same noise and steps for both measurements, averaged over 8 draws of them
         with torch.no_grad():
-            out = parts.loss(fixed)
-        return float(out["loss_diffusion"]), float(out["loss_value"])
+            outs = [parts.loss(fixed) for _ in range(8)]
+        return tuple(sum(float(o[k]) for o in outs) / len(outs) for k in ("loss_diffusion", "loss_value"))
 
     before = evaluate()
-    for _ in range(80):
+    # 160 steps: the diffusion loss ends at 0.43-0.50 of where it began over seeds 0-2 (at 80 steps 0.61-0.66,
+    # too near 0.7 for the kernels of every CPU)
+    for _ in range(160):
         out = parts.loss(rb.sample())
         opt.zero_grad()
         (out["loss_diffusion"] + out["loss_value"]).backward()
