@@ -457,11 +457,22 @@ def run_commits(table: "Table", root: Path, seeds: list[int], fallback: str) -> 
     return counts
 
 
+def _cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; the platform's processor elsewhere): the weights a run
+    ends with are bitwise the same on CPUs whose torch kernels agree, and differ by rounding elsewhere."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            found = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        found = ""
+    return found or platform.processor() or platform.platform()
+
+
 def provenance(command: list[str], budget: dict, seeds: list[int]) -> dict:
     import torch
 
     return {"commit": _head(), "dirty": _dirty(),
-            "machine": f"{platform.machine()} {platform.processor() or platform.platform()}, "
+            "machine": f"{_cpu_name()} ({platform.machine()}, torch kernels {torch.backends.cpu.get_cpu_capability()}), "
                        f"{os.cpu_count()} cores, torch {torch.__version__}",
             "command": " ".join(["python", "scripts/tables.py", *command]), "budget": budget, "seeds": seeds,
             "date": time.strftime("%Y-%m-%d")}
@@ -469,19 +480,30 @@ def provenance(command: list[str], budget: dict, seeds: list[int]) -> dict:
 
 @contextlib.contextmanager
 def _smoke_sized_pairs():
-    """``--smoke`` only: the built-in preference sets sample a few prompts' pairs, not thousands
-    (the pipeline is what a smoke run checks)."""
+    """``--smoke`` only: the built-in preference sets sample a few prompts' pairs, not thousands, two
+    samples a prompt within the smoke's response length (an untrained reference writes to the limit; the
+    pipeline is what a smoke run checks)."""
     from offline_plugins.text.data.preference_sources import BUILTIN_PREFERENCE_DATASETS
+    from offline_plugins.text.tasks import make_task
 
     saved = {k: dict(v[2]) for k, v in BUILTIN_PREFERENCE_DATASETS.items()}
+    classes = {type(make_task(**v[1])) for v in BUILTIN_PREFERENCE_DATASETS.values()}
+    lengths = {cls: cls.__dict__.get("max_new_tokens") for cls in classes}
     for _, _, data in BUILTIN_PREFERENCE_DATASETS.values():
-        data.update(n_train=16, n_test=4)
+        data.update(n_train=16, n_test=4, num_samples=2)
+    for cls in classes:
+        cls.max_new_tokens = min(cls.max_new_tokens, _SMOKE["max_new_tokens"])
     try:
         yield
     finally:
         for k, v in saved.items():
             BUILTIN_PREFERENCE_DATASETS[k][2].clear()
             BUILTIN_PREFERENCE_DATASETS[k][2].update(v)
+        for cls, length in lengths.items():
+            if length is None:
+                del cls.max_new_tokens
+            else:
+                cls.max_new_tokens = length
 
 
 def _train(args, run_: Run, seed: int, budget: dict, folder: Path) -> None:

@@ -47,12 +47,24 @@ def data(tmp_path_factory):
     return {"dpo": _write(root / "dpo.jsonl", pairs), "grpo": _write(root / "grpo.jsonl", prompts)}
 
 
+@pytest.fixture(scope="module")
+def fsdp_dpo(tmp_path_factory, data):
+    """One FSDP DPO run of 4 steps, ``(final state, its folder)``: the run DDP's is compared with and the
+    uninterrupted run a resumed one must end as (two launches of two ranks, made once)."""
+    root = tmp_path_factory.mktemp("fsdp-dpo")
+    return _run(root, "dpo", data["dpo"], root / "fsdp", 4, "fsdp"), root / "fsdp"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+@pytest.mark.xdist_group("fsdp-dpo")  # the tests reading fsdp_dpo on one worker, which makes it once
 @pytest.mark.parametrize("algorithm", ["dpo", "grpo"])
-def test_fsdp_ends_with_the_parameters_of_ddp(tmp_path, data, algorithm):
+def test_fsdp_ends_with_the_parameters_of_ddp(tmp_path, data, algorithm, request):
     ddp = _run(tmp_path, algorithm, data[algorithm], tmp_path / "ddp", 4, "ddp")
-    fsdp = _run(tmp_path, algorithm, data[algorithm], tmp_path / "fsdp", 4, "fsdp")
+    if algorithm == "dpo":
+        fsdp, out = request.getfixturevalue("fsdp_dpo")
+    else:
+        fsdp, out = _run(tmp_path, algorithm, data[algorithm], tmp_path / "fsdp", 4, "fsdp"), tmp_path / "fsdp"
     assert (ddp["sharded"], fsdp["sharded"]) == (False, True)
     assert ddp["world_size"] == fsdp["world_size"] == 2 and ddp["step"] == fsdp["step"] == 4
     assert _largest_difference(ddp["state"], fsdp["state"]) < 1e-5
@@ -64,17 +76,18 @@ def test_fsdp_ends_with_the_parameters_of_ddp(tmp_path, data, algorithm):
                 if f"actor_network.model.{k}" in fsdp["state"])
     assert moved > 1e-3
     # the exported model is the trained one, as a plain save_pretrained folder
-    exported = load_causal_lm(str(tmp_path / "fsdp" / "model"), seed=0)[0].state_dict()
+    exported = load_causal_lm(str(out / "model"), seed=0)[0].state_dict()
     assert max((exported[k] - fsdp["state"][f"actor_network.model.{k}"]).abs().max().item() for k in exported
                if f"actor_network.model.{k}" in fsdp["state"]) == 0.0
-    summary = json.loads((tmp_path / "fsdp" / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 4
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_resumed_fsdp_run_equals_an_uninterrupted_one(tmp_path, data):
-    whole = _run(tmp_path, "dpo", data["dpo"], tmp_path / "whole", 4, "fsdp")
+@pytest.mark.xdist_group("fsdp-dpo")
+def test_a_resumed_fsdp_run_equals_an_uninterrupted_one(tmp_path, data, fsdp_dpo):
+    whole = fsdp_dpo[0]
     _run(tmp_path, "dpo", data["dpo"], tmp_path / "parts", 2, "fsdp")
     last = tmp_path / "parts" / "checkpoints" / "last.ckpt"
     # a distributed checkpoint: one shard per rank, the rest in meta.pt; nothing half-written beside it

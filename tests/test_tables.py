@@ -36,6 +36,10 @@ def _names() -> list[str]:
     return [line.split()[0] for line in listed.splitlines() if line.strip()]
 
 
+#: each table's base table (the one whose runs it reads), from scripts/tables.py
+TABLES_BASE = {name: table.base for name, table in _tables_module().TABLES.items()}
+
+
 @pytest.fixture(scope="module")
 def smoke_root(tmp_path_factory):
     return tmp_path_factory.mktemp("tables")
@@ -43,8 +47,10 @@ def smoke_root(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-@pytest.mark.xdist_group("tables")  # one worker makes them all (pytest -n with --dist loadgroup)
-@pytest.mark.parametrize("table", _names())
+# the text tables on one worker (variants-2026 reads word-problems' runs; pytest -n with --dist loadgroup), a
+# table with no base (ogbench) on a worker of its own, beside them
+@pytest.mark.parametrize("table", [pytest.param(name, marks=pytest.mark.xdist_group(
+    "tables-" + (TABLES_BASE.get(name) or name))) for name in _names()])
 def test_each_table_runs_and_writes_at_a_smoke_budget(table, smoke_root):
     # one root and cache for the tables, as a user making them all has: a table that reads another's runs
     # (variants-2026 reads word-problems' grpo and dapo) reuses them, and the SFT references are made once
