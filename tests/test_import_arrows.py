@@ -80,6 +80,40 @@ def test_the_old_module_paths_give_the_moved_modules():
     assert tasks.__spec__.name == "offline_plugins.text.tasks"  # the module keeps its own spec
 
 
+def test_names_that_moved_apart_from_their_module_still_import_from_the_old_path_with_a_warning():
+    import importlib
+    import subprocess
+    import sys
+
+    from offline_plugins._moved import MOVED, MOVED_NAMES
+
+    for old, names in MOVED_NAMES.items():
+        assert old in MOVED, old
+        for name, where in names.items():  # each target exists
+            module, _, attr = where.partition(":")
+            assert hasattr(importlib.import_module(module), attr), where
+    # in a fresh interpreter: the first import of the old path is what installs the names
+    code = ("import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
+            "try:\n    from offline_plugins.data.prompts import greedy_responses\n"
+            "except DeprecationWarning as w:\n    print('warned:', w)\n"
+            "warnings.simplefilter('ignore')\n"
+            "from offline_plugins.data.prompts import greedy_responses\n"
+            "from offline_plugins.text.backends.generation import greedy_responses as new\n"
+            "print(greedy_responses is new)\n"
+            "import offline_plugins.data.prompts as old\n"
+            "try:\n    old.no_such_name\n"
+            "except AttributeError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("warned: offline_plugins.data.prompts moved to offline_plugins.text.sources.prompts"), \
+        out.stdout + out.stderr
+    assert lines[1:] == ["True", "module 'offline_plugins.text.sources.prompts' has no attribute 'no_such_name'"], \
+        out.stdout + out.stderr
+    with pytest.warns(DeprecationWarning, match="offline_plugins.data.text_tasks.generate moved to "
+                                                "offline_plugins.text.backends.generation.generate_texts"):
+        from offline_plugins.data.text_tasks import generate  # noqa: F401
+
+
 def test_the_moved_names_still_import_from_where_they_were():
     from offline_plugins.errors import DiscretizationError as E1
     from offline_plugins.objectives.common import OfflineLossError

@@ -26,7 +26,7 @@ import warnings
 from types import ModuleType
 from typing import Optional, Sequence
 
-__all__ = ["MOVED", "install"]
+__all__ = ["MOVED", "MOVED_NAMES", "install"]
 
 #: old module path -> new module path
 MOVED: dict[str, str] = {
@@ -57,6 +57,43 @@ MOVED: dict[str, str] = {
     "offline_plugins.data.steps": "offline_plugins.text.data.steps",
 }
 
+#: old module path -> {name it had: "new.module:name"}, for names that did not move with their module
+#: (read through the old path only, with a ``DeprecationWarning``)
+MOVED_NAMES: dict[str, dict[str, str]] = {
+    "offline_plugins.data.prompts": {"greedy_responses": "offline_plugins.text.backends.generation:greedy_responses"},
+    "offline_plugins.data.text_tasks": {"generate": "offline_plugins.text.backends.generation:generate_texts"},
+    "offline_plugins.envs.multiturn": {"Calculator": "offline_plugins.text.tools.tools:Calculator",
+                                       "ToolBox": "offline_plugins.text.tools.tools:ToolBox"},
+    "offline_plugins.data.multiturn": {"FAILURE_KINDS": "offline_plugins.text.tools.multiturn:FAILURE_KINDS",
+                                       "rollout_seed": "offline_plugins.text.sources.prompts:rollout_seed"},
+}
+
+
+def _moved_name(old: str, name: str) -> object:
+    target, _, attr = MOVED_NAMES[old][name].partition(":")
+    warnings.warn(f"{old}.{name} moved to {target}.{attr}; import it from there (the old path will go in a later "
+                  "release)", DeprecationWarning, stacklevel=3)
+    return getattr(importlib.import_module(target), attr)
+
+
+def _add_moved_names(module: ModuleType, old: str) -> None:
+    """Let ``module`` (imported through ``old``) answer the names :data:`MOVED_NAMES` lists for ``old``,
+    through a module ``__getattr__`` that falls back to the module's own."""
+    names = MOVED_NAMES.get(old)
+    if not names or getattr(module.__dict__.get("__getattr__"), "_moved_from", None) == old:
+        return
+    previous = module.__dict__.get("__getattr__")
+
+    def __getattr__(name: str) -> object:
+        if name in names:
+            return _moved_name(old, name)
+        if previous is not None:
+            return previous(name)
+        raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}")
+
+    __getattr__._moved_from = old  # type: ignore[attr-defined]
+    module.__getattr__ = __getattr__  # type: ignore[method-assign]
+
 
 class _MovedLoader(importlib.abc.Loader):
     """Loads an old path as the module at its new path."""
@@ -73,7 +110,9 @@ class _MovedLoader(importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         # the import machinery stamped the old path's spec on the module: give it back its own
+        old = module.__spec__.name
         module.__spec__ = self._spec
+        _add_moved_names(module, old)
 
 
 class _MovedFinder(importlib.abc.MetaPathFinder):
