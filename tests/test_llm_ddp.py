@@ -20,24 +20,44 @@ def _write(path: Path, rows: list[dict]) -> Path:
     return path
 
 
+def _env(tmp_path: Path) -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+            "OFFLINE_PLUGINS_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(Path(__file__).parent)}
+
+
+def _launch(data: Path, out: Path, algorithm: str, steps: int, env: dict, timeout: float, *extra: str) -> None:
+    proc = launch([sys.executable, str(SCRIPT), algorithm, str(data), str(out), str(steps), *extra], env, timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+#: GRPO's prompt rows; the reward is _text_rewards.length_reward (a random init gets it, unlike exact match)
+GRPO_ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(10)]
+
+
+@pytest.fixture(scope="module")
+def grpo_run(tmp_path_factory):
+    """One two-rank GRPO run of 6 steps (rounds of 4: step 2 is in the middle of round 0): the run whose
+    ranks must end in sync, and the uninterrupted run a resumed one must end as. ``(data, folder)``."""
+    root = tmp_path_factory.mktemp("llm-ddp-grpo")
+    data = _write(root / "grpo.jsonl", GRPO_ROWS)
+    _launch(data, root / "full", "grpo", 6, _env(root), 290)
+    return data, root / "full"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.xdist_group("llm-ddp-grpo")  # the tests reading grpo_run on one worker, which makes it once
 @pytest.mark.parametrize("algorithm", ["dpo", "grpo"])
-def test_two_cpu_ranks_train_a_language_model_in_sync(tmp_path, algorithm):
+def test_two_cpu_ranks_train_a_language_model_in_sync(tmp_path, algorithm, request):
     if algorithm == "dpo":
         rows = [{"prompt": f"q{i}=", "chosen": "good" + "!" * (i % 3), "rejected": "bad"} for i in range(200)]
+        out, steps = tmp_path / "ddp", 4
+        _launch(_write(tmp_path / "dpo.jsonl", rows), out, "dpo", steps, _env(tmp_path), 290)
     else:
-        # prompt rows; the reward is _text_rewards.length_reward (a random init gets it, unlike exact match)
-        rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(10)] * 2
-    data = _write(tmp_path / f"{algorithm}.jsonl", rows)
-    out = tmp_path / "ddp"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-           "OFFLINE_PLUGINS_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(Path(__file__).parent)}
-    proc = launch([sys.executable, str(SCRIPT), algorithm, str(data), str(out), "4"], env, 290)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+        out, steps = request.getfixturevalue("grpo_run")[1], 6
     ranks_in_sync(out)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["steps"] == 4
+    assert summary["world_size"] == 2 and summary["steps"] == steps
     assert (out / "model" / "config.json").is_file()
     # the ranks trained: the exported policy is not the initial model
     from offline_plugins.modules.tiny_lm import load_causal_lm
@@ -50,27 +70,21 @@ def test_two_cpu_ranks_train_a_language_model_in_sync(tmp_path, algorithm):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_two_rank_grpo_run_resumed_mid_round_ends_as_the_uninterrupted_one(tmp_path):
+@pytest.mark.xdist_group("llm-ddp-grpo")
+def test_a_two_rank_grpo_run_resumed_mid_round_ends_as_the_uninterrupted_one(tmp_path, grpo_run):
     """Each rank samples its own prompts; the checkpoint keeps every rank's round, so a resume in
     the middle of a round trains each rank on the rollouts it had (rank 1's re-sampled by the
     moved policy would carry other log-probs and end elsewhere)."""
-    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(10)]
-    data = _write(tmp_path / "grpo.jsonl", rows)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-           "OFFLINE_PLUGINS_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(Path(__file__).parent)}
-
-    def run(out: Path, steps: int, *extra: str) -> dict:
-        proc = launch([sys.executable, str(SCRIPT), "grpo", str(data), str(out), str(steps), *extra], env, 190)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return torch.load(out / "rank0.pt", weights_only=False)["state"]
-
-    full = run(tmp_path / "full", 6)  # rounds of 4 steps: step 2 is in the middle of round 0
-    run(tmp_path / "part", 2)
-    ckpt = torch.load(tmp_path / "part" / "checkpoints" / "last.ckpt", weights_only=False)
+    data, whole = grpo_run
+    full = torch.load(whole / "rank0.pt", weights_only=False)["state"]
+    part = tmp_path / "part"
+    _launch(data, part, "grpo", 2, _env(tmp_path), 190)
+    ckpt = torch.load(part / "checkpoints" / "last.ckpt", weights_only=False)
     saved = next(v for k, v in ckpt.items() if isinstance(v, dict) and "ranks" in v)
     assert [r["rank"] for r in saved["ranks"]] == [0, 1]
-    resumed = run(tmp_path / "part", 6, "resume")
-    assert json.loads((tmp_path / "part" / "summary.json").read_text())["steps"] == 6
+    _launch(data, part, "grpo", 6, _env(tmp_path), 190, "resume")
+    resumed = torch.load(part / "rank0.pt", weights_only=False)["state"]
+    assert json.loads((part / "summary.json").read_text())["steps"] == 6
     for k in full:
         assert torch.equal(full[k], resumed[k]), k
 
