@@ -15,7 +15,9 @@ two rows can be compared prompt by prompt. It records in ``ROOT/TABLE/provenance
 commit (and whether the tree had uncommitted changes), the machine, the command and the budget. ``write`` replaces the
 table's block in ``--doc`` (between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->``) with
 the table under a line saying all of that; it refuses runs made at another commit than the
-current one unless ``--stale`` (say why in the doc). ``--smoke`` runs every run at a tiny
+current one unless that commit's package code and pins are the current ones (``git diff`` of
+``src/``, ``pyproject.toml`` and ``constraints.txt`` empty: the stamp says so) or ``--stale`` is
+given (say why in the doc). ``--smoke`` runs every run at a tiny
 budget in this process and writes the table to ``ROOT`` only: it checks that the table's
 pipeline runs, not its figures (``tests/test_tables.py`` runs it).
 
@@ -443,6 +445,19 @@ def _dirty() -> bool:
     return bool(_git("status", "--porcelain", "--", "src", "scripts"))
 
 
+#: what a run's result depends on in the repository: the package and its pins (not the tests, docs or scripts)
+CODE_PATHS = ("src", "pyproject.toml", "constraints.txt")
+
+
+def same_code(a: str, b: str) -> bool:
+    """Whether commits ``a`` and ``b`` hold the same package code and pins (:data:`CODE_PATHS`)."""
+    try:
+        return subprocess.run(["git", "diff", "--quiet", a, b, "--", *CODE_PATHS], cwd=REPO,
+                              capture_output=True).returncode == 0
+    except OSError:
+        return False
+
+
 def run_commits(table: "Table", root: Path, seeds: list[int], fallback: str) -> dict[str, int]:
     """``{commit: runs}`` of the table's finished runs: each run's ``made_at.json``, or ``fallback`` (the
     table's provenance) for a run made before runs recorded their own."""
@@ -658,13 +673,18 @@ def write(args) -> None:
     prov = json.loads(prov_path.read_text())
     head = _head()
     commits = run_commits(table, root, prov["seeds"], prov["commit"]) or {prov["commit"]: 0}
-    others = sorted(c for c in commits if c != head)
+    # a run made at a commit whose package code and pins are the current ones stands for the current code
+    same = sorted(c for c in commits if c != head and same_code(c, head))
+    others = sorted(c for c in commits if c != head and c not in same)
     if others and not args.stale and not args.smoke:
         made = ", ".join(c + (f" ({commits[c]} runs)" if commits[c] else "") for c in others)
         sys.exit(f"runs under {root} were made at {made}, the code is at {head}: run them again "
                  "(run --overwrite), or pass --stale and say in the doc why they still hold")
     at = (f"commit {next(iter(commits))}" if len(commits) == 1 else
           "commits " + ", ".join(f"{c} ({n} runs)" for c, n in sorted(commits.items(), key=lambda kv: -kv[1])))
+    if same:
+        at += (f" ({', '.join(same)}: the package's code and pins of {head}, "
+               f"`git diff {same[0]} {head} -- {' '.join(CODE_PATHS)}` empty)")
     body = table.render(table, root, prov["seeds"], prov["budget"])
     stamp = (f"Made by `{prov['command']}` at {at}{' (with uncommitted changes)' if prov['dirty'] else ''}"
              f" on {prov['machine']}, {prov['date']}; seeds {', '.join(map(str, prov['seeds']))}; budget "

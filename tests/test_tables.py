@@ -192,3 +192,40 @@ def test_a_run_locked_by_another_process_is_skipped_not_trained_twice(tmp_path, 
         assert other.stdout.split() == ["False", "True"], other.stderr
     with tables._run_lock(folder, 0) as held:  # released with its holder
         assert held
+
+
+def test_runs_made_at_a_commit_with_the_same_package_code_stand_for_the_current_one(tmp_path, monkeypatch):
+    """``write`` takes runs made at an older commit without ``--stale`` when only tests, docs or scripts changed
+    since (``git diff`` of src/, pyproject.toml and constraints.txt empty), and its stamp says so; a change under
+    src/ makes it refuse again."""
+    tables = _tables_module()
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    (repo / "src" / "code.py").write_text("x = 1\n")
+    git("add", "-A"), git("commit", "-qm", "code")
+    made = git("rev-parse", "--short", "HEAD")
+    (repo / "docs.md").write_text("words\n")
+    git("add", "-A"), git("commit", "-qm", "docs")
+    monkeypatch.setattr(tables, "REPO", repo)
+    monkeypatch.setattr(tables, "_git", lambda *a: git("rev-parse", "--short", "HEAD"))
+    folder = tmp_path / "root" / "word-problems"
+    (folder / "grpo" / "s0").mkdir(parents=True)
+    (folder / "grpo" / "s0" / "summary.json").write_text("{}")
+    (folder / "grpo" / "s0" / "made_at.json").write_text(json.dumps({"commit": made, "dirty": False, "date": "d"}))
+    (folder / "provenance.json").write_text(json.dumps({"commit": made, "dirty": False, "machine": "m", "command": "c",
+                                                        "budget": {"eval_prompts": 4}, "seeds": [0], "date": "d"}))
+    doc = tmp_path / "results.md"
+    args = type("A", (), {"table": "word-problems", "root": str(folder.parent), "doc": str(doc), "stale": False,
+                          "smoke": False, "records": ""})
+    tables.write(args)
+    assert f"the package's code and pins of {git('rev-parse', '--short', 'HEAD')}" in doc.read_text()
+    (repo / "src" / "code.py").write_text("x = 2\n")
+    git("add", "-A"), git("commit", "-qm", "code again")
+    with pytest.raises(SystemExit, match=f"were made at {made}"):
+        tables.write(args)
