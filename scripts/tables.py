@@ -26,7 +26,10 @@ A finished run's record (its ``summary.json``, ``heldout_scores.json``, ``made_a
 ``--records`` (``results/tables/`` in the repository, committed): a table's runs take hours of CPU,
 so what is finished survives a new machine. ``run`` and ``write`` first restore into ``ROOT`` every
 record ``ROOT`` lacks, so a recorded run is kept, not trained again, and ``write`` renders from the
-records alone on a fresh clone. Models and checkpoints stay in ``ROOT`` only.
+records alone on a fresh clone. The SFT references the runs start from are kept there too
+(``references/``, a few MB each) and restored into the cache, so every run of a table starts from
+the reference its first row scores on whatever machine it is made (made again on another CPU, a
+reference's weights differ by rounding). The policies and checkpoints stay in ``ROOT`` only.
 
 Several ``run`` processes of the same table (and of tables sharing a base) may run side by side, one
 a core: each run is made under a lock (``ROOT/TABLE/<run>/s<seed>.lock``), and a process finding a
@@ -37,12 +40,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import dataclasses
+import fcntl
 import json
 import math
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -547,8 +551,8 @@ def _train(args, run_: Run, seed: int, budget: dict, folder: Path) -> None:
     if code:
         sys.exit(f"{out}: exit {code}")
     # the commit this run was made at (a table may hold runs of several commits: `write` says which)
-    (out / "made_at.json").write_text(json.dumps({"commit": _head(), "dirty": _dirty(),
-                                                  "date": time.strftime("%Y-%m-%d")}) + "\n")
+    (out / "made_at.json").write_text(json.dumps({"commit": _head(), "dirty": _dirty(), "date": time.strftime("%Y-%m-%d"),
+                                                  "cpu": _cpu_name()}) + "\n")
 
 
 def _keep_run_commits(table: Table, root: Path, prov: dict) -> None:
@@ -620,6 +624,39 @@ def _run_lock(folder: Path, seed: int):
         os.close(fd)
 
 
+def _references_in(records: Optional[Path]) -> Optional[Path]:
+    return None if records is None else records / "references"
+
+
+def restore_references(records: Optional[Path]) -> list[str]:
+    """Copy each recorded SFT reference the cache lacks into it (``cache_root()/preference``), so every
+    run of a table starts from the one reference its reference row scores, on any machine (made again
+    elsewhere it would differ by rounding: the weights depend on the CPU's kernels); the names copied."""
+    from offline_plugins.config import cache_root
+
+    found = _references_in(records)
+    copied = []
+    for folder in (sorted(p for p in found.iterdir() if p.is_dir()) if found is not None and found.is_dir() else []):
+        target = cache_root() / "preference" / folder.name
+        if (target / "config.json").is_file():
+            continue
+        partial = target.with_name(target.name + ".restoring")
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(folder, partial)
+        partial.rename(target)  # whole or not at all: the cache takes a folder with config.json
+        copied.append(folder.name)
+    return copied
+
+
+def save_reference(records: Optional[Path], ref_dir: Path) -> None:
+    """Keep the SFT reference folder ``ref_dir`` (weights, tokenizer, ``reference.json``) with the records."""
+    found = _references_in(records)
+    if found is None or (found / ref_dir.name / "config.json").is_file():
+        return
+    found.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(ref_dir, found / ref_dir.name, dirs_exist_ok=True)
+
+
 def run(args) -> None:
     """Score the references, then train and score each run, seed by seed (every method's first seed
     before any method's second), so a table stopped part-way has rows for every method."""
@@ -631,6 +668,8 @@ def run(args) -> None:
     restored = restore_records(records, root.parent)
     if restored:
         print(f"restored {restored} recorded files from {records} into {root.parent}", flush=True)
+    for name in restore_references(records):
+        print(f"restored the SFT reference {name} from {records}", flush=True)
     prov = provenance(sys.argv[1:], budget, args.seeds)
     _keep_run_commits(table, root, prov)
     (root / "provenance.json").write_text(json.dumps(prov, indent=1) + "\n")
@@ -641,8 +680,9 @@ def run(args) -> None:
     for dataset in sorted({r.dataset for r in table.runs if r.dataset}):  # the references the runs start from
         folder = table.folder(root, "reference" if dataset == "word-problems" else f"reference-{dataset}")
         folder.mkdir(parents=True, exist_ok=True)
-        _scored(folder / "heldout_scores.json", dataset, str(reference_folder(dataset, budget)), n,
-                budget.get("max_new_tokens"))
+        ref_dir = reference_folder(dataset, budget)
+        save_reference(records, ref_dir)
+        _scored(folder / "heldout_scores.json", dataset, str(ref_dir), n, budget.get("max_new_tokens"))
         save_record(records, root.parent, folder)
     for seed in args.seeds:
         for run_ in table.runs:

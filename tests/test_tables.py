@@ -229,3 +229,18 @@ def test_runs_made_at_a_commit_with_the_same_package_code_stand_for_the_current_
     git("add", "-A"), git("commit", "-qm", "code again")
     with pytest.raises(SystemExit, match=f"were made at {made}"):
         tables.write(args)
+
+
+def test_the_reference_the_runs_start_from_travels_with_the_records(tmp_path, monkeypatch):
+    tables = _tables_module()
+    records, made = tmp_path / "records", tmp_path / "made" / "sft-task-s0-rabc"
+    made.mkdir(parents=True)
+    (made / "config.json").write_text("{}")
+    (made / "model.safetensors").write_bytes(b"weights")
+    tables.save_reference(records, made)
+    monkeypatch.setenv("OFFLINE_PLUGINS_CACHE", str(tmp_path / "cache"))
+    assert tables.restore_references(records) == ["sft-task-s0-rabc"]
+    restored = tmp_path / "cache" / "preference" / "sft-task-s0-rabc"
+    assert (restored / "model.safetensors").read_bytes() == b"weights"
+    assert tables.restore_references(records) == []  # the cache's own is kept
+    assert tables.restore_references(None) == [] and not list((tmp_path / "cache" / "preference").glob("*.restoring"))
