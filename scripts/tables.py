@@ -382,6 +382,16 @@ def _ogbench_figures(root: Path, seeds: list[int], budget: dict) -> list:
     return out
 
 
+def finished(out: Path) -> bool:
+    """Whether the run in ``out`` ran its steps to the end: a ``summary.json`` that is not an interrupted
+    run's (a stopped run writes one too, with ``"interrupted": true``, and is resumed, not kept)."""
+    path = out / "summary.json"
+    if not path.is_file():
+        return False
+    summary = json.loads(path.read_text())
+    return not summary.get("interrupted") and summary.get("steps", 0) >= (summary.get("steps_requested") or 0)
+
+
 def _summary(folder: Path, seed: int) -> Optional[dict]:
     path = folder / f"s{seed}" / "summary.json"
     return json.loads(path.read_text()) if path.is_file() else None
@@ -469,7 +479,7 @@ def run_commits(table: "Table", root: Path, seeds: list[int], fallback: str) -> 
     for run_ in table.runs:
         for seed in (seeds if run_.seeded else [0]):
             out = table.folder(root, run_.name) / f"s{seed}"
-            if (out / "summary.json").is_file():
+            if finished(out):
                 made = out / "made_at.json"
                 commit = json.loads(made.read_text())["commit"] if made.is_file() else fallback
                 counts[commit] = counts.get(commit, 0) + 1
@@ -531,7 +541,7 @@ def _train(args, run_: Run, seed: int, budget: dict, folder: Path) -> None:
     from scratch."""
     root = folder.parent
     out = folder / f"s{seed}"
-    if (out / "summary.json").is_file() and not args.overwrite:
+    if finished(out) and not args.overwrite:
         print(f"{out}: done, kept", flush=True)
         return
     if (out / "checkpoints" / "last.ckpt").is_file() and not args.overwrite and not args.smoke:
@@ -566,7 +576,7 @@ def _keep_run_commits(table: Table, root: Path, prov: dict) -> None:
     for run_ in table.runs:
         folder = table.folder(root, run_.name)
         for out in (folder.glob("s*") if folder.is_dir() else []):
-            if (out / "summary.json").is_file() and not (out / "made_at.json").is_file():
+            if finished(out) and not (out / "made_at.json").is_file():
                 (out / "made_at.json").write_text(json.dumps({"commit": old["commit"], "dirty": old["dirty"],
                                                               "date": old["date"]}) + "\n")
 
@@ -699,7 +709,7 @@ def run(args) -> None:
                     print(f"scoring {out}/model on {n} held-out prompts", flush=True)
                     _scored(out / "heldout_scores.json", run_.dataset, str(out / "model"), n,
                             budget.get("max_new_tokens"))
-                if (out / "summary.json").is_file():
+                if finished(out):
                     save_record(records, root.parent, out)
 
 

@@ -244,3 +244,24 @@ def test_the_reference_the_runs_start_from_travels_with_the_records(tmp_path, mo
     assert (restored / "model.safetensors").read_bytes() == b"weights"
     assert tables.restore_references(records) == []  # the cache's own is kept
     assert tables.restore_references(None) == [] and not list((tmp_path / "cache" / "preference").glob("*.restoring"))
+
+
+def test_a_run_stopped_part_way_is_resumed_not_kept(tmp_path, monkeypatch):
+    """A run stopped by a signal writes a summary too (``"interrupted": true``): the table resumes it from its
+    checkpoint, records nothing and counts it nowhere."""
+    tables = _tables_module()
+    out = tmp_path / "word-problems" / "grpo" / "s0"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "last.ckpt").write_bytes(b"ckpt")
+    (out / "summary.json").write_text(json.dumps({"steps": 28, "steps_requested": 200, "interrupted": True}))
+    assert not tables.finished(out)
+    calls = []
+    monkeypatch.setattr(tables.subprocess, "call", lambda argv, **k: calls.append(argv) or 0)
+    monkeypatch.setattr(tables, "_git", lambda *a: "abc1234")
+    args = type("A", (), {"overwrite": False, "smoke": False, "timeout": 1})
+    tables._train(args, tables.TABLES["word-problems"].runs[0], 0, {"online_steps": 200, "run_eval_prompts": 4,
+                                                                    "reference_sft_steps": 2}, out.parent)
+    assert len(calls) == 1 and "--resume" in calls[0]
+    assert tables.run_commits(tables.TABLES["word-problems"], tmp_path / "word-problems", [0], "abc1234") == {}
+    (out / "summary.json").write_text(json.dumps({"steps": 200, "steps_requested": 200}))
+    assert tables.finished(out)
