@@ -4,6 +4,7 @@
     python scripts/tables.py run TABLE [--seeds 0 1 2] [--root runs/tables]   # trains what the table needs
     python scripts/tables.py write TABLE [--root runs/tables] [--doc docs/results.md]
     python scripts/tables.py run TABLE --smoke --root DIR && python scripts/tables.py write TABLE --smoke ...
+    python scripts/tables.py same-results TABLE A [B]   # the smoke at commits A and B (HEAD) alike?
 
 A table is a list of runs (``offline-plugins train`` command lines) and a function that turns
 what they left into markdown. ``run`` trains them one at a time (``--threads 1``) into
@@ -17,7 +18,8 @@ table's block in ``--doc`` (between ``<!-- table:NAME -->`` and ``<!-- /table:NA
 the table under a line saying all of that; it refuses runs made at another commit than the
 current one unless that commit's package code and pins are the current ones (``git diff`` of
 ``src/``, ``pyproject.toml`` and ``constraints.txt`` empty: the stamp says so) or ``--stale`` is
-given (say why in the doc). ``--smoke`` runs every run at a tiny
+given (say why in the doc), or a recorded ``same-results`` check found that commit's results equal to
+those of a commit with the current code (below). ``--smoke`` runs every run at a tiny
 budget in this process and writes the table to ``ROOT`` only: it checks that the table's
 pipeline runs, not its figures (``tests/test_tables.py`` runs it).
 
@@ -31,6 +33,15 @@ records alone on a fresh clone. The SFT references the runs start from are kept 
 the reference its first row scores on whatever machine it is made (made again on another CPU, a
 reference's weights differ by rounding). The policies and checkpoints stay in ``ROOT`` only.
 
+A change that moves no figure (a refactor, a faster tokenisation) need not make a table again:
+``same-results TABLE A B`` runs the table's smoke in a checkout of each commit (its own package code,
+script and cache; the same venv, so the pins must agree) and compares every file the runs made that
+holds a result (weights byte for byte; summaries, metrics and held-out scores without timings, rates and
+memory). When all agree it records the pair in ``--records``/``same-results.json``, and ``write`` then
+takes runs made at A as the current code's, saying by which check. It is evidence, not proof: the smoke
+budget is 2 steps and 16-token responses, so a change that acts only later in a run (a schedule, a
+long-sequence path) passes it; run the table again after such a change.
+
 Several ``run`` processes of the same table (and of tables sharing a base) may run side by side, one
 a core: each run is made under a lock (``ROOT/TABLE/<run>/s<seed>.lock``), and a process finding a
 run locked goes on to the next.
@@ -40,16 +51,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import dataclasses
 import fcntl
+import hashlib
 import json
 import math
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -118,12 +133,21 @@ def heldout_scores(dataset: str, model: str, n: int, max_new_tokens: Optional[in
     """The task's verifier on ``model``'s greedy answers (episodes, for a multi-turn task) to the first
     ``n`` test-split prompts, one score a prompt; ``max_new_tokens``: the task's own unless given."""
     from offline_plugins.text.data.rollouts import _task_of, load_rollout_data
+    from offline_plugins.tokens import prompt_token_ids
 
     data = load_rollout_data(dataset, model=model, eval_prompts=n)
     rows = data.source.held_out[:n]
-    responses, _ = data.greedy_answers(data.reference, data.tokenizer, rows, None,
-                                       max_new_tokens=max_new_tokens or data.settings.max_new_tokens, batch_size=100,
-                                       multiturn=data.source.multiturn, width=data.width)
+    # answered in batches of prompts of like length: less padding and, as a long story has a long solution,
+    # batches whose answers end together (a third less time on the word problems' reference); a prompt's
+    # greedy answer does not depend on its batch (the scores of both references and a trained policy on
+    # 2,000 prompts were the same in the prompts' own order)
+    order = sorted(range(len(rows)), key=lambda i: len(prompt_token_ids(data.tokenizer, rows[i]["prompt"])))
+    answered, _ = data.greedy_answers(data.reference, data.tokenizer, [rows[i] for i in order], None,
+                                      max_new_tokens=max_new_tokens or data.settings.max_new_tokens, batch_size=100,
+                                      multiturn=data.source.multiturn, width=data.width)
+    responses = [""] * len(rows)
+    for i, response in zip(order, answered):
+        responses[i] = response
     task = _task_of(dataset, "")[1]
     return [float(x) for x in task.rewards([r["prompt"] for r in rows], responses)]
 
@@ -472,6 +496,124 @@ def same_code(a: str, b: str) -> bool:
         return False
 
 
+# -- results equal across commits: a change that moves no figure keeps the table --------------------------
+#: where ``same-results`` records the commit pairs it found equal (under ``--records``)
+SAME_RESULTS = "same-results.json"
+#: the files of a smoke root two commits must share: every run's and reference's weights, summary, metrics
+#: and held-out scores
+COMPARED = ("*.safetensors", "summary.json", "heldout_scores.json", "metrics.csv")
+#: summary keys and metric columns that measure the machine, not the result (seconds, rates, memory)
+_MACHINE = re.compile(r"(_s|per_s|_mb|_all_ranks)$")
+
+
+def _drop_machine(value):
+    if isinstance(value, dict):
+        return {k: _drop_machine(v) for k, v in value.items() if not _MACHINE.search(str(k))}
+    if isinstance(value, list):
+        return [_drop_machine(v) for v in value]
+    return value
+
+
+def comparable(path: Path, *places: Path):
+    """What two commits' smoke runs must share of ``path``: its bytes' hash, or, for JSON and CSV, its
+    values without timings, rates and memory, with ``places`` (the root and checkout) written as names."""
+    if path.suffix == ".json":
+        text = path.read_text()
+        for i, place in enumerate(places):
+            text = text.replace(str(place), f"<place {i}>")
+        return _drop_machine(json.loads(text))
+    if path.suffix == ".csv":
+        rows = list(csv.reader(path.read_text().splitlines()))
+        keep = [i for i, name in enumerate(rows[0]) if not _MACHINE.search(name)] if rows else []
+        return [[row[i] for i in keep if i < len(row)] for row in rows]
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def compare_roots(a: tuple[Path, ...], b: tuple[Path, ...]) -> tuple[int, list[str]]:
+    """``(files compared, differences)`` of two smoke roots, each given as ``(root, checkout)``: the same
+    files (:data:`COMPARED`) under each, each :func:`comparable` alike."""
+    def files(root: Path) -> set[str]:
+        return {str(p.relative_to(root)) for pattern in COMPARED for p in root.rglob(pattern) if p.is_file()}
+
+    found_a, found_b = files(a[0]), files(b[0])
+    diffs = [f"{name}: only under {a[0] if name in found_a else b[0]}" for name in sorted(found_a ^ found_b)]
+    for name in sorted(found_a & found_b):
+        if comparable(a[0] / name, *a) != comparable(b[0] / name, *b):
+            diffs.append(f"{name}: differs")
+    return len(found_a & found_b), diffs
+
+
+def _full(commit: str) -> str:
+    return _git("rev-parse", "--verify", "-q", f"{commit}^{{commit}}")
+
+
+def same_results(args) -> None:
+    """Run ``args.table``'s smoke at commits ``a`` and ``b``, each in a checkout of its own with its own
+    package code, cache and script, and compare what they made (:func:`compare_roots`); when every file
+    agrees, record the pair in ``--records``/:data:`SAME_RESULTS`, which ``write`` reads."""
+    a, b = _full(args.a), _full(args.b)
+    for name, full in ((args.a, a), (args.b, b)):
+        if not full:
+            sys.exit(f"{name} is not a commit of {REPO}; give two commits, e.g. same-results {args.table} 4fdbfc9 HEAD")
+    if _git("diff", "--stat", a, b, "--", "pyproject.toml", "constraints.txt"):
+        sys.exit(f"{args.a} and {args.b} pin other packages (pyproject.toml, constraints.txt): their results are "
+                 "compared under one venv only when the pins agree; run the table again instead")
+    work = Path(args.work or tempfile.mkdtemp(prefix="same-results-"))
+    places = {}
+    for commit in dict.fromkeys((a, b)):
+        checkout, root = work / f"checkout-{commit[:10]}", work / f"runs-{commit[:10]}"
+        if not checkout.is_dir():
+            subprocess.run(["git", "worktree", "add", "-q", "--detach", str(checkout), commit], cwd=REPO, check=True)
+        env = {**os.environ, "PYTHONPATH": str(checkout / "src"), "OFFLINE_PLUGINS_CACHE": str(root / "cache"),
+               "MINARI_DATASETS_PATH": str(root / "minari"), "OMP_NUM_THREADS": "1"}
+        print(f"{args.table} --smoke at {commit[:10]} into {root}", flush=True)
+        done = subprocess.run([sys.executable, str(checkout / "scripts" / "tables.py"), "run", args.table, "--smoke",
+                               "--root", str(root), "--seeds", "0"], cwd=checkout, env=env, timeout=args.timeout)
+        if done.returncode:
+            sys.exit(f"the smoke run of {args.table} at {commit[:10]} failed (exit {done.returncode}); see above")
+        places[commit] = (root, checkout)
+    count, diffs = compare_roots(places[a], places[b])
+    if diffs or not count:
+        sys.exit(f"{args.table} at {args.a} and {args.b}: {len(diffs)} of {count + len(diffs)} files differ"
+                 + "".join(f"\n  {d}" for d in diffs[:20]) + ("\n  (no file compared)" if not count else "")
+                 + f"\nthe runs under {work} show where; the table's runs must be made again at {args.b}")
+    records = _records(args) or REPO / "results" / "tables"
+    pairs = _pairs(records)
+    pairs.append({"table": args.table, "a": a, "b": b, "files": count, "date": time.strftime("%Y-%m-%d"),
+                  "machine": _cpu_name(), "command": f"python scripts/tables.py same-results {args.table} {a[:7]} {b[:7]}"})
+    records.mkdir(parents=True, exist_ok=True)
+    (records / SAME_RESULTS).write_text(json.dumps(pairs, indent=1) + "\n")
+    print(f"{args.table}: {count} files alike at {a[:10]} and {b[:10]} (weights, summaries, metrics, held-out scores "
+          f"of every smoke run); recorded in {records / SAME_RESULTS}")
+    if not args.work:  # kept when asked for, or when they differ (to see where)
+        for _, checkout in places.values():
+            subprocess.run(["git", "worktree", "remove", "--force", str(checkout)], cwd=REPO, capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _pairs(records: Optional[Path]) -> list[dict]:
+    path = None if records is None else records / SAME_RESULTS
+    return json.loads(path.read_text()) if path is not None and path.is_file() else []
+
+
+def standing_for(head: str, table: str, records: Optional[Path]) -> dict[str, str]:
+    """``{commit: how}`` of the commits whose runs of ``table`` stand for ``head``'s code: ``head``
+    itself, and through each pair ``same-results`` recorded for the table (either way round), the commits
+    whose results were found equal to one that stands; a run's commit stands when its package code and
+    pins are those of one of them (:func:`same_code`)."""
+    standing = {head: "the current commit"}
+    pairs = [p for p in _pairs(records) if p.get("table") == table]
+    grew = True
+    while grew:
+        grew = False
+        for pair in pairs:
+            for x, y in ((pair["a"], pair["b"]), (pair["b"], pair["a"])):
+                if x not in standing and any(same_code(y, s) for s in standing):
+                    standing[x] = f"`{pair['command']}` ({pair['date']})"
+                    grew = True
+    return standing
+
+
 def run_commits(table: "Table", root: Path, seeds: list[int], fallback: str) -> dict[str, int]:
     """``{commit: runs}`` of the table's finished runs: each run's ``made_at.json``, or ``fallback`` (the
     table's provenance) for a run made before runs recorded their own."""
@@ -723,18 +865,25 @@ def write(args) -> None:
     prov = json.loads(prov_path.read_text())
     head = _head()
     commits = run_commits(table, root, prov["seeds"], prov["commit"]) or {prov["commit"]: 0}
-    # a run made at a commit whose package code and pins are the current ones stands for the current code
-    same = sorted(c for c in commits if c != head and same_code(c, head))
-    others = sorted(c for c in commits if c != head and c not in same)
+    # a run made at a commit whose package code and pins are the current ones stands for the current code,
+    # and so does one whose results a recorded `same-results` check found equal to such a commit's
+    standing = standing_for(head, table.name, _records(args))
+    why = {c: next((how for s, how in standing.items() if same_code(c, s)), None) for c in commits if c != head}
+    same = sorted(c for c, how in why.items() if how is not None)
+    others = sorted(c for c, how in why.items() if how is None)
     if others and not args.stale and not args.smoke:
         made = ", ".join(c + (f" ({commits[c]} runs)" if commits[c] else "") for c in others)
         sys.exit(f"runs under {root} were made at {made}, the code is at {head}: run them again "
                  "(run --overwrite), or pass --stale and say in the doc why they still hold")
     at = (f"commit {next(iter(commits))}" if len(commits) == 1 else
           "commits " + ", ".join(f"{c} ({n} runs)" for c, n in sorted(commits.items(), key=lambda kv: -kv[1])))
-    if same:
-        at += (f" ({', '.join(same)}: the package's code and pins of {head}, "
-               f"`git diff {same[0]} {head} -- {' '.join(CODE_PATHS)}` empty)")
+    by_code = [c for c in same if why[c] == "the current commit"]
+    if by_code:
+        at += (f" ({', '.join(by_code)}: the package's code and pins of {head}, "
+               f"`git diff {by_code[0]} {head} -- {' '.join(CODE_PATHS)}` empty)")
+    for c in (c for c in same if c not in by_code):
+        at += (f" ({c}: its results equal {head}'s at the smoke budget, every smoke run's weights, metrics and "
+               f"held-out scores, by {why[c]})")
     body = table.render(table, root, prov["seeds"], prov["budget"])
     stamp = (f"Made by `{prov['command']}` at {at}{' (with uncommitted changes)' if prov['dirty'] else ''}"
              f" on {prov['machine']}, {prov['date']}; seeds {', '.join(map(str, prov['seeds']))}; budget "
@@ -760,14 +909,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list")
-    for name in ("run", "write"):
+    for name in ("run", "write", "same-results"):
         p = sub.add_parser(name)
         p.add_argument("table", choices=sorted(TABLES))
-        p.add_argument("--root", default="runs/tables")
-        p.add_argument("--smoke", action="store_true", help="a tiny budget: the pipeline runs (tests/test_tables.py)")
+        if name != "same-results":
+            p.add_argument("--root", default="runs/tables")
+            p.add_argument("--smoke", action="store_true", help="a tiny budget: the pipeline runs (tests/test_tables.py)")
         p.add_argument("--records", default=str(REPO / "results" / "tables"),
                        help="the committed records of finished runs ('' for none; --smoke keeps none)")
-        if name == "run":
+        if name == "same-results":
+            p.add_argument("a", help="the commit the runs were made at")
+            p.add_argument("b", nargs="?", default="HEAD", help="the commit they should stand for (default HEAD)")
+            p.add_argument("--work", default="", help="where the two checkouts and smoke runs go (default: a new temporary folder)")
+            p.add_argument("--timeout", type=int, default=3600)
+        elif name == "run":
             p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
             p.add_argument("--overwrite", action="store_true")
             p.add_argument("--timeout", type=int, default=4 * 3600)
@@ -779,7 +934,7 @@ def main() -> None:
         for table in TABLES.values():
             print(f"{table.name:16} {table.title} ({len(table.runs)} runs a seed)")
         return
-    run(args) if args.cmd == "run" else write(args)
+    {"run": run, "write": write, "same-results": same_results}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -265,3 +265,77 @@ def test_a_run_stopped_part_way_is_resumed_not_kept(tmp_path, monkeypatch):
     assert tables.run_commits(tables.TABLES["word-problems"], tmp_path / "word-problems", [0], "abc1234") == {}
     (out / "summary.json").write_text(json.dumps({"steps": 200, "steps_requested": 200}))
     assert tables.finished(out)
+
+
+def test_two_smoke_roots_compare_by_their_results_not_their_timings_or_paths(tmp_path):
+    """``same-results`` compares what holds a result: weights byte for byte; summaries, metrics and held-out
+    scores without seconds, rates, memory or the folder they were made in; a file one root lacks is a
+    difference."""
+    tables = _tables_module()
+    roots = []
+    for name, wall, place in (("a", 12.5, "/x/a"), ("b", 99.0, "/y/b")):
+        root = tmp_path / name
+        run = root / "word-problems" / "grpo" / "s0"
+        (run / "model").mkdir(parents=True)
+        (run / "model" / "model.safetensors").write_bytes(b"weights")
+        (run / "summary.json").write_text(json.dumps({"losses": {"loss": 0.25}, "wall_s": wall, "tokens_per_s": wall,
+                                                      "peak_memory_mb": wall, "model_dir": f"{root}/grpo/model"}))
+        (run / "metrics.csv").write_text(f"eval/exact_match,step,train/steps_per_s\n0.5,1,{wall}\n")
+        (run / "heldout_scores.json").write_text(json.dumps({"model": f"{place}/src", "scores": [1.0, 0.0]}))
+        roots.append((root, Path(place)))
+    assert tables.compare_roots(*roots) == (4, [])
+    summary = roots[1][0] / "word-problems" / "grpo" / "s0" / "summary.json"
+    summary.write_text(summary.read_text().replace("0.25", "0.2500001"))
+    (roots[1][0] / "word-problems" / "grpo" / "s0" / "model" / "model.safetensors").write_bytes(b"weightz")
+    (roots[0][0] / "word-problems" / "kto" / "s0").mkdir(parents=True)
+    (roots[0][0] / "word-problems" / "kto" / "s0" / "metrics.csv").write_text("step\n1\n")
+    count, diffs = tables.compare_roots(*roots)
+    assert count == 4 and diffs == [f"word-problems/kto/s0/metrics.csv: only under {roots[0][0]}",
+                                    "word-problems/grpo/s0/model/model.safetensors: differs",
+                                    "word-problems/grpo/s0/summary.json: differs"]
+
+
+def test_runs_whose_results_a_recorded_check_found_equal_stand_for_the_current_code(tmp_path, monkeypatch):
+    """Runs made at A, the code changed at B, the docs at C (HEAD): ``write`` refuses A's runs until a
+    ``same-results`` pair (A, B) of this table is recorded, then takes them and says by which check; a pair
+    recorded for another table does not count."""
+    tables = _tables_module()
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    commits = []
+    for path, text in (("src/code.py", "x = 1\n"), ("src/code.py", "x = 1  # faster\n"), ("docs.md", "words\n")):
+        (repo / path).write_text(text)
+        git("add", "-A"), git("commit", "-qm", text)
+        commits.append(git("rev-parse", "HEAD"))
+    monkeypatch.setattr(tables, "REPO", repo)
+    monkeypatch.setattr(tables, "_git", lambda *a: git(*a) if a[0] != "rev-parse" or "--short" not in a
+                        else git("rev-parse", "--short", "HEAD"))
+    made = commits[0][:7]
+    folder = tmp_path / "root" / "word-problems"
+    (folder / "grpo" / "s0").mkdir(parents=True)
+    (folder / "grpo" / "s0" / "summary.json").write_text("{}")
+    (folder / "grpo" / "s0" / "made_at.json").write_text(json.dumps({"commit": made, "dirty": False, "date": "d"}))
+    (folder / "provenance.json").write_text(json.dumps({"commit": made, "dirty": False, "machine": "m", "command": "c",
+                                                        "budget": {"eval_prompts": 4}, "seeds": [0], "date": "d"}))
+    records = tmp_path / "records"
+    records.mkdir()
+    doc = tmp_path / "results.md"
+    args = type("A", (), {"table": "word-problems", "root": str(folder.parent), "doc": str(doc), "stale": False,
+                          "smoke": False, "records": str(records)})
+    with pytest.raises(SystemExit, match=f"were made at {made}"):
+        tables.write(args)
+    pair = {"a": commits[0], "b": commits[1], "files": 40, "date": "2026-12-06", "machine": "m",
+            "command": f"python scripts/tables.py same-results word-problems {made} {commits[1][:7]}"}
+    (records / tables.SAME_RESULTS).write_text(json.dumps([{**pair, "table": "variants-2026"}]))
+    with pytest.raises(SystemExit, match=f"were made at {made}"):
+        tables.write(args)
+    (records / tables.SAME_RESULTS).write_text(json.dumps([{**pair, "table": "word-problems"}]))
+    tables.write(args)
+    assert (f"{made}: its results equal {commits[2][:7]}'s at the smoke budget" in doc.read_text()
+            and pair["command"] in doc.read_text())
