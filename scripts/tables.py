@@ -5,6 +5,7 @@
     python scripts/tables.py write TABLE [--root runs/tables] [--doc docs/results.md]
     python scripts/tables.py run TABLE --smoke --root DIR && python scripts/tables.py write TABLE --smoke ...
     python scripts/tables.py same-results TABLE A [B]   # the smoke at commits A and B (HEAD) alike?
+    python scripts/tables.py status TABLE [--root runs/tables]   # what is done, being made, left
 
 A table is a list of runs (``offline-plugins train`` command lines) and a function that turns
 what they left into markdown. ``run`` trains them one at a time (``--threads 1``) into
@@ -905,11 +906,86 @@ def write(args) -> None:
     print(f"wrote {table.name} into {doc}")
 
 
+def _held_by_another(folder: Path, seed: int) -> bool:
+    """Whether a process holds run ``folder/s<seed>``'s lock now (it is being made)."""
+    path = folder / f"s{seed}.lock"
+    if not path.is_file():
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _last_step(out: Path) -> Optional[int]:
+    """The last step ``out/metrics.csv`` logged, or None."""
+    path = out / "metrics.csv"
+    if not path.is_file():
+        return None
+    steps = [row.get("step") for row in csv.DictReader(path.read_text().splitlines())]
+    return max((int(float(x)) for x in steps if x), default=None)
+
+
+def status(args) -> None:
+    """Each run of the table, seed by seed: done (its wall time and held-out score), being made (by which
+    step), stopped (resumes from its checkpoint) or to do; and the core-hours left at the finished runs'
+    pace."""
+    table = TABLES[args.table]
+    root = Path(args.root) / table.name
+    restore_records(_records(args), root.parent)
+    budget = table.budget
+    steps = budget.get("online_steps", budget.get("offline_steps"))
+    walls: dict[str, list[float]] = {}
+    left: list[str] = []
+    lines = []
+    for run_ in table.runs:
+        if table.keep and not table.keep(run_, budget):
+            continue
+        folder, cells = table.folder(root, run_.name), []
+        for seed in (args.seeds if run_.seeded else [0]):
+            out = folder / f"s{seed}"
+            if finished(out):
+                wall = float(json.loads((out / "summary.json").read_text()).get("wall_s") or 0.0)
+                walls.setdefault(run_.name, []).append(wall)
+                scores = out / "heldout_scores.json"
+                if scores.is_file():
+                    found = json.loads(scores.read_text())["scores"]
+                    cells.append(f"s{seed} {100 * statistics.fmean(found):.1f} % in {wall:.0f} s")
+                else:
+                    cells.append(f"s{seed} trained in {wall:.0f} s" + (", not scored" if run_.dataset else ""))
+                continue
+            step = _last_step(out)
+            at = f"step {step} of {steps}" if step is not None else "starting"
+            if _held_by_another(folder, seed):
+                cells.append(f"s{seed} being made ({at})")
+            elif (out / "checkpoints" / "last.ckpt").is_file():
+                cells.append(f"s{seed} stopped ({at}; resumes)")
+            else:
+                cells.append(f"s{seed} to do")
+            left.append(run_.name)
+        lines.append(f"{run_.name:20} " + " | ".join(cells))
+    print(f"{table.name} under {root} (seeds {' '.join(map(str, args.seeds))}):")
+    print("\n".join(lines))
+    every = [w for ws in walls.values() for w in ws]
+    if left and every:
+        hours = sum(statistics.fmean(walls.get(name) or every) for name in left) / 3600
+        print(f"{len(left)} runs left, about {hours:.1f} core-hours at the pace of the finished runs of each method "
+              "(all finished runs for a method with none; a run resumed after a stop counts only its last stretch)")
+    elif not left:
+        print(f"every run is done: python scripts/tables.py write {table.name} --root {args.root}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list")
-    for name in ("run", "write", "same-results"):
+    for name in ("run", "write", "same-results", "status"):
         p = sub.add_parser(name)
         p.add_argument("table", choices=sorted(TABLES))
         if name != "same-results":
@@ -922,6 +998,8 @@ def main() -> None:
             p.add_argument("b", nargs="?", default="HEAD", help="the commit they should stand for (default HEAD)")
             p.add_argument("--work", default="", help="where the two checkouts and smoke runs go (default: a new temporary folder)")
             p.add_argument("--timeout", type=int, default=3600)
+        elif name == "status":
+            p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
         elif name == "run":
             p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
             p.add_argument("--overwrite", action="store_true")
@@ -934,7 +1012,7 @@ def main() -> None:
         for table in TABLES.values():
             print(f"{table.name:16} {table.title} ({len(table.runs)} runs a seed)")
         return
-    {"run": run, "write": write, "same-results": same_results}[args.cmd](args)
+    {"run": run, "write": write, "same-results": same_results, "status": status}[args.cmd](args)
 
 
 if __name__ == "__main__":

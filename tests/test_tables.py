@@ -339,3 +339,28 @@ def test_runs_whose_results_a_recorded_check_found_equal_stand_for_the_current_c
     tables.write(args)
     assert (f"{made}: its results equal {commits[2][:7]}'s at the smoke budget" in doc.read_text()
             and pair["command"] in doc.read_text())
+
+
+def test_status_says_which_runs_are_done_being_made_stopped_or_left(tmp_path, monkeypatch, capsys):
+    tables = _tables_module()
+    root = tmp_path / "word-problems"
+    done, making, stopped = root / "grpo" / "s0", root / "dapo" / "s0", root / "rloo" / "s0"
+    for out in (done, making, stopped):
+        out.mkdir(parents=True)
+    (done / "summary.json").write_text(json.dumps({"steps": 200, "steps_requested": 200, "wall_s": 600.0}))
+    (done / "heldout_scores.json").write_text(json.dumps({"scores": [1.0, 0.0, 0.0, 1.0]}))
+    (making / "metrics.csv").write_text("rollout/reward_mean,step\n0.3,0\n0.4,40\n")
+    (stopped / "checkpoints").mkdir()
+    (stopped / "checkpoints" / "last.ckpt").write_bytes(b"")
+    (stopped / "metrics.csv").write_text("step\n96\n")
+    args = type("A", (), {"table": "word-problems", "root": str(tmp_path), "seeds": [0], "records": ""})
+    with tables._run_lock(root / "dapo", 0) as held:  # this process makes dapo s0 now
+        assert held
+        tables.status(args)
+    out = capsys.readouterr().out
+    assert re.search(r"^grpo +s0 50\.0 % in 600 s$", out, re.M), out
+    assert re.search(r"^dapo +s0 being made \(step 40 of 200\)$", out, re.M), out
+    assert re.search(r"^rloo +s0 stopped \(step 96 of 200; resumes\)$", out, re.M), out
+    assert re.search(r"^gspo +s0 to do$", out, re.M), out
+    left = len(tables.TABLES["word-problems"].runs) - 1
+    assert f"{left} runs left, about {left * 600 / 3600:.1f} core-hours" in out
