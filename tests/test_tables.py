@@ -194,11 +194,8 @@ def test_a_run_locked_by_another_process_is_skipped_not_trained_twice(tmp_path, 
         assert held
 
 
-def test_runs_made_at_a_commit_with_the_same_package_code_stand_for_the_current_one(tmp_path, monkeypatch):
-    """``write`` takes runs made at an older commit without ``--stale`` when only tests, docs or scripts changed
-    since (``git diff`` of src/, pyproject.toml and constraints.txt empty), and its stamp says so; a change under
-    src/ makes it refuse again."""
-    tables = _tables_module()
+def _git_repo(tmp_path: Path):
+    """A throw-away git repository with a ``src/`` and its ``git(*args)``."""
     repo = tmp_path / "repo"
     (repo / "src").mkdir(parents=True)
 
@@ -207,6 +204,26 @@ def test_runs_made_at_a_commit_with_the_same_package_code_stand_for_the_current_
                               capture_output=True, text=True).stdout.strip()
 
     git("init", "-q")
+    return repo, git
+
+
+def _grpo_run_made_at(root: Path, commit: str) -> Path:
+    """A finished grpo seed-0 run of word-problems under ``root`` made at ``commit``; the table's folder."""
+    folder = root / "word-problems"
+    (folder / "grpo" / "s0").mkdir(parents=True)
+    (folder / "grpo" / "s0" / "summary.json").write_text("{}")
+    (folder / "grpo" / "s0" / "made_at.json").write_text(json.dumps({"commit": commit, "dirty": False, "date": "d"}))
+    (folder / "provenance.json").write_text(json.dumps({"commit": commit, "dirty": False, "machine": "m", "command": "c",
+                                                        "budget": {"eval_prompts": 4}, "seeds": [0], "date": "d"}))
+    return folder
+
+
+def test_runs_made_at_a_commit_with_the_same_package_code_stand_for_the_current_one(tmp_path, monkeypatch):
+    """``write`` takes runs made at an older commit without ``--stale`` when only tests, docs or scripts changed
+    since (``git diff`` of src/, pyproject.toml and constraints.txt empty), and its stamp says so; a change under
+    src/ makes it refuse again."""
+    tables = _tables_module()
+    repo, git = _git_repo(tmp_path)
     (repo / "src" / "code.py").write_text("x = 1\n")
     git("add", "-A"), git("commit", "-qm", "code")
     made = git("rev-parse", "--short", "HEAD")
@@ -214,12 +231,7 @@ def test_runs_made_at_a_commit_with_the_same_package_code_stand_for_the_current_
     git("add", "-A"), git("commit", "-qm", "docs")
     monkeypatch.setattr(tables, "REPO", repo)
     monkeypatch.setattr(tables, "_git", lambda *a: git("rev-parse", "--short", "HEAD"))
-    folder = tmp_path / "root" / "word-problems"
-    (folder / "grpo" / "s0").mkdir(parents=True)
-    (folder / "grpo" / "s0" / "summary.json").write_text("{}")
-    (folder / "grpo" / "s0" / "made_at.json").write_text(json.dumps({"commit": made, "dirty": False, "date": "d"}))
-    (folder / "provenance.json").write_text(json.dumps({"commit": made, "dirty": False, "machine": "m", "command": "c",
-                                                        "budget": {"eval_prompts": 4}, "seeds": [0], "date": "d"}))
+    folder = _grpo_run_made_at(tmp_path / "root", made)
     doc = tmp_path / "results.md"
     args = type("A", (), {"table": "word-problems", "root": str(folder.parent), "doc": str(doc), "stale": False,
                           "smoke": False, "records": ""})
@@ -300,14 +312,7 @@ def test_runs_whose_results_a_recorded_check_found_equal_stand_for_the_current_c
     ``same-results`` pair (A, B) of this table is recorded, then takes them and says by which check; a pair
     recorded for another table does not count."""
     tables = _tables_module()
-    repo = tmp_path / "repo"
-    (repo / "src").mkdir(parents=True)
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
-                              capture_output=True, text=True).stdout.strip()
-
-    git("init", "-q")
+    repo, git = _git_repo(tmp_path)
     commits = []
     for path, text in (("src/code.py", "x = 1\n"), ("src/code.py", "x = 1  # faster\n"), ("docs.md", "words\n")):
         (repo / path).write_text(text)
@@ -317,12 +322,7 @@ def test_runs_whose_results_a_recorded_check_found_equal_stand_for_the_current_c
     monkeypatch.setattr(tables, "_git", lambda *a: git(*a) if a[0] != "rev-parse" or "--short" not in a
                         else git("rev-parse", "--short", "HEAD"))
     made = commits[0][:7]
-    folder = tmp_path / "root" / "word-problems"
-    (folder / "grpo" / "s0").mkdir(parents=True)
-    (folder / "grpo" / "s0" / "summary.json").write_text("{}")
-    (folder / "grpo" / "s0" / "made_at.json").write_text(json.dumps({"commit": made, "dirty": False, "date": "d"}))
-    (folder / "provenance.json").write_text(json.dumps({"commit": made, "dirty": False, "machine": "m", "command": "c",
-                                                        "budget": {"eval_prompts": 4}, "seeds": [0], "date": "d"}))
+    folder = _grpo_run_made_at(tmp_path / "root", made)
     records = tmp_path / "records"
     records.mkdir()
     doc = tmp_path / "results.md"
