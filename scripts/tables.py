@@ -700,7 +700,10 @@ def _train(args, run_: Run, seed: int, budget: dict, folder: Path) -> None:
         with _smoke_sized_pairs():
             code = cli(argv)
     else:
-        code = subprocess.call([sys.executable, "-m", "offline_plugins.cli", *argv], timeout=args.timeout)
+        try:
+            code = subprocess.call([sys.executable, "-m", "offline_plugins.cli", *argv], timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            sys.exit(f"{out}: stopped after --timeout {args.timeout} s (it resumes from its last checkpoint)")
     if code:
         sys.exit(f"{out}: exit {code}")
     # the commit this run was made at (a table may hold runs of several commits: `write` says which)
@@ -837,6 +840,7 @@ def run(args) -> None:
         save_reference(records, ref_dir)
         _scored(folder / "heldout_scores.json", dataset, str(ref_dir), n, budget.get("max_new_tokens"))
         save_record(records, root.parent, folder)
+    failed: list[str] = []
     for seed in args.seeds:
         for run_ in table.runs:
             if (not run_.seeded and seed != args.seeds[0]) or (table.keep and not table.keep(run_, budget)):
@@ -847,13 +851,23 @@ def run(args) -> None:
                 if not held:
                     print(f"{out}: being made by another process, skipped", flush=True)
                     continue
-                _train(args, run_, seed_, budget, folder)
+                try:
+                    _train(args, run_, seed_, budget, folder)
+                except SystemExit as stop:  # one run failing does not stop hours of others; named at the end
+                    if args.smoke:
+                        raise
+                    print(f"{stop}; going on with the next run", flush=True)
+                    failed.append(str(out))
+                    continue
                 if run_.dataset and (out / "model").is_dir():
                     print(f"scoring {out}/model on {n} held-out prompts", flush=True)
                     _scored(out / "heldout_scores.json", run_.dataset, str(out / "model"), n,
                             budget.get("max_new_tokens"))
                 if finished(out):
                     save_record(records, root.parent, out)
+    if failed:
+        sys.exit(f"{len(failed)} of the table's runs failed (each said why above): {', '.join(failed)}; "
+                 f"`python scripts/tables.py run {table.name}` again makes them and keeps the rest")
 
 
 def write(args) -> None:

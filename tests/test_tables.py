@@ -364,3 +364,24 @@ def test_status_says_which_runs_are_done_being_made_stopped_or_left(tmp_path, mo
     assert re.search(r"^gspo +s0 to do$", out, re.M), out
     left = len(tables.TABLES["word-problems"].runs) - 1
     assert f"{left} runs left, about {left * 600 / 3600:.1f} core-hours" in out
+
+
+def test_a_failing_run_does_not_stop_the_others_and_is_named_at_the_end(tmp_path, monkeypatch):
+    tables = _tables_module()
+    monkeypatch.setattr(tables, "reference_folder", lambda dataset, budget: tmp_path / "ref")
+    monkeypatch.setattr(tables, "_scored", lambda *a, **k: [1.0])
+    made = []
+
+    def train(args, run_, seed, budget, folder):
+        made.append(run_.name)
+        if run_.name == "dapo":
+            sys.exit(f"{folder}/s{seed}: exit 1")
+        (folder / f"s{seed}").mkdir(parents=True, exist_ok=True)
+        (folder / f"s{seed}" / "summary.json").write_text(json.dumps({"steps": 2, "steps_requested": 2}))
+
+    monkeypatch.setattr(tables, "_train", train)
+    args = type("A", (), {"table": "word-problems", "root": str(tmp_path), "smoke": False, "records": "", "seeds": [0],
+                          "overwrite": False, "timeout": 1})
+    with pytest.raises(SystemExit, match=r"1 of the table's runs failed .*word-problems/dapo/s0; .* again makes them"):
+        tables.run(args)
+    assert made == [r.name for r in tables.TABLES["word-problems"].runs]  # every run after dapo was made too
