@@ -102,3 +102,21 @@ def test_a_preference_file_without_a_held_out_split_says_why(rows, says, tmp_pat
     warning = [line for line in seen.err.splitlines() if "no rows held out" in line]
     assert len(warning) == 1 and re.search(says, warning[0]) and "held-out figures will read n/a" in warning[0]
     assert "held-out preference accuracy n/a" in seen.out
+
+
+@pytest.mark.parametrize("model, from_scratch, lr", [
+    ("tiny", False, 1e-4), ("small", False, 1e-4 / 3), ("/runs/my-sft/model", False, 1e-4),
+    ("tiny", True, 1e-3), ("small", True, 1e-3 / 3)])
+def test_small_from_its_sft_reference_takes_a_third_of_the_pretrained_learning_rate(model, from_scratch, lr):
+    """GRPO's unset ``lr``: the pretrained rate from an SFT reference, the from-scratch rate from a random
+    init, each a third for ``small`` (at tiny's 1e-4 GRPO on small's word-problems reference fell below it);
+    a model that is not built in keeps the rate."""
+    from types import SimpleNamespace
+
+    from offline_plugins.algorithms.llm import resolve_lr
+    from offline_plugins.plugins import load_registry
+
+    config = load_registry().algorithm("grpo").default_config()
+    assert config.lr is None
+    assert resolve_lr(config, SimpleNamespace(model=model, from_scratch=from_scratch), "grpo") == pytest.approx(lr)
+    assert config.lr == pytest.approx(lr)  # written back: the summary records the rate used

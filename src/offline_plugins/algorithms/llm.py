@@ -5,7 +5,8 @@ the learning rate, which depends on where the reference starts.
 Learning rates depend on where the reference starts, so a config's ``lr`` defaults to ``None``: the
 algorithm's pretrained rate for a pretrained or SFT reference (a hub model, a ``save_pretrained``
 directory, a built-in task's SFT reference), and :data:`FROM_SCRATCH_LR` when the reference is a
-built-in model at its random initialisation (:func:`resolve_lr`).
+built-in model at its random initialisation; both are tiny's, and ``small`` (from its random init or
+from its SFT reference) takes a third of them (:func:`resolve_lr`).
 
 >>> [f.name for f in dataclasses.fields(LoRAFields)][:3]
 ['lora_r', 'lora_alpha', 'lora_dropout']
@@ -32,7 +33,8 @@ FROM_SCRATCH_LR = 1e-3
 def lr_help(pretrained: float, source: str = "a .jsonl or hf: dataset") -> str:
     """The help of a config's ``lr`` field, naming both defaults (``offline-plugins info``)."""
     return (f"Adam learning rate of the policy; unset: {pretrained:g} for a pretrained or SFT reference, "
-            f"{FROM_SCRATCH_LR:g} for a built-in --model (tiny, small) from its random init ({source})")
+            f"{FROM_SCRATCH_LR:g} for a built-in --model (tiny, small) from its random init ({source}); "
+            f"a third of either with --model small")
 
 
 REFERENCE_STEPS_HELP = ("built-in preference set with a built-in --model (tiny, small): SFT steps of the cached "
@@ -164,7 +166,9 @@ def policy_log_probs(config: Any, policy: Any, name: str) -> Any:
 
 
 def scratch_lr(lr: float, data: Any) -> float:
-    """A from-scratch default ``lr`` (tiny's) for the built-in model ``data`` was made from."""
+    """A default ``lr`` (tiny's) scaled for the built-in model ``data`` was made from, whether the
+    reference is that model at its random initialisation or its SFT reference on a built-in task
+    (``tiny_lm.from_scratch_lr``: ``small`` takes a third); any other model keeps ``lr``."""
     from offline_plugins.modules.tiny_lm import from_scratch_lr
 
     return from_scratch_lr(lr, getattr(data, "model", "tiny"))
@@ -174,12 +178,14 @@ def resolve_lr(config: Any, data: Any, name: str) -> float:
     """The policy's learning rate: ``config.lr``, or the default for where the reference starts.
 
     A reference at its random initialisation (``data.from_scratch``) gets
-    :data:`FROM_SCRATCH_LR` (a third of it for ``small``: ``tiny_lm.from_scratch_lr``), any other the config's ``pretrained_lr``. The rate used is
-    written back into ``config`` so the run's summary and checkpoint record it.
+    :data:`FROM_SCRATCH_LR`, any other the config's ``pretrained_lr``; both are tiny's and are scaled
+    for the built-in model the data was made from (a third for ``small``, its SFT reference included:
+    :func:`scratch_lr`). The rate used is written back into ``config`` so the run's summary and
+    checkpoint record it.
     """
     lr = config.lr
     if lr is None:
-        lr = scratch_lr(FROM_SCRATCH_LR, data) if getattr(data, "from_scratch", False) else type(config).pretrained_lr
+        lr = scratch_lr(FROM_SCRATCH_LR if getattr(data, "from_scratch", False) else type(config).pretrained_lr, data)
     elif isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < float(lr) < float("inf"):
         raise UserError(f"{name}: lr must be a positive number (or unset for the model's default), got {lr!r}; "
                         f"fix it with --set lr=1e-4")

@@ -150,7 +150,7 @@ def _build(config: Any, data: Any, name: str, *, reference: str):
     generator = rollout_generator(config, data, name)
     lr = config.lr
     if lr is None:
-        lr = scratch_lr(FROM_SCRATCH_LR, data) if getattr(data, "from_scratch", False) else inner_cfg.pretrained_lr
+        lr = scratch_lr(FROM_SCRATCH_LR if getattr(data, "from_scratch", False) else inner_cfg.pretrained_lr, data)
     elif isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < float(lr) < float("inf"):
         raise UserError(f"{name}: lr must be a positive number (or unset for the inner loss's default), got "
                         f"{lr!r}; fix it with --set lr=1e-5")
