@@ -65,14 +65,10 @@ class AWACLoss(TD0TransitionLoss, LossModule):
     Gradients: ``loss_qvalue`` reaches only the critics, ``loss_actor`` only the actor.
 
     Examples:
-        >>> import torch
-        >>> from offline_plugins.objectives.common import random_transitions
-        >>> from torchrl.data import Bounded
-        >>> from offline_plugins.modules.networks import make_tanh_gaussian_actor, make_qvalue
-        >>> spec = Bounded(-torch.ones(2), torch.ones(2), (2,))
-        >>> loss = AWACLoss(make_tanh_gaussian_actor(3, spec, (8,)), make_qvalue(3, 2, (8,)))
+        >>> from offline_plugins.objectives.common import toy_actor_critic
+        >>> actor, qvalue, spec, batch = toy_actor_critic("tanh-gaussian")
+        >>> loss = AWACLoss(actor, qvalue)
         >>> loss.make_value_estimator(gamma=0.99)
-        >>> batch = random_transitions(spec.rand((4,)), obs_dim=3)
         >>> out = loss(batch)
         >>> sorted(k for k in out.keys() if k.startswith("loss_"))
         ['loss_actor', 'loss_qvalue']

@@ -53,14 +53,10 @@ class CalQLLoss(CQLLoss):
 
     Examples:
         >>> import torch
-        >>> from offline_plugins.objectives.common import random_transitions
-        >>> from torchrl.data import Bounded
-        >>> from offline_plugins.modules.networks import make_tanh_gaussian_actor, make_qvalue
-        >>> spec = Bounded(-torch.ones(2), torch.ones(2), (2,))
-        >>> loss = CalQLLoss(make_tanh_gaussian_actor(3, spec, (8,)), make_qvalue(3, 2, (8,)), num_random=2,
-        ...                  diagnostics=True)
+        >>> from offline_plugins.objectives.common import toy_actor_critic
+        >>> actor, qvalue, spec, batch = toy_actor_critic(mc_return=torch.full((4, 1), 1e3))
+        >>> loss = CalQLLoss(actor, qvalue, num_random=2, diagnostics=True)
         >>> loss.make_value_estimator(gamma=0.99)
-        >>> batch = random_transitions(spec.rand((4,)), obs_dim=3, mc_return=torch.full((4, 1), 1e3))
         >>> out = loss(batch)
         >>> float(out["calql_bound_frac"])  # a return far above Q: every policy value is raised
         1.0

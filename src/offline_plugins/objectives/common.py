@@ -26,6 +26,7 @@ from tensordict.utils import NestedKey
 from torchrl.objectives.utils import ValueEstimators, dispatch_value_estimator
 
 from offline_plugins.errors import OfflineLossError
+from offline_plugins.modules import networks
 
 __all__ = [
     "OfflineLossError",
@@ -46,6 +47,7 @@ __all__ = [
     "TransitionKeys",
     "TD0TransitionLoss",
     "random_transitions",
+    "toy_actor_critic",
 ]
 
 
@@ -331,6 +333,31 @@ def random_transitions(action: torch.Tensor, obs_dim: int, **entries: torch.Tens
         },
         [n],
     )
+
+
+_TOY_ACTORS = {"tanh-gaussian": networks.make_tanh_gaussian_actor, "deterministic": networks.make_deterministic_actor}
+
+
+def toy_actor_critic(actor: str = "tanh-gaussian", *, layer_norm: bool = False, **entries: torch.Tensor):
+    """An actor, a twin-able critic, their action spec and a batch: the small problem of the examples.
+
+    The observation has 3 dimensions and the action 2 in ``[-1, 1]``; the networks are
+    :mod:`offline_plugins.modules.networks`' with one hidden layer of 8 units: ``actor``
+    ``"tanh-gaussian"`` (``make_tanh_gaussian_actor``) or ``"deterministic"``
+    (``make_deterministic_actor``), the critic ``make_qvalue`` (``make_layer_norm_qvalue`` with
+    ``layer_norm=True``). The batch is :func:`random_transitions` of 4 actions drawn from the spec,
+    with ``entries``. Returns ``(actor, qvalue, spec, batch)``.
+
+    >>> actor, qvalue, spec, batch = toy_actor_critic("deterministic")
+    >>> actor(batch.select("observation"))["action"].shape, spec.shape
+    (torch.Size([4, 2]), torch.Size([2]))
+    """
+    if actor not in _TOY_ACTORS:
+        raise ValueError(f"toy_actor_critic: unknown actor {actor!r}; expected one of {sorted(_TOY_ACTORS)}")
+    spec = networks.Bounded(-torch.ones(2), torch.ones(2), (2,))
+    make_qvalue = networks.make_layer_norm_qvalue if layer_norm else networks.make_qvalue
+    batch = random_transitions(spec.rand((4,)), obs_dim=3, **entries)
+    return _TOY_ACTORS[actor](3, spec, (8,)), make_qvalue(3, 2, (8,)), spec, batch
 
 
 def _td0_tensor_keys(loss, value_key: NestedKey) -> dict:

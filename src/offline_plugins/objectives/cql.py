@@ -112,15 +112,10 @@ class CQLLoss(DiagnosticsContract, _TorchRLCQLLoss):
             ``delay_qvalue``, ``reduction``, ``deactivate_vmap``, ``scalar_output_mode``, ...).
 
     Examples:
-        >>> import torch
-        >>> from offline_plugins.objectives.common import random_transitions
-        >>> from torchrl.data import Bounded
-        >>> from offline_plugins.modules.networks import make_tanh_gaussian_actor, make_qvalue
-        >>> spec = Bounded(-torch.ones(2), torch.ones(2), (2,))
-        >>> loss = CQLLoss(make_tanh_gaussian_actor(3, spec, (8,)), make_qvalue(3, 2, (8,)),
-        ...                with_lagrange=True, num_random=2, diagnostics=True)
+        >>> from offline_plugins.objectives.common import toy_actor_critic
+        >>> actor, qvalue, spec, batch = toy_actor_critic()
+        >>> loss = CQLLoss(actor, qvalue, with_lagrange=True, num_random=2, diagnostics=True)
         >>> loss.make_value_estimator(gamma=0.99)
-        >>> batch = random_transitions(spec.rand((4,)), obs_dim=3)
         >>> out = loss(batch)
         >>> sorted(k for k in out.keys() if k.startswith("loss_"))
         ['loss_actor', 'loss_actor_bc', 'loss_alpha', 'loss_alpha_prime', 'loss_cql', 'loss_qvalue']

@@ -95,15 +95,11 @@ class SACNLoss(DiagnosticsContract, _TorchRLSACLoss):
             is not supported.
 
     Examples:
-        >>> import torch
-        >>> from offline_plugins.objectives.common import random_transitions
-        >>> from torchrl.data import Bounded
-        >>> from offline_plugins.modules.networks import make_tanh_gaussian_actor, make_qvalue
-        >>> spec = Bounded(-torch.ones(2), torch.ones(2), (2,))
-        >>> loss = SACNLoss(make_tanh_gaussian_actor(3, spec, (8,)), make_qvalue(3, 2, (8,)),
-        ...                 num_qvalue_nets=5, diagnostics=True)
+        >>> from offline_plugins.objectives.common import toy_actor_critic
+        >>> actor, qvalue, spec, batch = toy_actor_critic()
+        >>> loss = SACNLoss(actor, qvalue, num_qvalue_nets=5, diagnostics=True)
         >>> loss.make_value_estimator(gamma=0.99)
-        >>> out = loss(random_transitions(spec.rand((4,)), obs_dim=3))
+        >>> out = loss(batch)
         >>> sorted(k for k in out.keys() if k.startswith("loss_"))
         ['loss_actor', 'loss_alpha', 'loss_qvalue']
         >>> loss.out_keys
@@ -233,14 +229,11 @@ class EDACLoss(SACNLoss):
         **kwargs: as :class:`SACNLoss`.
 
     Examples:
-        >>> import torch
-        >>> from offline_plugins.objectives.common import random_transitions
-        >>> from torchrl.data import Bounded
-        >>> from offline_plugins.modules.networks import make_tanh_gaussian_actor, make_qvalue
-        >>> spec = Bounded(-torch.ones(2), torch.ones(2), (2,))
-        >>> loss = EDACLoss(make_tanh_gaussian_actor(3, spec, (8,)), make_qvalue(3, 2, (8,)), num_qvalue_nets=4)
+        >>> from offline_plugins.objectives.common import toy_actor_critic
+        >>> actor, qvalue, spec, batch = toy_actor_critic()
+        >>> loss = EDACLoss(actor, qvalue, num_qvalue_nets=4)
         >>> loss.make_value_estimator(gamma=0.99)
-        >>> out = loss(random_transitions(spec.rand((4,)), obs_dim=3))
+        >>> out = loss(batch)
         >>> sorted(k for k in out.keys() if k.startswith("loss_"))
         ['loss_actor', 'loss_alpha', 'loss_diversity', 'loss_qvalue']
     """

@@ -207,13 +207,11 @@ class IQLLoss(_fused.FusedPath, _IQLCommon, _TorchRLIQLLoss):
 
     Examples:
         >>> import torch
-        >>> from offline_plugins.objectives.common import random_transitions
-        >>> from torchrl.data import Bounded
-        >>> from offline_plugins.modules.networks import make_tanh_gaussian_actor, make_qvalue, make_value
-        >>> spec = Bounded(-torch.ones(2), torch.ones(2), (2,))
-        >>> loss = IQLLoss(make_tanh_gaussian_actor(3, spec, (8,)), make_qvalue(3, 2, (8,)), make_value(3, (8,)))
+        >>> from offline_plugins.modules.networks import make_value
+        >>> from offline_plugins.objectives.common import toy_actor_critic
+        >>> actor, qvalue, spec, batch = toy_actor_critic()
+        >>> loss = IQLLoss(actor, qvalue, make_value(3, (8,)))
         >>> loss.make_value_estimator(gamma=0.99)
-        >>> batch = random_transitions(spec.rand((4,)), obs_dim=3)
         >>> out = loss(batch)
         >>> loss.out_keys  # TorchRL's
         ['loss_actor', 'loss_qvalue', 'loss_value', 'entropy']
@@ -221,8 +219,7 @@ class IQLLoss(_fused.FusedPath, _IQLCommon, _TorchRLIQLLoss):
         ...     observation=batch["observation"], action=batch["action"],
         ...     next_observation=batch["next", "observation"], next_reward=batch["next", "reward"],
         ...     next_done=batch["next", "done"], next_terminated=batch["next", "terminated"])
-        >>> loss = IQLLoss(make_tanh_gaussian_actor(3, spec, (8,)), make_qvalue(3, 2, (8,)), make_value(3, (8,)),
-        ...                diagnostics=True, mc_diagnostics=True)
+        >>> loss = IQLLoss(actor, qvalue, make_value(3, (8,)), diagnostics=True, mc_diagnostics=True)
         >>> loss.make_value_estimator(gamma=0.99)
         >>> loss.out_keys[3:6], loss.out_keys[-2:]  # TorchRL's, the diagnostics, the Monte-Carlo pair
         (['entropy', 'q_data_mean', 'value_mean'], ['mc_return_mean', 'q_data_minus_mc'])
@@ -233,7 +230,7 @@ class IQLLoss(_fused.FusedPath, _IQLCommon, _TorchRLIQLLoss):
         >>> batch["mc_return"] = torch.randn(4, 1)
         >>> list(loss(batch).keys()) == loss.out_keys
         True
-        >>> IQLLoss(make_tanh_gaussian_actor(3, spec, (8,)), make_qvalue(3, 2, (8,)), make_value(3, (8,)),
+        >>> IQLLoss(actor, qvalue, make_value(3, (8,)),
         ...         expectile=1.5)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...

@@ -66,15 +66,10 @@ class ReBRACLoss(TD3BCLoss):
     :math:`\lambda`. The actor's weight ``alpha`` of TD3+BC is not used.
 
     Examples:
-        >>> import torch
-        >>> from offline_plugins.objectives.common import random_transitions
-        >>> from torchrl.data import Bounded
-        >>> from offline_plugins.modules.networks import make_deterministic_actor, make_layer_norm_qvalue
-        >>> spec = Bounded(-torch.ones(2), torch.ones(2), (2,))
-        >>> loss = ReBRACLoss(make_deterministic_actor(3, spec, (8,)), make_layer_norm_qvalue(3, 2, (8,)),
-        ...                   action_spec=spec, diagnostics=True)
+        >>> from offline_plugins.objectives.common import toy_actor_critic
+        >>> actor, qvalue, spec, batch = toy_actor_critic("deterministic", layer_norm=True)
+        >>> loss = ReBRACLoss(actor, qvalue, action_spec=spec, diagnostics=True)
         >>> loss.make_value_estimator(gamma=0.99)
-        >>> batch = random_transitions(spec.rand((4,)), obs_dim=3)
         >>> batch["next", "action"] = spec.rand((4,))
         >>> out = loss(batch)
         >>> sorted(k for k in out.keys() if k.startswith("loss_"))

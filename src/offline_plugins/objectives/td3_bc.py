@@ -89,16 +89,10 @@ class TD3BCLoss(_fused.FusedPath, DiagnosticsContract, _TorchRLTD3BCLoss):
 
     Examples:
         >>> import torch
-        >>> from offline_plugins.objectives.common import random_transitions
-        >>> from torchrl.data import Bounded
-        >>> from offline_plugins.modules.networks import make_deterministic_actor, make_qvalue
-        >>> spec = Bounded(-torch.ones(2), torch.ones(2), (2,))
-        >>> loss = TD3BCLoss(
-        ...     make_deterministic_actor(3, spec, (8,)), make_qvalue(3, 2, (8,)), action_spec=spec,
-        ...     diagnostics=True, mc_diagnostics=True,
-        ... )
+        >>> from offline_plugins.objectives.common import toy_actor_critic
+        >>> actor, qvalue, spec, batch = toy_actor_critic("deterministic", mc_return=torch.randn(4, 1))
+        >>> loss = TD3BCLoss(actor, qvalue, action_spec=spec, diagnostics=True, mc_diagnostics=True)
         >>> loss.make_value_estimator(gamma=0.99)
-        >>> batch = random_transitions(spec.rand((4,)), obs_dim=3, mc_return=torch.randn(4, 1))
         >>> out = loss(batch)
         >>> sorted(k for k in out.keys() if k.startswith("loss_"))
         ['loss_actor', 'loss_qvalue']
