@@ -922,19 +922,10 @@ def write(args) -> None:
 
 def _held_by_another(folder: Path, seed: int) -> bool:
     """Whether a process holds run ``folder/s<seed>``'s lock now (it is being made)."""
-    path = folder / f"s{seed}.lock"
-    if not path.is_file():
+    if not (folder / f"s{seed}.lock").is_file():
         return False
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
+    with _run_lock(folder, seed) as mine:
+        return not mine
 
 
 def _last_step(out: Path) -> Optional[int]:

@@ -120,3 +120,23 @@ def test_small_from_its_sft_reference_takes_a_third_of_the_pretrained_learning_r
     assert config.lr is None
     assert resolve_lr(config, SimpleNamespace(model=model, from_scratch=from_scratch), "grpo") == pytest.approx(lr)
     assert config.lr == pytest.approx(lr)  # written back: the summary records the rate used
+
+
+def test_online_dpo_takes_its_inner_losss_rate_and_a_bad_rate_is_named():
+    """Online DPO has no rate of its own: unset, it takes the inner loss's pretrained rate, scaled like every
+    other's (a third for ``small``); a rate that is not a positive number names the default to use."""
+    from types import SimpleNamespace
+
+    from offline_plugins.algorithms.llm import resolve_lr
+    from offline_plugins.errors import UserError
+    from offline_plugins.plugins import load_registry
+
+    registry = load_registry()
+    inner = registry.algorithm("dpo").default_config()
+    config = registry.algorithm("online-dpo").default_config()
+    small = SimpleNamespace(model="small", from_scratch=False)
+    assert resolve_lr(config, small, "online-dpo", type(inner).pretrained_lr) == pytest.approx(1e-5 / 3)
+    config.lr = -1.0
+    with pytest.raises(UserError, match=r"online-dpo: lr must be a positive number .* got -1.0; fix it with --set "
+                                        r"lr=1e-05"):
+        resolve_lr(config, small, "online-dpo", type(inner).pretrained_lr)

@@ -174,20 +174,21 @@ def scratch_lr(lr: float, data: Any) -> float:
     return from_scratch_lr(lr, getattr(data, "model", "tiny"))
 
 
-def resolve_lr(config: Any, data: Any, name: str) -> float:
+def resolve_lr(config: Any, data: Any, name: str, pretrained_lr: Optional[float] = None) -> float:
     """The policy's learning rate: ``config.lr``, or the default for where the reference starts.
 
     A reference at its random initialisation (``data.from_scratch``) gets
-    :data:`FROM_SCRATCH_LR`, any other the config's ``pretrained_lr``; both are tiny's and are scaled
-    for the built-in model the data was made from (a third for ``small``, its SFT reference included:
-    :func:`scratch_lr`). The rate used is written back into ``config`` so the run's summary and
-    checkpoint record it.
+    :data:`FROM_SCRATCH_LR`, any other ``pretrained_lr`` (by default the config's); both are tiny's and
+    are scaled for the built-in model the data was made from (a third for ``small``, its SFT reference
+    included: :func:`scratch_lr`). The rate used is written back into ``config`` so the run's summary
+    and checkpoint record it.
     """
     lr = config.lr
+    pretrained_lr = type(config).pretrained_lr if pretrained_lr is None else pretrained_lr
     if lr is None:
-        lr = scratch_lr(FROM_SCRATCH_LR if getattr(data, "from_scratch", False) else type(config).pretrained_lr, data)
+        lr = scratch_lr(FROM_SCRATCH_LR if getattr(data, "from_scratch", False) else pretrained_lr, data)
     elif isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < float(lr) < float("inf"):
         raise UserError(f"{name}: lr must be a positive number (or unset for the model's default), got {lr!r}; "
-                        f"fix it with --set lr=1e-4")
+                        f"fix it with --set lr={pretrained_lr:g}")
     config.lr = float(lr)
     return config.lr

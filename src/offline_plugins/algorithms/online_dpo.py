@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import offline_plugins.algorithms.preference as preference
-from offline_plugins.algorithms.llm import FROM_SCRATCH_LR, policy_and_reference, policy_log_probs, scratch_lr
+from offline_plugins.algorithms.llm import policy_and_reference, policy_log_probs, resolve_lr
 from offline_plugins.algorithms.online import GeneratorFields, SamplingFields, rollout_generator, sync_check
 from offline_plugins.config import ROLLOUT_DEFAULTS, config_field
 from offline_plugins.errors import UserError
@@ -148,13 +148,7 @@ def _build(config: Any, data: Any, name: str, *, reference: str):
     require_rollouts(data, name)
     loss_cls, kwargs, terms, inner_cfg = _inner_kwargs(config, name)
     generator = rollout_generator(config, data, name)
-    lr = config.lr
-    if lr is None:
-        lr = scratch_lr(FROM_SCRATCH_LR if getattr(data, "from_scratch", False) else inner_cfg.pretrained_lr, data)
-    elif isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < float(lr) < float("inf"):
-        raise UserError(f"{name}: lr must be a positive number (or unset for the inner loss's default), got "
-                        f"{lr!r}; fix it with --set lr=1e-5")
-    config.lr = float(lr)
+    resolve_lr(config, data, name, inner_cfg.pretrained_lr)
     policy, ref_model = policy_and_reference(config, data, name)
     actor = policy_log_probs(config, policy, name)
     try:
