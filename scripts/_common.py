@@ -6,6 +6,7 @@ A script imports it after putting its own folder first on ``sys.path`` (as it do
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +61,32 @@ def run_table_args(doc: str, root: str, run_options: Callable[[argparse.Argument
     t = sub.add_parser("table")
     t.add_argument("--root", type=Path, default=Path(root))
     return p.parse_args(argv)
+
+
+def fmt(values, scale=100.0, digits=1) -> str:
+    """``values`` times ``scale``: the one value, or mean ± standard deviation over seeds."""
+    values = [v * scale for v in values]
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def results_main(doc: str, root: str, run, table, *, pick: tuple[str, dict], steps: bool = True) -> None:
+    """The ``run`` / ``table`` command line of the online results scripts (distillation's, the judge's,
+    online DPO's): ``pick`` is the option naming what to run (``("--methods", METHODS)``)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--root", default=root)
+    r.add_argument(pick[0], nargs="+", default=list(pick[1]), choices=list(pick[1]))
+    r.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    if steps:
+        r.add_argument("--steps", type=int, default=1200)
+        r.add_argument("--eval-every", type=int, default=300)
+        r.add_argument("--set", action="append", help="KEY=VALUE passed to every run")
+    r.add_argument("--timeout", type=int, default=900)
+    r.add_argument("--overwrite", action="store_true")
+    t = sub.add_parser("table")
+    t.add_argument("--root", default=root)
+    args = parser.parse_args()
+    run(args) if args.cmd == "run" else table(args)

@@ -32,8 +32,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import run_logged  # noqa: E402
-from online_results import _fmt, results_main  # noqa: E402
+from _common import fmt as _fmt, results_main, run_logged  # noqa: E402
 
 METHODS = ("opd", "gkd", "sft-teacher-samples")
 ROWS_PER_STEP = 32

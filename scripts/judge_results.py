@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _common import fmt as _fmt, results_main  # noqa: E402
 from online_dpo_results import _rollout_rows, _train  # noqa: E402
-from online_results import _fmt, results_main  # noqa: E402
 
 STEPS = 600
 BASE = ["group_size=2", "lr=1e-4"]

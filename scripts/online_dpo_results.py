@@ -36,8 +36,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import train_arithmetic  # noqa: E402
-from online_results import _fmt, results_main  # noqa: E402
+from _common import fmt as _fmt, results_main, train_arithmetic  # noqa: E402
 
 #: setting -> (algorithm, steps, eval_every, --set values)
 SETTINGS = {
