@@ -35,8 +35,8 @@ the reference its first row scores on whatever machine it is made (made again on
 reference's weights differ by rounding). The policies and checkpoints stay in ``ROOT`` only.
 
 A change that moves no figure (a refactor, a faster tokenisation) need not make a table again:
-``same-results TABLE A B`` runs the table's smoke in a checkout of each commit (its own package code,
-script and cache; the same venv, so the pins must agree) and compares every file the runs made that
+``same-results TABLE A B`` runs this script's smoke of the table in a checkout of each commit (its own
+package code and cache; the same venv, so the pins must agree) and compares every file the runs made that
 holds a result (weights byte for byte; summaries, metrics and held-out scores without timings, rates and
 memory). When all agree it records the pair in ``--records``/``same-results.json``, and ``write`` then
 takes runs made at A as the current code's, saying by which check. It is evidence, not proof: the smoke
@@ -550,8 +550,10 @@ def _full(commit: str) -> str:
 
 def same_results(args) -> None:
     """Run ``args.table``'s smoke at commits ``a`` and ``b``, each in a checkout of its own with its own
-    package code, cache and script, and compare what they made (:func:`compare_roots`); when every file
-    agrees, record the pair in ``--records``/:data:`SAME_RESULTS`, which ``write`` reads."""
+    package code and cache, and compare what they made (:func:`compare_roots`); when every file agrees,
+    record the pair in ``--records``/:data:`SAME_RESULTS`, which ``write`` reads. Both run this script's
+    smoke (what a run's figures depend on is the package code and pins, :data:`CODE_PATHS`, not how the
+    smoke is sized)."""
     a, b = _full(args.a), _full(args.b)
     for name, full in ((args.a, a), (args.b, b)):
         if not full:
@@ -568,7 +570,7 @@ def same_results(args) -> None:
         env = {**os.environ, "PYTHONPATH": str(checkout / "src"), "OFFLINE_PLUGINS_CACHE": str(root / "cache"),
                "MINARI_DATASETS_PATH": str(root / "minari"), "OMP_NUM_THREADS": "1"}
         print(f"{args.table} --smoke at {commit[:10]} into {root}", flush=True)
-        done = subprocess.run([sys.executable, str(checkout / "scripts" / "tables.py"), "run", args.table, "--smoke",
+        done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "run", args.table, "--smoke",
                                "--root", str(root), "--seeds", "0"], cwd=checkout, env=env, timeout=args.timeout)
         if done.returncode:
             sys.exit(f"the smoke run of {args.table} at {commit[:10]} failed (exit {done.returncode}); see above")
@@ -650,13 +652,28 @@ def provenance(command: list[str], budget: dict, seeds: list[int]) -> dict:
             "date": time.strftime("%Y-%m-%d")}
 
 
+#: ``--smoke``: the demonstrations an SFT reference is made from (its 2 steps of 64 read 128; the recipe's 8,000
+#: took most of a smoke's time to write and tokenise)
+SMOKE_REFERENCE_ROWS = 256
+
+
 @contextlib.contextmanager
-def _smoke_sized_pairs():
-    """``--smoke`` only: the built-in preference sets sample a few prompts' pairs, not thousands, two
-    samples a prompt within the smoke's response length (an untrained reference writes to the limit; the
-    pipeline is what a smoke run checks)."""
+def _smoke_sized():
+    """``--smoke`` only: the SFT references are made from :data:`SMOKE_REFERENCE_ROWS` demonstrations,
+    and the built-in preference sets sample a few prompts' pairs, not thousands, two samples a prompt
+    within the smoke's response length (an untrained reference writes to the limit; the pipeline is what
+    a smoke run checks). The reference's row count is in its recipe, so a smoke reference is cached
+    under a name of its own."""
+    from offline_plugins.text.data import task_data
     from offline_plugins.text.data.preference_sources import BUILTIN_PREFERENCE_DATASETS
     from offline_plugins.text.tasks import make_task
+
+    # (function, its keyword that counts the reference's demonstrations): every way a run reaches the reference
+    counts = [(task_data.sft_reference, "rows"), (task_data.reference_recipe, "rows"),
+              (task_data.task_preference_data, "sft_rows_count")]
+    rows = {(f, k): f.__kwdefaults__[k] for f, k in counts}
+    for f, k in rows:
+        f.__kwdefaults__[k] = SMOKE_REFERENCE_ROWS
 
     saved = {k: dict(v[2]) for k, v in BUILTIN_PREFERENCE_DATASETS.items()}
     classes = {type(make_task(**v[1])) for v in BUILTIN_PREFERENCE_DATASETS.values()}
@@ -668,6 +685,8 @@ def _smoke_sized_pairs():
     try:
         yield
     finally:
+        for (f, k), n in rows.items():
+            f.__kwdefaults__[k] = n
         for k, v in saved.items():
             BUILTIN_PREFERENCE_DATASETS[k][2].clear()
             BUILTIN_PREFERENCE_DATASETS[k][2].update(v)
@@ -694,11 +713,10 @@ def _train(args, run_: Run, seed: int, budget: dict, folder: Path) -> None:
         argv = ["train", *run_.argv(seed, budget, root), "--threads", "1", "--no-progress", "--out", str(out),
                 "--overwrite"]
     print("offline-plugins " + " ".join(argv), flush=True)
-    if args.smoke:  # in this process: the pipeline is what is checked
+    if args.smoke:  # in this process (inside run's _smoke_sized): the pipeline is what is checked
         from offline_plugins.cli import main as cli
 
-        with _smoke_sized_pairs():
-            code = cli(argv)
+        code = cli(argv)
     else:
         try:
             code = subprocess.call([sys.executable, "-m", "offline_plugins.cli", *argv], timeout=args.timeout)
@@ -816,6 +834,11 @@ def save_reference(records: Optional[Path], ref_dir: Path) -> None:
 def run(args) -> None:
     """Score the references, then train and score each run, seed by seed (every method's first seed
     before any method's second), so a table stopped part-way has rows for every method."""
+    with _smoke_sized() if args.smoke else contextlib.nullcontext():
+        _run(args)
+
+
+def _run(args) -> None:
     table = TABLES[args.table]
     root = Path(args.root) / table.name
     budget = {**table.budget, **(table.smoke if args.smoke else {})}
