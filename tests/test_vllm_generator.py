@@ -297,6 +297,21 @@ def tiny():
 
 
 @pytest.mark.vllm
+def test_on_the_cpu_an_unsized_kv_cache_takes_a_gib_not_most_of_the_machine(vllm, tiny, monkeypatch):
+    """Without ``VLLM_CPU_KVCACHE_SPACE`` vLLM's CPU worker would reserve 92 % of the machine's memory and
+    refuse to start while other processes held more than the rest (a table's runs beside it did)."""
+    from offline_plugins.text.backends.vllm_engine import CPU_KV_CACHE_BYTES, VLLMGenerator
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    generator = VLLMGenerator()
+    try:
+        generator.before_round(tiny[0], 0)
+        assert generator.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes == CPU_KV_CACHE_BYTES
+    finally:
+        generator.close()
+
+
+@pytest.mark.vllm
 def test_an_architecture_vllm_cannot_load_is_refused_in_one_line(vllm, tiny, prompt_file, tmp_path, capsys):
     from transformers import BioGptConfig, BioGptForCausalLM
 

@@ -43,7 +43,9 @@ would otherwise start its engine in a subprocess, which needs the calling script
 ``if __name__ == "__main__":`` guard), and on CPU ``VLLM_CPU_OMP_THREADS_BIND=nobind`` (the
 engine's threads are not pinned, so training keeps its own, and ``torch.set_num_threads``, which
 vLLM's CPU worker replaces by a warning, is put back); ``VLLM_CPU_KVCACHE_SPACE``
-(GiB) sizes its CPU KV cache. vLLM's own log shows warnings only, unless ``VLLM_LOGGING_LEVEL`` is
+(GiB) sizes its CPU KV cache, :data:`CPU_KV_CACHE_BYTES` (1 GiB) when unset (vLLM's own default
+would reserve 92 % of the machine's memory and refuse to start while other processes hold more
+than the rest). vLLM's own log shows warnings only, unless ``VLLM_LOGGING_LEVEL`` is
 set (``INFO`` shows its lines for every weight load). Starting the engine seeds Python's, numpy's and torch's
 global generators and may set torch's thread count: both are put back, so a run's other
 randomness is the same with either generator.
@@ -213,6 +215,9 @@ def _quiet_chat_template_warmup():
 
 
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+#: the engine's KV cache on the CPU when ``VLLM_CPU_KVCACHE_SPACE`` is unset: room for 256 sequences of
+#: ``small``'s 512 positions (0.8 GB) and for one 32k-token sequence of a 1.5B Qwen2 (0.9 GB)
+CPU_KV_CACHE_BYTES = 1 << 30
 
 
 class LocalVLLMEngine:
@@ -334,6 +339,10 @@ class VLLMGenerator:
                           seed=0, use_tqdm_on_load=False)
             if device.type == "cuda":
                 kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
+            elif not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+                # unsized, vLLM's CPU worker asks for gpu_memory_utilization (0.92) of the machine's memory
+                # and refuses to start when other processes hold more than the rest
+                kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
             set_num_threads = torch.set_num_threads
             with _keep_global_state(), _quiet_chat_template_warmup():
                 try:
