@@ -23,6 +23,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase, dispatch
 from tensordict.utils import NestedKey
+from torchrl.data import Bounded
 from torchrl.objectives.utils import ValueEstimators, dispatch_value_estimator
 
 from offline_plugins.errors import OfflineLossError
@@ -339,7 +340,7 @@ _TOY_ACTORS = {"tanh-gaussian": networks.make_tanh_gaussian_actor, "deterministi
 
 
 def toy_actor_critic(actor: str = "tanh-gaussian", *, layer_norm: bool = False, **entries: torch.Tensor):
-    """An actor, a twin-able critic, their action spec and a batch: the small problem of the examples.
+    """An actor, a critic, their action spec and a batch: the small problem of the losses' examples.
 
     The observation has 3 dimensions and the action 2 in ``[-1, 1]``; the networks are
     :mod:`offline_plugins.modules.networks`' with one hidden layer of 8 units: ``actor``
@@ -354,7 +355,7 @@ def toy_actor_critic(actor: str = "tanh-gaussian", *, layer_norm: bool = False, 
     """
     if actor not in _TOY_ACTORS:
         raise ValueError(f"toy_actor_critic: unknown actor {actor!r}; expected one of {sorted(_TOY_ACTORS)}")
-    spec = networks.Bounded(-torch.ones(2), torch.ones(2), (2,))
+    spec = Bounded(-torch.ones(2), torch.ones(2), (2,))
     make_qvalue = networks.make_layer_norm_qvalue if layer_norm else networks.make_qvalue
     batch = random_transitions(spec.rand((4,)), obs_dim=3, **entries)
     return _TOY_ACTORS[actor](3, spec, (8,)), make_qvalue(3, 2, (8,)), spec, batch
