@@ -113,7 +113,16 @@ class Table:
 
 
 # -- statistics -------------------------------------------------------------------------------------
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
+         10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042, 60: 2.000}
+
+
+def t975(df: float) -> float:
+    """Student's t 97.5 % quantile at ``df`` degrees of freedom, read at the largest tabled ``df`` not
+    above it (a wider interval where ``df`` falls between two), 1.96 past the table."""
+    if df > max(_T975):
+        return 1.96
+    return _T975[max(k for k in _T975 if k <= max(df, 1))]
 
 
 def mean_ci(values: list[float]) -> tuple[float, Optional[float]]:
@@ -121,7 +130,25 @@ def mean_ci(values: list[float]) -> tuple[float, Optional[float]]:
     m = statistics.fmean(values)
     if len(values) < 2:
         return m, None
-    return m, _T975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
+    return m, t975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def welch_ci(a: list[float], b: list[float]) -> tuple[float, Optional[float]]:
+    """``mean(a) - mean(b)`` and the half-width of its 95 % interval by Welch's t (two independent
+    sets of seeds, each with its own spread); None with fewer than two values on a side.
+
+    >>> d, w = welch_ci([0.52, 0.54, 0.53], [0.50, 0.51, 0.49])
+    >>> round(d, 3), round(w, 3)
+    (0.03, 0.023)
+    """
+    d = statistics.fmean(a) - statistics.fmean(b)
+    if len(a) < 2 or len(b) < 2:
+        return d, None
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    if va + vb == 0:
+        return d, 0.0
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    return d, t975(df) * math.sqrt(va + vb)
 
 
 def binomial_half_width(p: float, n: int) -> float:
@@ -235,7 +262,7 @@ def _render_word_problems(table: Table, root: Path, seeds: list[int], budget: di
         r = statistics.fmean(reference)
         head.append(f"| SFT reference | {100 * r:.1f} (± {100 * binomial_half_width(r, n):.1f} from {n} prompts) "
                     "| | | |")
-    rows, calc_ref = [], None
+    rows, calc_ref, scored_by_run = [], None, {}
     for run in table.runs:
         if run.dataset is None:
             continue
@@ -247,6 +274,9 @@ def _render_word_problems(table: Table, root: Path, seeds: list[int], budget: di
             continue
         means = [statistics.fmean(sc) for _, sc, _ in scored]
         m, ci = mean_ci(means)
+        label = run.label or run.name + (" (calculator)" if run.dataset != "word-problems" else "")
+        if run.dataset == "word-problems":
+            scored_by_run[run.name] = (label, {seed: sc for seed, sc, _ in scored})
         base = reference if run.dataset == "word-problems" else None
         if run.dataset != "word-problems":
             calc_path = table.folder(root, f"reference-{run.dataset}") / "heldout_scores.json"
@@ -259,7 +289,6 @@ def _render_word_problems(table: Table, root: Path, seeds: list[int], budget: di
             gain = (f"{100 * g:+.1f}" + (f" ± {100 * g_ci:.1f}" if g_ci is not None else "")
                     + f" (prompts ± {100 * w:.1f}){' *' if g_ci is not None and abs(g) > g_ci else ''}")
         wall = statistics.fmean((s or {}).get("wall_s") or 0.0 for _, _, s in scored)
-        label = run.label or run.name + (" (calculator)" if run.dataset != "word-problems" else "")
         rows.append(f"| {label} | {100 * m:.1f}"
                     + (f" ± {100 * ci:.1f}" if ci is not None else "") + f" | {gain} | "
                     + ", ".join(f"{100 * x:.1f}" for x in means) + f" | {wall:.0f} s |")
@@ -272,7 +301,39 @@ def _render_word_problems(table: Table, root: Path, seeds: list[int], budget: di
     rm = _summary(table.folder(root, "reward-model"), 0) if any(r.name == "reward-model" for r in table.runs) else None
     if rm and rm.get("preference_accuracy") is not None:
         notes.append(f"PPO-RLHF's reward model: held-out preference accuracy {100 * rm['preference_accuracy']:.1f} %.")
-    return "\n".join(head + rows) + "\n\n" + " ".join(notes)
+    return "\n".join(head + rows) + "\n\n" + " ".join(notes) + _against_baseline(scored_by_run, "grpo")
+
+
+def _against_baseline(scored_by_run: dict, baseline: str) -> str:
+    """The table's second block: each method's held-out accuracy minus ``baseline``'s, with Welch's
+    interval over the two methods' seeds and the prompt-by-prompt interval of the same seeds' scores
+    pooled (the held-out set's noise alone); * where the interval over seeds excludes 0."""
+    if baseline not in scored_by_run:
+        return ""
+    base_label, base = scored_by_run[baseline]
+    rows = [f"| method | minus {base_label}: mean ± 95 % interval over seeds (Welch) | the same seeds' prompts, "
+            f"paired | seeds (method, {base_label}) |", "|---|---|---|---|"]
+    tested = False
+    for name, (label, seeds) in scored_by_run.items():
+        if name == baseline:
+            continue
+        d, w = welch_ci([statistics.fmean(sc) for sc in seeds.values()], [statistics.fmean(sc) for sc in base.values()])
+        shared = sorted(set(seeds) & set(base))
+        paired = (paired_difference([x for s in shared for x in seeds[s]], [x for s in shared for x in base[s]])
+                  if shared else None)
+        tested = tested or w is not None
+        rows.append(f"| {label} | {100 * d:+.1f}" + (f" ± {100 * w:.1f}" if w is not None else "")
+                    + (" *" if w is not None and abs(d) > w else "") + " | "
+                    + (f"{100 * paired[0]:+.1f} ± {100 * paired[1]:.1f}" if paired else "") + f" | {len(seeds)}, "
+                    f"{len(base)} |")
+    significant = [r.split(" | ")[0][2:] for r in rows[2:] if " *" in r]
+    verdict = ("Significant at 95 % over seeds: " + ", ".join(significant) + "." if significant else
+               f"No method differs from {base_label} past the 95 % interval over seeds." if tested else
+               "Nothing is tested yet: the interval over seeds needs two seeds of each method.")
+    return (f"\n\nEach method against {base_label} on the same held-out prompts. The interval over seeds "
+            "(Welch's t on the per-seed accuracies) is the test: it holds both the training's seed-to-seed "
+            "spread and the held-out set's noise; the paired prompt-by-prompt interval holds only the latter. "
+            + verdict + "\n\n" + "\n".join(rows))
 
 
 # -- OGBench's single-task manipulation (issue 41) -----------------------------------------------------

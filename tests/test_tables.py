@@ -385,3 +385,33 @@ def test_a_failing_run_does_not_stop_the_others_and_is_named_at_the_end(tmp_path
     with pytest.raises(SystemExit, match=r"1 of the table's runs failed .*word-problems/dapo/s0; .* again makes them"):
         tables.run(args)
     assert made == [r.name for r in tables.TABLES["word-problems"].runs]  # every run after dapo was made too
+
+
+def test_the_table_says_which_methods_differ_from_grpo_past_the_interval_over_seeds(tmp_path):
+    """The word-problems table's second block: a method whose three seeds all score 10 points over GRPO's is
+    marked significant (Welch's interval over seeds excludes 0), one level with GRPO within seed noise is not,
+    and a method with one seed is not tested."""
+    tables = _tables_module()
+    table = tables.TABLES["word-problems"]
+    folder = tmp_path / "word-problems"
+    n = 200
+
+    def scored(name, seed, share):
+        out = folder / name / f"s{seed}"
+        out.mkdir(parents=True)
+        right = round(share * n)
+        (out / "heldout_scores.json").write_text(json.dumps({"scores": [1.0] * right + [0.0] * (n - right)}))
+        (out / "summary.json").write_text(json.dumps({"wall_s": 10.0}))
+
+    for seed, (g, d, r) in enumerate([(0.40, 0.50, 0.41), (0.42, 0.52, 0.39), (0.41, 0.51, 0.42)]):
+        scored("grpo", seed, g)
+        scored("dapo", seed, d)
+        scored("rloo", seed, r)
+    scored("gspo", 0, 0.60)
+    text = table.render(table, folder, [0, 1, 2], {**table.budget, "eval_prompts": n})
+    block = text[text.index("Each method against grpo"):]
+    rows = {line.split(" | ")[0][2:]: line for line in block.splitlines() if line.startswith("| ") and "minus" not in line}
+    assert rows["dapo"].startswith("| dapo | +10.0 ± ") and " * |" in rows["dapo"]
+    assert rows["rloo"].startswith("| rloo | -0.3 ± ") and " *" not in rows["rloo"]
+    assert rows["gspo"].startswith("| gspo | +19.0 |") and rows["gspo"].endswith("| 1, 3 |")
+    assert "Significant at 95 % over seeds: dapo." in block
