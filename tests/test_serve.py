@@ -217,3 +217,15 @@ def test_a_url_without_a_token_and_serve_without_one_meet_one_line(tmp_path, cap
     short.write_text("abc\n")
     assert main(["serve", "reward", str(tmp_path), "--token-file", str(short)]) == 2
     assert "use at least 16 random ones" in capsys.readouterr().err
+
+
+def test_serve_reward_names_a_missing_folder_and_another_servers_address_in_its_own_words(tmp_path, capsys,
+                                                                                          monkeypatch):
+    monkeypatch.setenv("OFFLINE_PLUGINS_TOKEN", "x" * 32)
+    missing = tmp_path / "no-such-run"
+    assert main(["serve", "reward", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"serve reward '{missing}': no such folder; give the OUT folder of 'offline-plugins train reward-model'" in err
+    assert "--reward" not in err and "Traceback" not in err
+    assert main(["serve", "reward", "http://127.0.0.1:9"]) == 2
+    assert "is a server's address; serve reward loads a model on this machine" in capsys.readouterr().err

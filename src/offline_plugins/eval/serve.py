@@ -20,10 +20,13 @@ from __future__ import annotations
 import asyncio
 import hmac
 import math
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from offline_plugins.errors import UserError
 from offline_plugins.eval.judge import judge_from
 from offline_plugins.text.sources.prompts import load_reward_function
+from offline_plugins.text.sources.remote import is_url
 
 __all__ = ["make_app", "serve", "reward_scorer", "judge_scorer", "ROUTES"]
 
@@ -32,8 +35,16 @@ ROUTES = {"reward": ("/v1/score", ("prompts", "responses"), "scores"),
 
 
 def reward_scorer(folder: str) -> Callable[..., Sequence[float]]:
-    """The scores of a ``train reward-model`` (or ``prm``) output, as ``--reward DIR`` gives them in process."""
-    return load_reward_function(folder)
+    """The scores of a ``train reward-model`` (or ``prm``) output, as ``--reward DIR`` gives them in process
+    (a registered reward's name or ``MODULE:FUNCTION`` serves too); a path that is not there, or another
+    server's address, is refused naming what ``serve reward`` takes."""
+    text = str(folder)
+    takes = "give the OUT folder of 'offline-plugins train reward-model' (or 'train prm'), or its OUT/reward_model"
+    if is_url(text):
+        raise UserError(f"serve reward {text!r} is a server's address; serve reward loads a model on this machine: {takes}")
+    if ("/" in text or text.startswith((".", "~"))) and not Path(text).expanduser().exists():
+        raise UserError(f"serve reward {text!r}: no such folder; {takes}")
+    return load_reward_function(text)
 
 
 def judge_scorer(spec: str) -> Callable[..., Sequence[float]]:
