@@ -151,6 +151,21 @@ def welch_ci(a: list[float], b: list[float]) -> tuple[float, Optional[float]]:
     return d, t975(df) * math.sqrt(va + vb)
 
 
+def run_wall(summary: Optional[dict]) -> float:
+    """A run's wall time in seconds: its summary's ``wall_s``, or, for a run stopped and resumed (whose
+    summary times only the last stretch), that stretch's pace over all the run's steps.
+
+    >>> run_wall({"wall_s": 400.0, "steps": 200, "steps_per_s": 0.25, "resumed_from": "ckpt"})
+    800.0
+    >>> run_wall({"wall_s": 700.0, "steps": 200, "steps_per_s": 0.29})
+    700.0
+    """
+    summary = summary or {}
+    if summary.get("resumed_from") and summary.get("steps_per_s") and summary.get("steps"):
+        return float(summary["steps"]) / float(summary["steps_per_s"])
+    return float(summary.get("wall_s") or 0.0)
+
+
 def binomial_half_width(p: float, n: int) -> float:
     """The 95 % half-width of a share ``p`` measured on ``n`` prompts (normal approximation)."""
     return 1.96 * math.sqrt(max(p * (1 - p), 0.0) / n) if n else float("nan")
@@ -288,14 +303,16 @@ def _render_word_problems(table: Table, root: Path, seeds: list[int], budget: di
             _, w = paired_difference([x for _, sc, _ in scored for x in sc], base * len(scored))
             gain = (f"{100 * g:+.1f}" + (f" ± {100 * g_ci:.1f}" if g_ci is not None else "")
                     + f" (prompts ± {100 * w:.1f}){' *' if g_ci is not None and abs(g) > g_ci else ''}")
-        wall = statistics.fmean((s or {}).get("wall_s") or 0.0 for _, _, s in scored)
+        wall = statistics.fmean(run_wall(s) for _, _, s in scored)
         rows.append(f"| {label} | {100 * m:.1f}"
                     + (f" ± {100 * ci:.1f}" if ci is not None else "") + f" | {gain} | "
                     + ", ".join(f"{100 * x:.1f}" for x in means) + f" | {wall:.0f} s |")
     notes = ["Every row is its policy's greedy answers to the same held-out prompts scored by the task's verifier "
              "(`heldout_scores` in scripts/tables.py). * marks a gain whose 95 % interval over seeds excludes 0 "
              "(Student's t on the per-seed gains; none is marked with one seed): the prompt-by-prompt interval "
-             "in brackets counts only the held-out set's noise, not the seed-to-seed spread of training."]
+             "in brackets counts only the held-out set's noise, not the seed-to-seed spread of training. Wall "
+             "time is a run's training and evaluation on one core beside another run (a run stopped and resumed: "
+             "its last stretch's pace over all its steps)."]
     if calc_ref is not None:
         notes.append(f"The calculator row's gain is over its own SFT reference ({100 * statistics.fmean(calc_ref):.1f} %).")
     rm = _summary(table.folder(root, "reward-model"), 0) if any(r.name == "reward-model" for r in table.runs) else None
@@ -411,7 +428,7 @@ def _render_ogbench(table: Table, root: Path, seeds: list[int], budget: dict) ->
                 overall = f"{m:.1f}" + (f" ± {ci:.1f}" if ci is not None else "")
             else:
                 overall = "not run"
-            walls = [s["wall_s"] for task in found.values() for s in task if s.get("wall_s")]
+            walls = [run_wall(s) for task in found.values() for s in task if s.get("wall_s")]
             wall = f"{statistics.fmean(walls):.0f} s" if walls else ""
             if not _ogbench_preset(env, method)[1]:
                 borrowed.append(f"{method} on {env}")
@@ -1040,7 +1057,7 @@ def status(args) -> None:
         for seed in (args.seeds if run_.seeded else [0]):
             out = folder / f"s{seed}"
             if finished(out):
-                wall = float(json.loads((out / "summary.json").read_text()).get("wall_s") or 0.0)
+                wall = run_wall(json.loads((out / "summary.json").read_text()))
                 walls.setdefault(run_.name, []).append(wall)
                 scores = out / "heldout_scores.json"
                 if scores.is_file():
@@ -1065,7 +1082,7 @@ def status(args) -> None:
     if left and every:
         hours = sum(statistics.fmean(walls.get(name) or every) for name in left) / 3600
         print(f"{len(left)} runs left, about {hours:.1f} core-hours at the pace of the finished runs of each method "
-              "(all finished runs for a method with none; a run resumed after a stop counts only its last stretch)")
+              "(all finished runs for a method with none; a run resumed after a stop at its last stretch's pace)")
     elif not left:
         print(f"every run is done: python scripts/tables.py write {table.name} --root {args.root}")
 

@@ -415,3 +415,18 @@ def test_the_table_says_which_methods_differ_from_grpo_past_the_interval_over_se
     assert rows["rloo"].startswith("| rloo | -0.3 ± ") and " *" not in rows["rloo"]
     assert rows["gspo"].startswith("| gspo | +19.0 |") and rows["gspo"].endswith("| 1, 3 |")
     assert "Significant at 95 % over seeds: dapo." in block
+
+
+def test_a_run_stopped_and_resumed_counts_its_whole_steps_at_its_last_stretchs_pace(tmp_path):
+    """A resumed run's summary times only its last stretch (100 of 200 steps in 400 s): the table's wall time
+    is that pace over all 200 steps, not the stretch."""
+    tables = _tables_module()
+    table = tables.TABLES["word-problems"]
+    out = tmp_path / "word-problems" / "grpo" / "s0"
+    out.mkdir(parents=True)
+    (out / "heldout_scores.json").write_text(json.dumps({"scores": [1.0, 0.0]}))
+    (out / "summary.json").write_text(json.dumps({"wall_s": 400.0, "steps": 200, "steps_per_s": 0.25,
+                                                  "resumed_from": str(out / "checkpoints" / "last.ckpt")}))
+    text = table.render(table, tmp_path / "word-problems", [0], {**table.budget, "eval_prompts": 2})
+    row = next(line for line in text.splitlines() if line.startswith("| grpo |"))
+    assert row.endswith("| 800 s |"), row
