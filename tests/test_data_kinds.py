@@ -158,3 +158,21 @@ def test_each_kind_names_the_panels_of_its_learning_curve():
 
     assert [p.select(["eval/heldout_mse", "train/loss_mse"]) for p in DataKind.curve_panels(None)] == [
         ["eval/heldout_mse"], ["train/loss_mse"]]
+
+
+def test_a_score_panel_is_labelled_by_the_score_it_drew(tmp_path, monkeypatch):
+    """The environment kinds' top panel draws the first of success rate, normalised score and return that
+    the run logged, and its axis says which (not the whole fallback list, which did not fit the figure)."""
+    from matplotlib.axes import Axes
+
+    from offline_plugins.lightning.outputs import plot_learning_curve
+    from offline_plugins.plugins import shared_registry
+
+    labels = []
+    real = Axes.set_ylabel
+    monkeypatch.setattr(Axes, "set_ylabel", lambda self, text, *a, **k: (labels.append(text), real(self, text, *a, **k))[1])
+    csv = tmp_path / "metrics.csv"
+    csv.write_text("step,eval/success_rate,eval/return_mean,train/loss_actor\n99,0.4,-150,1.0\n199,0.8,-120,0.9\n")
+    panels = shared_registry().data_kinds["transitions"].curve_panels()
+    plot_learning_curve(csv, tmp_path / "curve.png", panels=panels)
+    assert labels[0] == "success rate" and (tmp_path / "curve.png").stat().st_size > 0

@@ -119,6 +119,11 @@ def _default_out_dir(algorithm: str, dataset_id: str, seed: int) -> Path:
     return candidate
 
 
+def _readable(column: str) -> str:
+    """``"eval/success_rate"`` -> ``"success rate"``: a metrics column as a plot names it."""
+    return column.split("/", 1)[-1].replace("_", " ")
+
+
 def plot_learning_curve(metrics_csv: Union[str, os.PathLike], out_png: Union[str, os.PathLike], *, title: str = "",
                         panels: Optional[Sequence[Any]] = None, marks: Optional[Mapping[str, int]] = None) -> Path:
     """Plot ``metrics.csv`` against gradient steps, one panel per
@@ -151,14 +156,15 @@ def plot_learning_curve(metrics_csv: Union[str, os.PathLike], out_png: Union[str
         keys = panel.select(columns)
         for key in keys:
             xs, ys = zip(*sorted(columns[key]))
-            ax.plot(xs, ys, marker="o" if len(xs) < 50 else None, label=key.split("/", 1)[-1].replace("_", " "))
+            ax.plot(xs, ys, marker="o" if len(xs) < 50 else None, label=_readable(key))
         if keys and panel.log:
             ax.set_yscale("symlog", linthresh=1e-3)
         for label, at in (marks or {}).items():
             ax.axvline(at, color="grey", linestyle="--", linewidth=1, label=label)
         if keys or marks:
             ax.legend(fontsize="small")
-        ax.set_ylabel(panel.ylabel)
+        # a panel that draws the first of its columns present is labelled by the one it drew
+        ax.set_ylabel(_readable(keys[0]) if panel.first_only and keys else panel.ylabel)
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("gradient step")
     if title:
