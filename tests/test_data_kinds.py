@@ -170,7 +170,8 @@ def test_a_score_panel_is_labelled_by_the_score_it_drew(tmp_path, monkeypatch):
 
     labels = []
     real = Axes.set_ylabel
-    monkeypatch.setattr(Axes, "set_ylabel", lambda self, text, *a, **k: (labels.append(text), real(self, text, *a, **k))[1])
+    monkeypatch.setattr(Axes, "set_ylabel",
+                        lambda self, text, *a, **k: (labels.append(text), real(self, text, *a, **k))[1])
     csv = tmp_path / "metrics.csv"
     csv.write_text("step,eval/success_rate,eval/return_mean,train/loss_actor\n99,0.4,-150,1.0\n199,0.8,-120,0.9\n")
     panels = shared_registry().data_kinds["transitions"].curve_panels()

@@ -225,7 +225,8 @@ def test_serve_reward_names_a_missing_folder_and_another_servers_address_in_its_
     missing = tmp_path / "no-such-run"
     assert main(["serve", "reward", str(missing)]) == 2
     err = capsys.readouterr().err
-    assert f"serve reward '{missing}': no such folder; give the OUT folder of 'offline-plugins train reward-model'" in err
+    assert (f"serve reward '{missing}': no such folder; give the OUT folder of 'offline-plugins train "
+            "reward-model'") in err
     assert "--reward" not in err and "Traceback" not in err
     assert main(["serve", "reward", "http://127.0.0.1:9"]) == 2
     assert "is a server's address; serve reward loads a model on this machine" in capsys.readouterr().err

@@ -410,7 +410,8 @@ def test_the_table_says_which_methods_differ_from_grpo_past_the_interval_over_se
     scored("gspo", 0, 0.60)
     text = table.render(table, folder, [0, 1, 2], {**table.budget, "eval_prompts": n})
     block = text[text.index("Each method against grpo"):]
-    rows = {line.split(" | ")[0][2:]: line for line in block.splitlines() if line.startswith("| ") and "minus" not in line}
+    rows = {line.split(" | ")[0][2:]: line for line in block.splitlines()
+            if line.startswith("| ") and "minus" not in line}
     assert rows["dapo"].startswith("| dapo | +10.0 ± ") and " * |" in rows["dapo"]
     assert rows["rloo"].startswith("| rloo | -0.3 ± ") and " *" not in rows["rloo"]
     assert rows["gspo"].startswith("| gspo | +19.0 |") and rows["gspo"].endswith("| 1, 3 |")

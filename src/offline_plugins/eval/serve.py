@@ -41,7 +41,8 @@ def reward_scorer(folder: str) -> Callable[..., Sequence[float]]:
     text = str(folder)
     takes = "give the OUT folder of 'offline-plugins train reward-model' (or 'train prm'), or its OUT/reward_model"
     if is_url(text):
-        raise UserError(f"serve reward {text!r} is a server's address; serve reward loads a model on this machine: {takes}")
+        raise UserError(f"serve reward {text!r} is a server's address; serve reward loads a model on this "
+                        f"machine: {takes}")
     if ("/" in text or text.startswith((".", "~"))) and not Path(text).expanduser().exists():
         raise UserError(f"serve reward {text!r}: no such folder; {takes}")
     return load_reward_function(text)
